@@ -1,0 +1,219 @@
+"""Domain events: the only record of what happened.
+
+Every event is a frozen pydantic model in the style of eventsourcing's functional examples:
+``originator_id`` names its stream (a task, a scan, a worker, an organisation),
+``originator_version`` its position in that stream, ``timestamp`` the database time of the
+transaction that recorded it, ``actor`` who caused it (``worker:<fingerprint>``,
+``operator:<key id>``, ``sweeper``, ``scheduler``, ``system``).
+
+Events are immutable once stored. To change an event's shape, bump its ``class_version`` and
+add a static ``upcast_vN_vN+1(state: dict) -> None`` that rewrites old stored state in place;
+eventsourcing's mapper calls them when reading (see ``projections.codec``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+
+TaskStateName = Literal[
+    "pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling", "cancelled"
+]
+AttemptStatus = Literal["leased", "running", "succeeded", "failed", "expired", "cancelled"]
+JobStatus = Literal["queued", "running", "success", "failed", "timeout", "cancelled"]
+ScanStatus = Literal["pending", "running", "success", "failed", "cancelled"]
+ExecutionMode = Literal["gateway", "legacy"]
+
+
+class DomainEvent(BaseModel):
+    """Base of every event; subclasses add their own facts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    class_version: ClassVar[int] = 1
+
+    originator_id: UUID
+    originator_version: int
+    timestamp: datetime
+    actor: str
+
+
+# --- organisation stream --------------------------------------------------------------------
+
+
+class OrganizationCreated(DomainEvent):
+    name: str
+
+
+# --- worker stream --------------------------------------------------------------------------
+
+
+class WorkerRegistered(DomainEvent):
+    name: str
+    fingerprint: str
+    capabilities: tuple[str, ...]
+    task_types: tuple[str, ...]
+    max_concurrent_tasks: int
+
+
+class WorkerUpdated(DomainEvent):
+    """Capabilities, task types or capacity changed (absolute new values)."""
+
+    capabilities: tuple[str, ...]
+    task_types: tuple[str, ...]
+    max_concurrent_tasks: int
+
+
+class WorkerEnabledChanged(DomainEvent):
+    enabled: bool
+
+
+class WorkerRevoked(DomainEvent):
+    reason: str
+
+
+class WorkerAssigned(DomainEvent):
+    organization_id: UUID
+
+
+class AssignmentChanged(DomainEvent):
+    """An organisation assignment was disabled, re-enabled or revoked."""
+
+    organization_id: UUID
+    enabled: bool
+    revoked: bool
+
+
+# --- scan stream ----------------------------------------------------------------------------
+
+
+class ScanCreated(DomainEvent):
+    organization_id: UUID
+    targets: dict[str, Any]
+    execution_mode: ExecutionMode
+
+
+class ScanJobQueued(DomainEvent):
+    job_id: UUID
+    organization_id: UUID
+    position: int
+    plugin: str
+    execution_mode: ExecutionMode
+
+
+class ScanFinished(DomainEvent):
+    status: ScanStatus
+
+
+# --- task stream ----------------------------------------------------------------------------
+
+
+class TaskCreated(DomainEvent):
+    scan_id: UUID
+    scan_job_id: UUID
+    organization_id: UUID
+    task_type: str
+    required_capabilities: tuple[str, ...]
+    priority: int
+    scope: dict[str, Any]
+    parameters: dict[str, Any]
+    max_attempts: int
+    lease_seconds: int
+    execution_timeout_seconds: int
+    available_at: datetime
+
+
+class TaskLeased(DomainEvent):
+    scan_id: UUID
+    scan_job_id: UUID
+    attempt_id: UUID
+    worker_id: UUID
+    attempt_number: int
+    lease_token_hash: str  # hex sha256 of the token; the token itself never enters the log
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+
+class TaskStarted(DomainEvent):
+    """leased -> running, on the first progress report or result batch."""
+
+    attempt_id: UUID
+
+
+class LeaseRenewed(DomainEvent):
+    attempt_id: UUID
+    lease_expires_at: datetime
+
+
+class ResultBatchAccepted(DomainEvent):
+    attempt_id: UUID
+    batch_id: UUID
+    sequence_number: int
+    idempotency_key: str
+    payload_sha256: str
+    record_count: int
+    final: bool
+
+
+class TaskCompleted(DomainEvent):
+    scan_job_id: UUID
+    attempt_id: UUID
+
+
+class AttemptFailed(DomainEvent):
+    """The attempt failed (reported by the worker, or its execution deadline passed).
+
+    ``outcome`` is the task's next state; ``job_status`` is set when the outcome is terminal.
+    """
+
+    scan_job_id: UUID
+    attempt_id: UUID
+    error: str
+    retryable: bool
+    reason: Literal["worker", "deadline"]
+    outcome: Literal["retry_wait", "failed_terminal"]
+    available_at: datetime | None
+    job_status: JobStatus | None
+
+
+class LeaseExpired(DomainEvent):
+    """The sweeper found the attempt's lease expired: retry if attempts remain."""
+
+    scan_job_id: UUID
+    attempt_id: UUID
+    outcome: Literal["retry_wait", "failed_terminal"]
+    available_at: datetime | None
+
+
+class CancelRequested(DomainEvent):
+    """leased/running -> cancelling: the worker is told on its next renewal or long-poll."""
+
+    reason: str
+
+
+class TaskCancelled(DomainEvent):
+    scan_job_id: UUID
+    attempt_id: UUID | None
+    reason: str
+
+
+class WriteRejected(DomainEvent):
+    """A worker write was refused (stale attempt, wrong token, expired lease, cancelled task…).
+
+    Recorded for auditors; changes no state.
+    """
+
+    command: str
+    attempt_id: UUID
+    reason: Literal[
+        "superseded", "bad_token", "lease_expired", "cancelled", "deadline_passed", "finished",
+        "not_started", "final_missing", "out_of_order", "idempotency_conflict",
+    ]
+
+
+TASK_EVENTS: tuple[type[DomainEvent], ...] = (
+    TaskCreated, TaskLeased, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
+    AttemptFailed, LeaseExpired, CancelRequested, TaskCancelled, WriteRejected,
+)

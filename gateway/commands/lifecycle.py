@@ -1,0 +1,378 @@
+"""Task lifecycle commands: create, acquire, worker writes, cancel, and the sweeper's steps.
+
+Each public method is one transaction (see :mod:`gateway.commands.unit_of_work`):
+
+1. lock the task row (``FOR UPDATE``; ``SKIP LOCKED`` when choosing work),
+2. decide with :func:`domain.task.decide`,
+3. append the events and apply their projections (:func:`projections.store.append`),
+4. when the task reached a terminal state, lock its scan and settle the scan's status,
+5. commit.
+
+A worker write refused by fencing is still committed, as a ``WriteRejected`` event, and the
+matching error is raised after the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg import AsyncCursor
+from psycopg_pool import AsyncConnectionPool
+
+from domain import scan as scan_rules
+from domain.errors import InvalidRequest, InvalidTransition, NotFound
+from domain.events import DomainEvent, WriteRejected
+from domain.results import canonical_payload
+from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from domain.task import (
+    AcknowledgeCancel,
+    AttemptState,
+    BatchRecord,
+    Complete,
+    CreateTask,
+    ExceedDeadline,
+    ExpireLease,
+    Fail,
+    Lease,
+    MarkRunning,
+    Renew,
+    RequestCancel,
+    SubmitBatch,
+    TaskState,
+    TerminateCancelling,
+    WorkerView,
+    WorkerWrite,
+    decide,
+    project_task,
+    rejection_error,
+)
+from gateway.commands.rows import (
+    ATTEMPT_COLUMNS,
+    TASK_COLUMNS,
+    attempt_from_row,
+    batch_from_row,
+    task_from_row,
+)
+from gateway.commands.unit_of_work import Clock, system_clock, transaction
+from gateway.sql import QUERIES
+from projections.store import StreamHead, append
+
+TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
+
+
+def hash_token(token: str) -> str:
+    """Hex sha256 of a lease token; only this ever reaches the database or the log."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """A fresh lease: the only time the plaintext ``lease_token`` is ever returned."""
+
+    task: TaskState
+    attempt: AttemptState
+    lease_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    task: TaskState
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAck:
+    """The acknowledgement of an accepted batch (the original one when a retry repeats it)."""
+
+    batch: BatchRecord
+    task: TaskState
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """What a scan job's task needs (the scan supplies organisation and job)."""
+
+    task_type: str
+    required_capabilities: tuple[str, ...] = ()
+    priority: int = 0
+    scope: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = None
+    max_attempts: int = 3
+    lease_seconds: int = 60
+    execution_timeout_seconds: int = 3600
+    plugin: str | None = None
+
+
+class Lifecycle:
+    """Commands on worker tasks. ``clock`` and ``rng`` are injectable for tests."""
+
+    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+                 rng: random.Random | None = None, retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+                 cancel_grace: timedelta = timedelta(seconds=30),
+                 new_id: Callable[[], UUID] = uuid4) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.retry_policy = retry_policy
+        self.cancel_grace = cancel_grace
+        self.new_id = new_id
+
+    # --- creation -------------------------------------------------------------------------
+
+    async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
+        """Queue a job on the scan and create its task (one transaction, scan row locked)."""
+        job_id, task_id = self.new_id(), self.new_id()
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES["scan_lock"], {"scan_id": scan_id, "now": self.clock()})
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound("no such scan", scan_id=str(scan_id))
+            _, version, head_hash, org_id, status, mode, _, next_position, now = row
+            if mode != "gateway":
+                raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
+            queued = scan_rules.queue_job(
+                scan_id, version, status, organization_id=org_id, job_id=job_id, position=next_position,
+                plugin=spec.plugin or spec.task_type, execution_mode="gateway", now=now, actor=actor)
+            created = decide(None, CreateTask(
+                task_id=task_id, scan_id=scan_id, scan_job_id=job_id, organization_id=org_id,
+                task_type=spec.task_type, required_capabilities=spec.required_capabilities,
+                priority=spec.priority, scope=spec.scope or {}, parameters=spec.parameters or {},
+                max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
+                execution_timeout_seconds=spec.execution_timeout_seconds), now=now, actor=actor)
+            await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [queued])
+            await append(cur, StreamHead(task_id), created)
+        task = project_task(created)
+        assert task is not None
+        return task
+
+    # --- acquisition ----------------------------------------------------------------------
+
+    async def acquire(self, worker_id: UUID, *, actor: str | None = None) -> Acquired | None:
+        """Lease one eligible task to the worker, or None (at capacity, or nothing eligible)."""
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES["worker_lock_for_acquire"], {"worker_id": worker_id, "now": self.clock()})
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound("no such worker", worker_id=str(worker_id))
+            worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
+                                capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
+                                live_attempts=row[6])
+            now: datetime = row[7]
+            if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
+                return None
+            await cur.execute(QUERIES["task_lock_acquirable"], {
+                "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
+                "capabilities": sorted(worker.capabilities)})
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            task, head = task_from_row(row)
+            token = secrets.token_urlsafe(32)
+            attempt_id = self.new_id()
+            events = decide(task, Lease(attempt_id=attempt_id, worker=worker,
+                                        lease_token_hash=hash_token(token)),
+                            now=now, actor=actor or f"worker:{worker_id}")
+            await append(cur, head, events)
+        leased = project_task(events, task)
+        assert leased is not None and leased.current_attempt is not None
+        return Acquired(task=leased, attempt=leased.current_attempt, lease_token=token)
+
+    # --- worker writes --------------------------------------------------------------------
+
+    async def mark_running(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
+                           *, actor: str | None = None) -> TaskState:
+        """leased -> running (idempotent)."""
+        task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
+                                           lambda a, h, _b: MarkRunning(a, h))
+        return task
+
+    async def renew(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
+                    *, actor: str | None = None) -> Renewed:
+        """Extend the lease; the answer says whether the worker should stop (cancel requested)."""
+        task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
+                                           lambda a, h, _b: Renew(a, h))
+        return Renewed(task=task, cancel_requested=task.state == "cancelling")
+
+    async def submit_batch(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
+                           sequence_number: int, idempotency_key: str, payload_sha256: str,
+                           records: list[Any], final: bool, actor: str | None = None) -> BatchAck:
+        """RFC "Result submission": accept a batch once; a repeat with the same key and sha256
+        returns the original acknowledgement, with another sha256 it is refused."""
+        body = canonical_payload(records)
+        computed = hashlib.sha256(body).hexdigest()
+        if computed != payload_sha256.lower():
+            raise InvalidRequest("payload_sha256 does not match the payload received",
+                                 expected=computed)
+        batch_id = self.new_id()
+
+        def command(attempt: AttemptState, token_hash: str, existing: BatchRecord | None) -> SubmitBatch:
+            return SubmitBatch(attempt, token_hash, batch_id=batch_id, sequence_number=sequence_number,
+                               idempotency_key=idempotency_key, payload_sha256=computed,
+                               record_count=len(records), final=final, existing=existing)
+
+        task, existing = await self._worker_write(
+            worker_id, task_id, attempt_id, lease_token, actor, command, idempotency_key=idempotency_key,
+            payload=(computed, body))
+        if existing is not None:
+            return BatchAck(batch=existing, task=task, duplicate=True)
+        assert task.current_attempt is not None
+        return BatchAck(batch=BatchRecord(
+            batch_id=batch_id, attempt_id=attempt_id, sequence_number=sequence_number,
+            idempotency_key=idempotency_key, payload_sha256=computed, record_count=len(records),
+            final=final, accepted_at=task.updated_at), task=task, duplicate=False)
+
+    async def complete(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
+                       *, actor: str | None = None) -> TaskState:
+        """running -> completed; needs an accepted final batch. Repeating it is safe."""
+        task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
+                                           lambda a, h, _b: Complete(a, h))
+        return task
+
+    async def fail(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
+                   error: str, retryable: bool = True, actor: str | None = None) -> TaskState:
+        """The attempt failed: retry_wait (with backoff) if retryable and attempts remain."""
+        task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
+                                           lambda a, h, _b: Fail(a, h, error=error, retryable=retryable))
+        return task
+
+    async def acknowledge_cancel(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
+                                 *, actor: str | None = None) -> TaskState:
+        """cancelling -> cancelled, on the worker's word that it stopped."""
+        task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
+                                           lambda a, h, _b: AcknowledgeCancel(a, h))
+        return task
+
+    async def _worker_write(
+        self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
+        make: Callable[[AttemptState, str, BatchRecord | None], WorkerWrite], *,
+        idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
+    ) -> tuple[TaskState, BatchRecord | None]:
+        rejection: WriteRejected | None = None
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES["task_lock_for_write"], {
+                "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
+                "now": self.clock()})
+            row = await cur.fetchone()
+            # A task or attempt that does not exist, or an attempt of another worker, is not
+            # this worker's business: the same 404 either way, and nothing is recorded.
+            if row is None:
+                raise NotFound("no such task", task_id=str(task_id))
+            task, head = task_from_row(row)
+            ref_offset = TASK_COLUMNS + ATTEMPT_COLUMNS
+            attempt = attempt_from_row(row[ref_offset:ref_offset + ATTEMPT_COLUMNS], task.id)
+            if attempt is None or attempt.worker_id != worker_id:
+                raise NotFound("no such attempt of this task", task_id=str(task_id),
+                               attempt_id=str(attempt_id))
+            existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
+            now: datetime = row[-1]
+            command = make(attempt, hash_token(lease_token), existing)
+            events = decide(task, command, now=now, actor=actor or f"worker:{worker_id}",
+                            draw=self.rng.random(), retry_policy=self.retry_policy)
+            if events and isinstance(events[0], WriteRejected):
+                rejection = events[0]
+            elif payload is not None and events:
+                await cur.execute(QUERIES["payload_store"], {"sha256": payload[0], "body": payload[1]})
+            after = await self._commit(cur, task, head, events, now)
+        if rejection is not None:
+            raise rejection_error(rejection)
+        return after, existing if not events and existing is not None else None
+
+    # --- operator / gateway commands ------------------------------------------------------
+
+    async def request_cancel(self, task_id: UUID, *, reason: str = "cancel requested",
+                             actor: str = "system") -> TaskState:
+        """pending/retry_wait -> cancelled at once; leased/running -> cancelling. Repeats are no-ops."""
+        return await self._gateway_command(task_id, RequestCancel(reason=reason), actor)
+
+    async def _gateway_command(self, task_id: UUID, command: Any, actor: str,
+                               cur: AsyncCursor[Any] | None = None) -> TaskState:
+        if cur is None:
+            async with transaction(self.pool) as cur:
+                return await self._gateway_command(task_id, command, actor, cur)
+        await cur.execute(QUERIES["task_lock"], {"task_id": task_id, "now": self.clock()})
+        row = await cur.fetchone()
+        if row is None:
+            raise NotFound("no such task", task_id=str(task_id))
+        task, head = task_from_row(row)
+        now: datetime = row[-1]
+        events = decide(task, command, now=now, actor=actor, draw=self.rng.random(),
+                        retry_policy=self.retry_policy)
+        return await self._commit(cur, task, head, events, now)
+
+    # --- sweeper --------------------------------------------------------------------------
+
+    async def expire_leases(self, *, limit: int = 100) -> int:
+        """Expired leases -> retry_wait (with backoff) or failed_terminal. Returns tasks changed."""
+        return await self._sweep("tasks_lock_expired_leases", {}, limit,
+                                 lambda t: ExpireLease(t.current_attempt.id) if t.current_attempt else None)
+
+    async def exceed_deadlines(self, *, limit: int = 100) -> int:
+        """Attempts past the execution deadline fail as timeouts."""
+        return await self._sweep("tasks_lock_past_deadline", {}, limit,
+                                 lambda t: ExceedDeadline(t.current_attempt.id) if t.current_attempt else None)
+
+    async def terminate_cancelling(self, *, limit: int = 100) -> int:
+        """``cancelling`` tasks whose worker never acknowledged within the grace -> cancelled."""
+        return await self._sweep("tasks_lock_cancelling_overdue", {"grace": self.cancel_grace}, limit,
+                                 lambda t: TerminateCancelling(self.cancel_grace))
+
+    async def _sweep(self, query: str, params: dict[str, Any], limit: int,
+                     make: Callable[[TaskState], Any]) -> int:
+        changed = 0
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES[query], {**params, "limit": limit, "now": self.clock()})
+            ids = [r[0] for r in await cur.fetchall()]
+            for task_id in ids:  # already locked by this transaction: task_lock re-reads them
+                await cur.execute(QUERIES["task_lock"], {"task_id": task_id, "now": self.clock()})
+                row = await cur.fetchone()
+                assert row is not None
+                task, head = task_from_row(row)
+                command = make(task)
+                if command is None:
+                    continue
+                events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
+                                retry_policy=self.retry_policy)
+                await self._commit(cur, task, head, events, row[-1])
+                changed += bool(events)
+        return changed
+
+    # --- shared tail of every command -----------------------------------------------------
+
+    async def _commit(self, cur: AsyncCursor[Any], task: TaskState, head: StreamHead,
+                      events: Sequence[DomainEvent], now: datetime) -> TaskState:
+        """Append ``events`` to the task and, if it just ended, settle its scan; the new state."""
+        after = project_task(events, task)
+        assert after is not None
+        await append(cur, head, events)
+        if after.state in TERMINAL and task.state not in TERMINAL:
+            await self._settle_scan(cur, after.scan_id, now)
+        return after
+
+    async def _settle_scan(self, cur: AsyncCursor[Any], scan_id: UUID, now: datetime) -> None:
+        """Lock the scan (lock order: task, then scan) and finish it once every job is terminal.
+
+        The job statuses are read by a second statement after the lock is granted, so under READ
+        COMMITTED they include every job change committed by earlier holders of the scan lock
+        (and this transaction's own, already applied).
+        """
+        async with cur.connection.cursor() as lock_cur:
+            await lock_cur.execute(QUERIES["scan_lock_for_outcome"], {"scan_id": scan_id})
+            await cur.execute(QUERIES["scan_job_statuses"], {"scan_id": scan_id})
+            scan_row = await lock_cur.fetchone()
+        statuses = [status for _, status in await cur.fetchall()]
+        assert scan_row is not None, "the foreign key guarantees the scan"
+        _, version, head_hash, scan_status, cancel_requested = scan_row
+        if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
+            return
+        outcome = scan_rules.scan_outcome(statuses, cancel_requested=cancel_requested)
+        if outcome is not None:
+            finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
+            await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [finished])

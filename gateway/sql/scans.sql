@@ -1,0 +1,20 @@
+-- name: scan_lock
+SELECT s.id, s.version, s.head_hash, s.organization_id, s.status, s.execution_mode,
+       s.cancel_requested_at IS NOT NULL,
+       (SELECT coalesce(max(j.position) + 1, 0) FROM scan_jobs j WHERE j.scan_id = s.id),
+       coalesce(%(now)s::timestamptz, now())
+FROM scans s
+WHERE s.id = %(scan_id)s
+FOR UPDATE
+
+-- name: scan_lock_for_outcome
+-- Taken after the task lock when a task reaches a terminal state (lock order: task, then scan).
+SELECT s.id, s.version, s.head_hash, s.status, s.cancel_requested_at IS NOT NULL
+FROM scans s
+WHERE s.id = %(scan_id)s
+FOR UPDATE
+
+-- name: scan_job_statuses
+-- A separate statement after scan_lock_for_outcome, so that (READ COMMITTED) it sees every job
+-- change committed by transactions that held the scan lock before us.
+SELECT j.id, j.status FROM scan_jobs j WHERE j.scan_id = %(scan_id)s

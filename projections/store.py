@@ -1,0 +1,97 @@
+"""Appending to and reading from the event log, inside the caller's transaction.
+
+No table-wide lock: the caller already holds the row lock of the stream's own row (the task,
+scan, worker…), so stream versions and the hash chain advance without contention, and the
+unique ``(originator_id, originator_version)`` key turns any unlocked concurrent append into
+an error instead of a fork. Global order for readers comes from ``transaction_id`` (see
+``read_committed_since``), not from a lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
+from psycopg import AsyncConnection, AsyncCursor
+
+from domain.events import DomainEvent
+from projections import sql as sql_apply
+from projections.chain import GENESIS, chain_hash
+from projections.codec import MAPPER
+from projections.projector import project
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    """Where a stream ends: its last version and that event's chain hash."""
+
+    id: UUID
+    version: int = 0
+    hash: bytes = GENESIS
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    event: DomainEvent
+    stored: StoredEvent
+    hash: bytes
+    prev_hash: bytes
+
+
+def record(head: StreamHead, events: Sequence[DomainEvent]) -> tuple[list[RecordedEvent], StreamHead]:
+    """Serialise ``events`` and extend the hash chain from ``head`` (pure)."""
+    out: list[RecordedEvent] = []
+    version, prev = head.version, head.hash
+    for event in events:
+        if event.originator_id != head.id or event.originator_version != version + 1:
+            raise ValueError(f"event {type(event).__name__} v{event.originator_version} does not follow "
+                             f"stream {head.id} at v{version}")
+        stored = MAPPER.to_stored_event(event)
+        h = chain_hash(prev, head.id, event.originator_version, stored.topic, stored.state)
+        out.append(RecordedEvent(event, stored, h, prev))
+        version, prev = event.originator_version, h
+    return out, StreamHead(head.id, version, prev)
+
+
+_INSERT_EVENTS = """
+INSERT INTO events (originator_id, originator_version, topic, state, prev_hash, hash)
+SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[])
+"""
+
+
+async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[DomainEvent]) -> StreamHead:
+    """Append ``events`` to the stream at ``head`` and apply their projections; returns the new head.
+
+    Must run in the transaction that holds the stream row's lock (``FOR UPDATE``).
+    """
+    if not events:
+        return head
+    recorded, new_head = record(head, events)
+    await cur.execute(_INSERT_EVENTS, (
+        [r.stored.originator_id for r in recorded],
+        [r.stored.originator_version for r in recorded],
+        [r.stored.topic for r in recorded],
+        [r.stored.state for r in recorded],
+        [r.prev_hash for r in recorded],
+        [r.hash for r in recorded],
+    ))
+    for r in recorded:
+        await sql_apply.apply(cur, project(r.event, r.hash))
+    return new_head
+
+
+async def read_stream(conn: AsyncConnection[Any], originator_id: UUID, *,
+                      up_to_version: int | None = None) -> list[DomainEvent]:
+    """The events of one stream in order (optionally only up to a version)."""
+    async with conn.cursor() as cur:
+        await cur.execute(
+            "SELECT originator_id, originator_version, topic, state FROM events"
+            " WHERE originator_id = %s AND (%s::bigint IS NULL OR originator_version <= %s)"
+            " ORDER BY originator_version",
+            (originator_id, up_to_version, up_to_version))
+        rows = await cur.fetchall()
+    return [MAPPER.to_domain_event(StoredEvent(originator_id=r[0], originator_version=r[1], topic=r[2],
+                                               state=bytes(r[3]))) for r in rows]

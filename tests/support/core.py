@@ -1,0 +1,74 @@
+"""Test support for the task core: an injectable clock and a factory that builds organisations,
+workers, scans and tasks in any lifecycle state through the real commands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from domain.results import payload_sha256
+from gateway.commands import Acquired, Lifecycle, Registry
+from gateway.commands.lifecycle import TaskSpec
+
+
+class ManualClock:
+    """A clock the test moves by hand; the service passes it to SQL as ``now``."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2030, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+
+@dataclass
+class World:
+    """One organisation with scans, workers and tasks, built through the real commands."""
+
+    registry: Registry
+    lifecycle: Lifecycle
+    clock: ManualClock
+    org: UUID
+    scan: UUID
+    _workers: int = 0
+
+    async def worker(self, *, capacity: int = 1, task_types: tuple[str, ...] = ("probe",),
+                     capabilities: tuple[str, ...] = (), org: UUID | None = None) -> UUID:
+        self._workers += 1
+        fingerprint = f"{self._workers:064x}"
+        worker_id = await self.registry.register_worker(
+            name=f"worker-{self._workers}", fingerprint=fingerprint, capabilities=capabilities,
+            task_types=task_types, max_concurrent_tasks=capacity)
+        await self.registry.assign_worker(worker_id, org or self.org)
+        return worker_id
+
+    async def task(self, *, scan: UUID | None = None, **spec: object) -> UUID:
+        fields = {"task_type": "probe", "lease_seconds": 60, "execution_timeout_seconds": 600}
+        fields.update(spec)
+        task = await self.lifecycle.create_task(scan or self.scan, TaskSpec(**fields))  # type: ignore[arg-type]
+        return task.id
+
+    async def leased(self, worker: UUID, **spec: object) -> Acquired:
+        """A task leased to ``worker`` (the only acquirable task of its scan's organisation)."""
+        await self.task(**spec)
+        acquired = await self.lifecycle.acquire(worker)
+        assert acquired is not None
+        return acquired
+
+    async def running(self, worker: UUID, **spec: object) -> Acquired:
+        a = await self.leased(worker, **spec)
+        await self.lifecycle.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
+        return a
+
+    async def final_batch(self, worker: UUID, a: Acquired, records: list[object] | None = None,
+                          *, key: str = "k-1", sequence: int = 1) -> object:
+        records = records if records is not None else [{"type": "asset", "kind": "host", "value": "h"}]
+        return await self.lifecycle.submit_batch(
+            worker, a.task.id, a.attempt.id, a.lease_token, sequence_number=sequence, idempotency_key=key,
+            payload_sha256=payload_sha256(records), records=records, final=True)
