@@ -131,11 +131,14 @@ class Lifecycle:
         """Queue a job on the scan and create its task (one transaction, scan row locked)."""
         job_id, task_id = self.new_id(), self.new_id()
         async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["scan_lock"], {"scan_id": scan_id, "now": self.clock()})
-            row = await cur.fetchone()
+            async with cur.connection.cursor() as lock_cur:
+                await lock_cur.execute(QUERIES["scan_lock"], {"scan_id": scan_id, "now": self.clock()})
+                await cur.execute(QUERIES["scan_next_job_position"], {"scan_id": scan_id, "now": self.clock()})
+                row = await lock_cur.fetchone()
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, org_id, status, mode, _, next_position, now = row
+            _, version, head_hash, org_id, status, mode, _ = row
+            next_position, now = await _fetch_one(cur)
             if mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
             queued = scan_rules.queue_job(
@@ -158,14 +161,17 @@ class Lifecycle:
     async def acquire(self, worker_id: UUID, *, actor: str | None = None) -> Acquired | None:
         """Lease one eligible task to the worker, or None (at capacity, or nothing eligible)."""
         async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["worker_lock_for_acquire"], {"worker_id": worker_id, "now": self.clock()})
-            row = await cur.fetchone()
+            params = {"worker_id": worker_id, "now": self.clock()}
+            async with cur.connection.cursor() as lock_cur:
+                await lock_cur.execute(QUERIES["worker_lock_for_acquire"], params)
+                await cur.execute(QUERIES["worker_live_attempts"], params)
+                row = await lock_cur.fetchone()
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
+            live_attempts, now = await _fetch_one(cur)
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
-                                live_attempts=row[6])
-            now: datetime = row[7]
+                                live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return None
             await cur.execute(QUERIES["task_lock_acquirable"], {
@@ -257,10 +263,9 @@ class Lifecycle:
     ) -> tuple[TaskState, BatchRecord | None]:
         rejection: WriteRejected | None = None
         async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["task_lock_for_write"], {
+            row = await _lock_task_and_read(cur, "task_read_for_write", {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
                 "now": self.clock()})
-            row = await cur.fetchone()
             # A task or attempt that does not exist, or an attempt of another worker, is not
             # this worker's business: the same 404 either way, and nothing is recorded.
             if row is None:
@@ -297,8 +302,7 @@ class Lifecycle:
         if cur is None:
             async with transaction(self.pool) as cur:
                 return await self._gateway_command(task_id, command, actor, cur)
-        await cur.execute(QUERIES["task_lock"], {"task_id": task_id, "now": self.clock()})
-        row = await cur.fetchone()
+        row = await _lock_task_and_read(cur, "task_read", {"task_id": task_id, "now": self.clock()})
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
         task, head = task_from_row(row)
@@ -330,8 +334,8 @@ class Lifecycle:
         async with transaction(self.pool) as cur:
             await cur.execute(QUERIES[query], {**params, "limit": limit, "now": self.clock()})
             ids = [r[0] for r in await cur.fetchall()]
-            for task_id in ids:  # already locked by this transaction: task_lock re-reads them
-                await cur.execute(QUERIES["task_lock"], {"task_id": task_id, "now": self.clock()})
+            for task_id in ids:  # locked above; re-read each in a fresh statement snapshot
+                await cur.execute(QUERIES["task_read"], {"task_id": task_id, "now": self.clock()})
                 row = await cur.fetchone()
                 assert row is not None
                 task, head = task_from_row(row)
@@ -376,3 +380,23 @@ class Lifecycle:
         if outcome is not None:
             finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
             await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [finished])
+
+
+async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str, Any]) -> Any:
+    """Lock the task row, then read with a second statement (one round trip, pipelined).
+
+    The read runs after the lock is granted, so its snapshot includes everything committed by
+    the previous holder of the lock (see the comment on ``task_lock``).
+    """
+    async with cur.connection.cursor() as lock_cur:
+        await lock_cur.execute(QUERIES["task_lock"], params)
+        await cur.execute(QUERIES[read], params)
+        locked = await lock_cur.fetchone()
+    row = await cur.fetchone()
+    return row if locked is not None else None
+
+
+async def _fetch_one(cur: AsyncCursor[Any]) -> tuple[Any, ...]:
+    row = await cur.fetchone()
+    assert row is not None, "aggregate queries always return a row"
+    return tuple(row)

@@ -48,15 +48,17 @@ class Registry:
 
     async def assign_worker(self, worker_id: UUID, organization_id: UUID, *, actor: str = "system") -> None:
         async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["worker_lock"], {"worker_id": worker_id, "now": self.clock()})
+            await cur.execute(QUERIES["worker_lock"], {"worker_id": worker_id})
             row = await cur.fetchone()
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
-            _, version, head_hash, now = row
+            _, version, head_hash = row
             await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
                                                                "now": self.clock()})
-            if await cur.fetchone() is None:
+            org = await cur.fetchone()
+            if org is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
+            now = org[1]
             event = rules.assign_worker(worker_id, version, organization_id, now=now, actor=actor)
             await append(cur, StreamHead(worker_id, version, bytes(head_hash)), [event])
 

@@ -1,7 +1,16 @@
--- name: task_lock_for_write
--- Lock a task (and read the attempt the request names, and any batch already stored under the
--- request's idempotency key) for one worker write. The row lock serialises every write to the
--- task, which is what keeps its event stream and hash chain linear.
+-- name: task_lock
+-- Time: statements that run after a lock read clock_timestamp(), not now() (the transaction's
+-- start), so a stream's event times never go backwards when a command waited for the lock.
+-- Lock one task row. The row lock serialises every command on the task, which is what keeps
+-- its event stream and hash chain linear. Read what the command needs with a SEPARATE
+-- statement after this one (task_read, task_read_for_write): under READ COMMITTED a locking
+-- statement that waited re-checks only the locked row, and its joins would still show the
+-- snapshot from before the wait (a stale attempt, a batch not yet seen).
+SELECT t.id FROM worker_tasks t WHERE t.id = %(task_id)s FOR UPDATE
+
+-- name: task_read_for_write
+-- After task_lock: the task, its current attempt, the attempt the request names, and any batch
+-- already stored under the request's idempotency key.
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
@@ -14,16 +23,15 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
        ref.final_batch_accepted, ref.error,
        b.id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256, b.record_count,
        b.final, b.accepted_at,
-       coalesce(%(now)s::timestamptz, now())
+       coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 LEFT JOIN worker_task_attempts ref ON ref.id = %(attempt_id)s AND ref.task_id = t.id
 LEFT JOIN worker_result_batches b ON b.task_id = t.id AND b.idempotency_key = %(idempotency_key)s
 WHERE t.id = %(task_id)s
-FOR UPDATE OF t
 
--- name: task_lock
--- Lock one task for a Gateway-side command (cancel, sweeper steps).
+-- name: task_read
+-- After task_lock: the task and its current attempt, for a Gateway-side command.
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
@@ -31,11 +39,10 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
        cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
        cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
        cur.final_batch_accepted, cur.error,
-       coalesce(%(now)s::timestamptz, now())
+       coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE t.id = %(task_id)s
-FOR UPDATE OF t
 
 -- name: task_lock_acquirable
 -- RFC "Atomic task acquisition": one eligible task for this worker. Organisation assignment,

@@ -1,0 +1,1 @@
+"""The Gateway: aiohttp app, worker/admin/read APIs, command handlers and background loops."""

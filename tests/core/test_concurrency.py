@@ -1,0 +1,128 @@
+"""Concurrency claims, shown with many real connections racing (not argued)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from support.core import World
+
+from domain.errors import IdempotencyConflict, LeaseholdError, LeaseLost
+from domain.results import payload_sha256
+
+
+async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
+    async with pool.connection() as conn:
+        cur = await conn.execute(query, params)
+        return list(await cur.fetchall())
+
+
+async def test_fifty_acquirers_over_twenty_tasks_never_lease_one_twice(world: World, pool: Any) -> None:
+    tasks = {await world.task() for _ in range(20)}
+    workers = [await world.worker() for _ in range(50)]
+    results = await asyncio.gather(*(world.lifecycle.acquire(w) for w in workers))
+    leased = [r.task.id for r in results if r is not None]
+    assert len(leased) == 20 and set(leased) == tasks
+    assert await rows(pool, "SELECT task_id, count(*) FROM worker_task_attempts GROUP BY task_id"
+                      " HAVING count(*) > 1") == []
+    assert await rows(pool, "SELECT count(*) FROM worker_tasks WHERE attempt_count = 1") == [(20,)]
+
+
+async def test_capacity_holds_under_twenty_concurrent_acquires(world: World, pool: Any) -> None:
+    for _ in range(20):
+        await world.task()
+    worker = await world.worker(capacity=3)
+    results = await asyncio.gather(*(world.lifecycle.acquire(worker) for _ in range(20)))
+    assert sum(r is not None for r in results) == 3
+    assert await rows(pool, "SELECT count(*) FROM worker_task_attempts WHERE status IN ('leased', 'running')"
+                      " AND worker_id = %s", worker) == [(3,)]
+
+
+async def test_expired_then_reacquired_lease_fences_off_the_old_attempt(world: World, pool: Any) -> None:
+    old_worker, new_worker = await world.worker(), await world.worker()
+    old = await world.running(old_worker, lease_seconds=10)
+    world.clock.advance(11)
+    await world.lifecycle.expire_leases()
+    world.clock.advance(5)
+    new = await world.lifecycle.acquire(new_worker)
+    assert new is not None and new.task.id == old.task.id
+    lc = world.lifecycle
+    records = [{"type": "raw", "from": "old"}]
+
+    async def old_writes() -> list[BaseException | Any]:
+        return await asyncio.gather(
+            lc.renew(old_worker, old.task.id, old.attempt.id, old.lease_token),
+            lc.submit_batch(old_worker, old.task.id, old.attempt.id, old.lease_token, sequence_number=1,
+                            idempotency_key="old-1", payload_sha256=payload_sha256(records),
+                            records=records, final=True),
+            lc.complete(old_worker, old.task.id, old.attempt.id, old.lease_token),
+            return_exceptions=True)
+
+    async def new_lifecycle() -> Any:
+        await world.final_batch(new_worker, new, key="new-1")
+        return await lc.complete(new_worker, new.task.id, new.attempt.id, new.lease_token)
+
+    old_results, done = await asyncio.gather(old_writes(), new_lifecycle())
+    assert all(isinstance(r, LeaseLost) for r in old_results), old_results
+    assert done.state == "completed" and done.current_attempt.id == new.attempt.id
+    assert await rows(pool, "SELECT attempt_id FROM worker_result_batches") == [(new.attempt.id,)]
+    rejected = await rows(pool, "SELECT count(*) FROM events WHERE topic LIKE '%%WriteRejected'")
+    assert rejected == [(3,)]
+
+
+async def test_racing_duplicate_batches_are_accepted_once(world: World, pool: Any) -> None:
+    worker = await world.worker()
+    a = await world.running(worker)
+    records = [{"type": "asset", "kind": "host", "value": "x"}]
+    sha = payload_sha256(records)
+    results = await asyncio.gather(*(
+        world.lifecycle.submit_batch(worker, a.task.id, a.attempt.id, a.lease_token, sequence_number=1,
+                                     idempotency_key="same", payload_sha256=sha, records=records, final=True)
+        for _ in range(10)), return_exceptions=True)
+    acks = [r for r in results if not isinstance(r, BaseException)]
+    assert len(acks) == 10, [repr(r) for r in results if isinstance(r, BaseException)]
+    assert sum(not ack.duplicate for ack in acks) == 1
+    assert len({ack.batch.batch_id for ack in acks}) == 1
+    assert await rows(pool, "SELECT count(*) FROM worker_result_batches") == [(1,)]
+
+
+async def test_racing_batches_with_one_key_and_different_payloads_keep_exactly_one(world: World,
+                                                                                   pool: Any) -> None:
+    worker = await world.worker()
+    a = await world.running(worker)
+    payloads = [[{"type": "raw", "n": n}] for n in range(8)]
+    results = await asyncio.gather(*(
+        world.lifecycle.submit_batch(worker, a.task.id, a.attempt.id, a.lease_token, sequence_number=1,
+                                     idempotency_key="k", payload_sha256=payload_sha256(p), records=p,
+                                     final=True)
+        for p in payloads), return_exceptions=True)
+    accepted = [r for r in results if not isinstance(r, BaseException)]
+    assert len(accepted) == 1
+    assert all(isinstance(r, IdempotencyConflict) for r in results if isinstance(r, BaseException))
+    assert await rows(pool, "SELECT count(*) FROM worker_result_batches") == [(1,)]
+
+
+@pytest.mark.parametrize("rounds", [5])
+async def test_sweepers_racing_with_completions_never_double_finish(world: World, pool: Any,
+                                                                   rounds: int) -> None:
+    workers = [await world.worker() for _ in range(10)]
+    leases = [await world.running(w, lease_seconds=10) for w in workers]
+    for a, w in zip(leases, workers, strict=True):
+        await world.final_batch(w, a)
+    world.clock.advance(9.999)  # leases still valid for the completions, expiring for the sweeper soon
+
+    async def complete(w: Any, a: Any) -> Any:
+        try:
+            return await world.lifecycle.complete(w, a.task.id, a.attempt.id, a.lease_token)
+        except LeaseholdError as exc:
+            return exc
+
+    async def sweep() -> int:
+        world.clock.advance(0)
+        return sum([await world.lifecycle.expire_leases() for _ in range(rounds)])
+
+    await asyncio.gather(sweep(), *(complete(w, a) for w, a in zip(workers, leases, strict=True)))
+    states = await rows(pool, "SELECT state, count(*) FROM worker_tasks GROUP BY state")
+    assert states == [("completed", 10)]
+    assert await rows(pool, "SELECT count(*) FROM worker_task_attempts WHERE status = 'succeeded'") == [(10,)]

@@ -1,0 +1,1 @@
+"""The remote worker agent and its scanner plugins."""
