@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncCursor, errors
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
 
@@ -32,8 +32,8 @@ async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[An
         async with pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
             yield cur
     except errors.UniqueViolation as exc:
-        raise Conflict("a conflicting change was made concurrently; retry",
-                       constraint=getattr(exc.diag, "constraint_name", None)) from exc
+        constraint = exc.diag.constraint_name
+        raise Conflict(f"conflicts with an existing record ({constraint})", constraint=constraint) from exc
     except errors.ForeignKeyViolation as exc:
         raise NotFound("a referenced resource does not exist") from exc
     except (errors.CheckViolation, errors.NotNullViolation, errors.InvalidTextRepresentation,
@@ -41,5 +41,5 @@ async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[An
         raise InvalidRequest(f"rejected by the database: {exc.diag.message_primary}") from exc
     except (errors.SerializationFailure, errors.DeadlockDetected) as exc:
         raise Conflict("the change raced with another; retry") from exc
-    except (psycopg.OperationalError, errors.AdminShutdown) as exc:
+    except (psycopg.OperationalError, PoolTimeout) as exc:
         raise Unavailable("the database is unavailable") from exc

@@ -3,9 +3,10 @@ workers, scans and tasks in any lifecycle state through the real commands."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from domain.results import payload_sha256
 from gateway.commands import Acquired, Lifecycle, Registry
@@ -41,7 +42,7 @@ class World:
     async def worker(self, *, capacity: int = 1, task_types: tuple[str, ...] = ("probe",),
                      capabilities: tuple[str, ...] = (), org: UUID | None = None) -> UUID:
         self._workers += 1
-        fingerprint = f"{self._workers:064x}"
+        fingerprint = hashlib.sha256(uuid4().bytes).hexdigest()
         worker_id = await self.registry.register_worker(
             name=f"worker-{self._workers}", fingerprint=fingerprint, capabilities=capabilities,
             task_types=task_types, max_concurrent_tasks=capacity)

@@ -1,0 +1,239 @@
+"""A hypothesis state machine drives the pure domain with random commands and checks it
+against a simple model of the RFC's transition table (no database, no clock, no I/O)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from domain.errors import InvalidTransition
+from domain.events import WriteRejected
+from domain.task import (
+    AcknowledgeCancel,
+    AttemptState,
+    Complete,
+    CreateTask,
+    ExceedDeadline,
+    ExpireLease,
+    Fail,
+    Lease,
+    MarkRunning,
+    Renew,
+    RequestCancel,
+    SubmitBatch,
+    TaskState,
+    TerminateCancelling,
+    WorkerView,
+    decide,
+    project_task,
+)
+
+# RFC "Task state machine": every arrow of the diagram. Anything else is a bug.
+ALLOWED = {
+    ("pending", "leased"), ("retry_wait", "leased"), ("leased", "running"), ("running", "running"),
+    ("leased", "retry_wait"), ("running", "retry_wait"), ("leased", "failed_terminal"),
+    ("running", "failed_terminal"), ("running", "completed"), ("leased", "cancelling"),
+    ("running", "cancelling"), ("pending", "cancelled"), ("retry_wait", "cancelled"),
+    ("cancelling", "cancelled"),
+}
+LIVE_STATES = {"leased", "running", "cancelling"}
+WORKER = WorkerView(id=UUID(int=99), enabled=True, revoked=False, max_concurrent_tasks=10, live_attempts=0,
+                    capabilities=frozenset(), task_types=frozenset({"probe"}))
+
+
+def token_hash(n: int) -> str:
+    return f"{n:064x}"
+
+
+class TaskMachine(RuleBasedStateMachine):
+    """The real ``decide``/``evolve`` under random commands, checked against the RFC table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = datetime(2030, 1, 1, tzinfo=UTC)
+        self.ids = 0
+        self.task: TaskState
+        self.attempts: list[AttemptState] = []  # every attempt ever made, as last seen
+        self.batches = 0
+        self.final_accepted = False
+
+    def _id(self) -> UUID:
+        self.ids += 1
+        return UUID(int=self.ids)
+
+    @initialize(max_attempts=st.integers(1, 4), lease=st.integers(5, 60), timeout=st.integers(30, 300))
+    def create(self, max_attempts: int, lease: int, timeout: int) -> None:
+        events = decide(None, CreateTask(task_id=self._id(), scan_id=self._id(), scan_job_id=self._id(),
+                                         organization_id=self._id(), task_type="probe",
+                                         max_attempts=max_attempts, lease_seconds=lease,
+                                         execution_timeout_seconds=timeout), now=self.now, actor="test")
+        task = project_task(events)
+        assert task is not None and task.state == "pending"
+        self.task = task
+
+    def _apply(self, command: object, draw: float = 0.5) -> list[object]:
+        before = self.task
+        try:
+            events = decide(before, command, now=self.now, actor="test", draw=draw)  # type: ignore[arg-type]
+        except InvalidTransition:
+            return []
+        after = project_task(events, before)
+        assert after is not None
+        assert after.version == before.version + len(events)
+        if events and isinstance(events[0], WriteRejected):
+            assert len(events) == 1
+            assert after.state == before.state and after.current_attempt == before.current_attempt
+        if after.state != before.state:
+            assert (before.state, after.state) in ALLOWED, (before.state, after.state, command)
+        if after.current_attempt is not None:
+            self.attempts = [a for a in self.attempts if a.id != after.current_attempt.id]
+            self.attempts.append(after.current_attempt)
+        self.task = after
+        return list(events)
+
+    # gateway ----------------------------------------------------------------------------
+
+    @rule()
+    def acquire(self) -> None:
+        before = self.task
+        acquirable = (before.state in ("pending", "retry_wait") and before.available_at <= self.now
+                      and before.attempt_count < before.max_attempts)
+        events = self._apply(Lease(attempt_id=self._id(), worker=WORKER,
+                                   lease_token_hash=token_hash(self.ids)))
+        assert bool(events) == acquirable
+        if events:
+            assert self.task.attempt_count == before.attempt_count + 1
+            self.batches, self.final_accepted = 0, False
+
+    @rule(seconds=st.sampled_from([1, 5, 20, 61, 400]))
+    def time_passes(self, seconds: int) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    @rule()
+    def sweep_expired(self) -> None:
+        if self.task.current_attempt is not None:
+            self._apply(ExpireLease(self.task.current_attempt.id))
+
+    @rule()
+    def sweep_deadline(self) -> None:
+        if self.task.current_attempt is not None:
+            self._apply(ExceedDeadline(self.task.current_attempt.id))
+
+    @rule()
+    def cancel(self) -> None:
+        before = self.task.state
+        self._apply(RequestCancel())
+        expected = {"pending": "cancelled", "retry_wait": "cancelled", "leased": "cancelling",
+                    "running": "cancelling"}.get(before, before)
+        assert self.task.state == expected
+
+    @rule()
+    def terminate_cancelling(self) -> None:
+        self._apply(TerminateCancelling(timedelta(seconds=30)))
+
+    # worker writes (by the current attempt, or a stale one, with a right or wrong token) ------
+
+    def _pick(self, data: st.DataObject) -> tuple[AttemptState, str] | None:
+        if not self.attempts:
+            return None
+        attempt = data.draw(st.sampled_from(self.attempts))
+        good = data.draw(st.booleans())
+        return attempt, attempt.lease_token_hash if good else token_hash(0)
+
+    def _valid(self, attempt: AttemptState, token: str, *, cancelling_ok: bool = False) -> bool:
+        t, cur = self.task, self.task.current_attempt
+        states = ("leased", "running", "cancelling") if cancelling_ok else ("leased", "running")
+        return (cur is not None and cur.id == attempt.id and token == cur.lease_token_hash
+                and t.state in states and cur.live and cur.lease_expires_at > self.now
+                and cur.deadline_at > self.now)
+
+    @rule(data=st.data())
+    def progress(self, data: st.DataObject) -> None:
+        if (picked := self._pick(data)) is None:
+            return
+        valid, before = self._valid(*picked), self.task.state
+        self._apply(MarkRunning(*picked))
+        if valid:
+            assert self.task.state == "running"
+        else:
+            assert self.task.state == before
+
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        if (picked := self._pick(data)) is None:
+            return
+        valid = self._valid(*picked)
+        self._apply(Renew(*picked))
+        if valid:
+            assert self.task.current_attempt is not None
+            assert self.task.current_attempt.lease_expires_at > self.now
+
+    @rule(data=st.data(), final=st.booleans())
+    def submit(self, data: st.DataObject, final: bool) -> None:
+        if (picked := self._pick(data)) is None:
+            return
+        valid = self._valid(*picked) and not self.final_accepted
+        events = self._apply(SubmitBatch(*picked, batch_id=self._id(), sequence_number=self.batches + 1,
+                                         idempotency_key=f"k{self.ids}", payload_sha256="0" * 64,
+                                         record_count=1, final=final))
+        accepted = any(type(e).__name__ == "ResultBatchAccepted" for e in events)
+        assert accepted == valid
+        if accepted:
+            self.batches += 1
+            self.final_accepted = final
+
+    @rule(data=st.data())
+    def complete(self, data: st.DataObject) -> None:
+        if (picked := self._pick(data)) is None:
+            return
+        expected = self._valid(*picked) and self.final_accepted
+        before = self.task.state
+        self._apply(Complete(*picked))
+        if expected:
+            assert self.task.state == "completed"
+        elif before != "completed":
+            assert self.task.state == before
+
+    @rule(data=st.data(), retryable=st.booleans(), draw=st.floats(0, 0.999))
+    def fail(self, data: st.DataObject, retryable: bool, draw: float) -> None:
+        if (picked := self._pick(data)) is None:
+            return
+        valid = self._valid(*picked)
+        attempts_left = self.task.attempt_count < self.task.max_attempts
+        self._apply(Fail(*picked, error="boom", retryable=retryable), draw)
+        if valid:
+            assert self.task.state == ("retry_wait" if retryable and attempts_left else "failed_terminal")
+
+    @rule(data=st.data())
+    def acknowledge_cancel(self, data: st.DataObject) -> None:
+        if (picked := self._pick(data)) is None:
+            return
+        attempt, token = picked
+        current = self.task.current_attempt
+        expected = (self.task.state == "cancelling" and current is not None and current.id == attempt.id
+                    and token == current.lease_token_hash)
+        self._apply(AcknowledgeCancel(*picked))
+        if expected:
+            assert self.task.state == "cancelled"
+
+    # invariants -------------------------------------------------------------------------
+
+    @invariant()
+    def at_most_one_live_attempt(self) -> None:
+        live = [a for a in self.attempts if a.live]
+        assert len(live) <= 1
+        current = self.task.current_attempt
+        assert (current is not None and current.live) == (self.task.state in LIVE_STATES)
+
+    @invariant()
+    def attempt_count_bounded(self) -> None:
+        assert 0 <= self.task.attempt_count <= self.task.max_attempts
+        assert self.task.attempt_count == len(self.attempts)
+
+
+TestTaskMachine = TaskMachine.TestCase
+TestTaskMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
