@@ -134,6 +134,15 @@ class TaskLeased(DomainEvent):
     lease_token_hash: str  # hex sha256 of the token; the token itself never enters the log
     lease_expires_at: datetime
     deadline_at: datetime
+    request_id: str | None = None  # the worker's acquire request id, when it sent one
+
+
+class LeaseReissued(DomainEvent):
+    """A repeated acquire (same request id) got the same attempt with a fresh token; the old
+    token, possibly lost with the first response, stops working."""
+
+    attempt_id: UUID
+    lease_token_hash: str
 
 
 class TaskStarted(DomainEvent):
@@ -214,6 +223,6 @@ class WriteRejected(DomainEvent):
 
 
 TASK_EVENTS: tuple[type[DomainEvent], ...] = (
-    TaskCreated, TaskLeased, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
+    TaskCreated, TaskLeased, LeaseReissued, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
     AttemptFailed, LeaseExpired, CancelRequested, TaskCancelled, WriteRejected,
 )

@@ -48,6 +48,7 @@ from domain.events import (
     CancelRequested,
     DomainEvent,
     LeaseExpired,
+    LeaseReissued,
     LeaseRenewed,
     ResultBatchAccepted,
     TaskCancelled,
@@ -178,6 +179,15 @@ class Lease:
     attempt_id: UUID
     worker: WorkerView
     lease_token_hash: str
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReissueLease:
+    """A repeated acquire with the same request id: same attempt, fresh token."""
+
+    attempt_id: UUID
+    lease_token_hash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +266,7 @@ class TerminateCancelling:
 
 
 Command = (
-    CreateTask | Lease | MarkRunning | Renew | SubmitBatch | Complete | Fail | AcknowledgeCancel
+    CreateTask | Lease | ReissueLease | MarkRunning | Renew | SubmitBatch | Complete | Fail | AcknowledgeCancel
     | ExpireLease | ExceedDeadline | RequestCancel | TerminateCancelling
 )
 
@@ -284,6 +294,8 @@ def decide(
     match command:
         case Lease():
             return d.lease(command)
+        case ReissueLease():
+            return d.reissue(command)
         case MarkRunning():
             return d.mark_running(command)
         case Renew():
@@ -391,8 +403,15 @@ class _Decider:
         return [self._event(
             TaskLeased, scan_id=task.scan_id, scan_job_id=task.scan_job_id, attempt_id=c.attempt_id,
             worker_id=w.id, attempt_number=task.attempt_count + 1, lease_token_hash=c.lease_token_hash,
-            lease_expires_at=expires, deadline_at=deadline,
+            lease_expires_at=expires, deadline_at=deadline, request_id=c.request_id,
         )]
+
+    def reissue(self, c: ReissueLease) -> list[DomainEvent]:
+        current = self.task.current_attempt
+        if (current is None or current.id != c.attempt_id or not current.live
+                or self.task.state not in ("leased", "running") or current.lease_expires_at <= self.now):
+            raise LeaseLost("the lease this acquire request created has ended; send a new request_id")
+        return [self._event(LeaseReissued, attempt_id=c.attempt_id, lease_token_hash=c.lease_token_hash)]
 
     # worker writes -----------------------------------------------------------------------
 
@@ -603,6 +622,12 @@ def _(e: TaskLeased, task: TaskState | None) -> TaskState:
         lease_expires_at=e.lease_expires_at, deadline_at=e.deadline_at,
     )
     return _step(task, e, state="leased", attempt_count=e.attempt_number, current_attempt=attempt)
+
+
+@evolve.register
+def _(e: LeaseReissued, task: TaskState | None) -> TaskState:
+    assert task is not None
+    return _step(task, e, current_attempt=_attempt(task, lease_token_hash=e.lease_token_hash))
 
 
 @evolve.register

@@ -166,7 +166,7 @@ def _(e: ev.TaskLeased, hash: bytes) -> list[RowOp]:
             "attempt_number": e.attempt_number, "lease_token_hash": bytes.fromhex(e.lease_token_hash),
             "status": "leased", "leased_at": e.timestamp, "lease_expires_at": e.lease_expires_at,
             "deadline_at": e.deadline_at, "started_at": None, "finished_at": None, "batch_count": 0,
-            "final_batch_accepted": False, "error": None,
+            "final_batch_accepted": False, "error": None, "acquire_request_id": e.request_id,
         }),
         Update("scan_jobs", {"id": e.scan_job_id}, job_values),
         # The first lease of any of its tasks starts the scan. This is the one change a task
@@ -174,6 +174,12 @@ def _(e: ev.TaskLeased, hash: bytes) -> list[RowOp]:
         # commutes with the scan's own events (replay order cannot change the result).
         Update("scans", {"id": e.scan_id}, {"status": "running"}, guard=(("status", ("pending",)),)),
     ]
+
+
+@project.register
+def _(e: ev.LeaseReissued, hash: bytes) -> list[RowOp]:
+    return [_head("worker_tasks", e, hash),
+            _attempt(e.attempt_id, lease_token_hash=bytes.fromhex(e.lease_token_hash))]
 
 
 @project.register

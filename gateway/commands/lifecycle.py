@@ -42,6 +42,7 @@ from domain.task import (
     Fail,
     Lease,
     MarkRunning,
+    ReissueLease,
     Renew,
     RequestCancel,
     SubmitBatch,
@@ -158,17 +159,32 @@ class Lifecycle:
 
     # --- acquisition ----------------------------------------------------------------------
 
-    async def acquire(self, worker_id: UUID, *, actor: str | None = None) -> Acquired | None:
-        """Lease one eligible task to the worker, or None (at capacity, or nothing eligible)."""
+    async def acquire(self, worker_id: UUID, *, request_id: str | None = None,
+                      actor: str | None = None) -> Acquired | None:
+        """Lease one eligible task to the worker, or None (at capacity, or nothing eligible).
+
+        With a ``request_id``, repeating the call returns the same attempt (with a fresh token,
+        since only the token's hash is kept) instead of leasing a second task.
+        """
+        actor = actor or f"worker:{worker_id}"
+        token = secrets.token_urlsafe(32)
         async with transaction(self.pool) as cur:
-            params = {"worker_id": worker_id, "now": self.clock()}
-            async with cur.connection.cursor() as lock_cur:
+            params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id}
+            async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as request_cur:
                 await lock_cur.execute(QUERIES["worker_lock_for_acquire"], params)
                 await cur.execute(QUERIES["worker_live_attempts"], params)
+                if request_id is not None:
+                    await request_cur.execute(QUERIES["attempt_by_acquire_request"], params)
                 row = await lock_cur.fetchone()
+                earlier = await request_cur.fetchone() if request_id is not None else None
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
             live_attempts, now = await _fetch_one(cur)
+            if earlier is not None:
+                task = await self._gateway_command(earlier[0], ReissueLease(
+                    attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor, cur)
+                assert task.current_attempt is not None
+                return Acquired(task=task, attempt=task.current_attempt, lease_token=token)
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
@@ -181,11 +197,9 @@ class Lifecycle:
             if row is None:
                 return None
             task, head = task_from_row(row)
-            token = secrets.token_urlsafe(32)
-            attempt_id = self.new_id()
-            events = decide(task, Lease(attempt_id=attempt_id, worker=worker,
-                                        lease_token_hash=hash_token(token)),
-                            now=now, actor=actor or f"worker:{worker_id}")
+            events = decide(task, Lease(attempt_id=self.new_id(), worker=worker,
+                                        lease_token_hash=hash_token(token), request_id=request_id),
+                            now=now, actor=actor)
             await append(cur, head, events)
         leased = project_task(events, task)
         assert leased is not None and leased.current_attempt is not None

@@ -22,3 +22,8 @@ SELECT w.id, w.version, w.head_hash
 FROM workers w
 WHERE w.id = %(worker_id)s
 FOR UPDATE
+
+-- name: attempt_by_acquire_request
+-- After worker_lock_for_acquire: the attempt an earlier acquire with this request id created.
+SELECT a.task_id, a.id FROM worker_task_attempts a
+WHERE a.worker_id = %(worker_id)s AND a.acquire_request_id = %(request_id)s

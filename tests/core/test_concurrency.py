@@ -126,3 +126,23 @@ async def test_sweepers_racing_with_completions_never_double_finish(world: World
     states = await rows(pool, "SELECT state, count(*) FROM worker_tasks GROUP BY state")
     assert states == [("completed", 10)]
     assert await rows(pool, "SELECT count(*) FROM worker_task_attempts WHERE status = 'succeeded'") == [(10,)]
+
+
+async def test_identical_acquire_requests_racing_lease_one_task(world: World, pool: Any) -> None:
+    for _ in range(5):
+        await world.task()
+    worker = await world.worker(capacity=5)
+    results = await asyncio.gather(*(world.lifecycle.acquire(worker, request_id="req-1") for _ in range(10)),
+                                   return_exceptions=True)
+    acquired = [r for r in results if not isinstance(r, BaseException)]
+    assert len(acquired) == 10, results
+    assert len({(a.task.id, a.attempt.id) for a in acquired}) == 1
+    assert await rows(pool, "SELECT count(*) FROM worker_task_attempts") == [(1,)]
+    # Only the token handed out last still works; the earlier ones were superseded.
+    last = await world.lifecycle.acquire(worker, request_id="req-1")
+    assert last is not None
+    with pytest.raises(LeaseLost):
+        await world.lifecycle.renew(worker, last.task.id, last.attempt.id, acquired[0].lease_token)
+    renewed = await world.lifecycle.renew(worker, last.task.id, last.attempt.id, last.lease_token)
+    assert renewed.task.current_attempt is not None
+    assert renewed.task.current_attempt.id == acquired[0].attempt.id
