@@ -266,8 +266,8 @@ class TerminateCancelling:
 
 
 Command = (
-    CreateTask | Lease | ReissueLease | MarkRunning | Renew | SubmitBatch | Complete | Fail | AcknowledgeCancel
-    | ExpireLease | ExceedDeadline | RequestCancel | TerminateCancelling
+    CreateTask | Lease | ReissueLease | WorkerWrite | ExpireLease | ExceedDeadline | RequestCancel
+    | TerminateCancelling
 )
 
 
@@ -308,6 +308,8 @@ def decide(
             return d.fail(command)
         case AcknowledgeCancel():
             return d.acknowledge_cancel(command)
+        case WorkerWrite():
+            raise TypeError(f"unknown worker write {command!r}")
         case ExpireLease():
             return d.expire_lease(command)
         case ExceedDeadline():

@@ -16,6 +16,7 @@ order-dependent.
 from __future__ import annotations
 
 from functools import singledispatch
+from typing import Any
 
 from domain import events as ev
 from projections.rows import Insert, RowOp, Update, Upsert
@@ -27,7 +28,7 @@ def project(event: ev.DomainEvent, hash: bytes) -> list[RowOp]:
     raise TypeError(f"no projection for {type(event).__name__}")
 
 
-def _head(table: str, e: ev.DomainEvent, hash: bytes, touch: bool = True, **values: object) -> Update:
+def _head(table: str, e: ev.DomainEvent, hash: bytes, touch: bool = True, **values: Any) -> Update:
     values["version"] = e.originator_version
     values["head_hash"] = hash
     if touch:
@@ -221,7 +222,7 @@ def _(e: ev.TaskCompleted, hash: bytes) -> list[RowOp]:
 def _attempt_ended(e: ev.AttemptFailed | ev.LeaseExpired, hash: bytes, *, attempt_status: str,
                    error: str, job_status: str) -> list[RowOp]:
     terminal = e.outcome == "failed_terminal"
-    task_values: dict[str, object] = {"state": e.outcome, "last_error": error,
+    task_values: dict[str, Any] = {"state": e.outcome, "last_error": error,
                                       "finished_at": e.timestamp if terminal else None}
     if e.available_at is not None:
         task_values["available_at"] = e.available_at

@@ -33,7 +33,7 @@ async def stored_events(conn: AsyncConnection[Any], *, batch_size: int = 5000
         rows = await cur.fetchall()
         if not rows:
             return
-        for nid, oid, version, topic, state, h in rows:
+        for _nid, oid, version, topic, state, h in rows:
             yield StoredEvent(originator_id=oid, originator_version=version, topic=topic,
                               state=bytes(state)), bytes(h)
         last = rows[-1][0]

@@ -7,10 +7,10 @@ import random
 from collections.abc import AsyncIterator
 
 import pytest
-from support.core import ManualClock, World
 
 from gateway.commands import Lifecycle, Registry
 from projections.connection import create_pool
+from support.core import ManualClock, World
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from support.core import World
 
 from domain.errors import IdempotencyConflict, LeaseholdError, LeaseLost
 from domain.results import payload_sha256
+from support.core import World
 
 
 async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:

@@ -6,10 +6,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from support.core import World
 
 from projections.chain import verify_chains
 from projections.connection import connect
+from support.core import World
 
 
 async def _built_log(world: World) -> Any:

@@ -9,18 +9,18 @@ from uuid import uuid4
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
-from support.core import ManualClock, World
 
 from domain.errors import LeaseholdError
 from domain.results import payload_sha256
-from gateway.commands import Acquired, Lifecycle, Registry
 from domain.task import project_task
+from gateway.commands import Acquired, Lifecycle, Registry
 from gateway.commands.rows import task_from_row
 from gateway.sql import QUERIES
 from projections.chain import verify_chains
 from projections.connection import connect
 from projections.rebuild import diff, fold_log, load_live
 from projections.store import read_stream
+from support.core import ManualClock, World
 
 STEPS = st.lists(
     st.tuples(

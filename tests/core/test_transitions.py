@@ -21,7 +21,6 @@ from domain.errors import (
     TaskCancelled,
 )
 from domain.results import payload_sha256
-
 from support.core import World
 
 

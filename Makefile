@@ -1,0 +1,36 @@
+# Developer entry points. Everything runs from the project's own virtualenv (.venv).
+#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite
+#   make lint                                   ruff + mypy
+# Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
+
+PYTHON ?= python3
+VENV := .venv
+VENV_PY := $(VENV)/bin/python
+STAMP := $(VENV)/.leasehold-installed
+PYTEST_ARGS ?=
+# The packages listed in pyproject's [tool.mypy] that exist yet.
+MYPY_PACKAGES := $(foreach p,domain projections gateway worker replay,$(if $(wildcard $(p)/__init__.py),-p $(p)))
+
+.DEFAULT_GOAL := test
+.PHONY: install test lint demo
+
+$(VENV_PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when pyproject.toml is newer than the stamp.
+$(STAMP): pyproject.toml | $(VENV_PY)
+	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy $(MYPY_PACKAGES)
+
+demo:
+	@echo "make demo: the demo is not available yet." >&2
+	@exit 1

@@ -1,0 +1,1 @@
+"""Projections: read models and database plumbing for leasehold."""

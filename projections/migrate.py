@@ -1,0 +1,102 @@
+"""Schema migrations through Alembic's Python API (no ``alembic.ini`` needed).
+
+The revision scripts live in the installed ``migrations`` package (``migrations/versions/``);
+they use raw SQL via ``op.execute``. URLs are plain ``postgresql://`` URLs; they are converted to
+SQLAlchemy's ``postgresql+psycopg://`` form internally.
+
+Concurrent ``upgrade``/``downgrade`` calls against the same database are serialised with a
+session-level advisory lock (:data:`MIGRATION_LOCK_KEY`), and every revision runs in its own
+transaction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+import migrations as _migrations_package
+
+__all__ = [
+    "MIGRATIONS_DIR",
+    "MIGRATION_LOCK_KEY",
+    "current",
+    "downgrade",
+    "head",
+    "make_config",
+    "revisions",
+    "sqlalchemy_url",
+    "upgrade",
+]
+
+#: Directory of the installed ``migrations`` package (holds ``env.py`` and ``versions/``).
+MIGRATIONS_DIR = Path(_migrations_package.__path__[0]).resolve()
+#: ``pg_advisory_lock`` key taken by ``migrations/env.py`` while migrating (fits in a bigint).
+MIGRATION_LOCK_KEY = 0x1EA5E401D_0001
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Convert a ``postgresql://`` / ``postgres://`` URL to SQLAlchemy's ``postgresql+psycopg://``.
+
+    URLs that already name a driver (``postgresql+psycopg://``) are returned unchanged.
+    """
+    parts = urlsplit(url)
+    if parts.scheme in ("postgresql", "postgres"):
+        return urlunsplit(parts._replace(scheme="postgresql+psycopg"))
+    if parts.scheme.startswith("postgresql+"):
+        return url
+    raise ValueError(f"unsupported database URL scheme {parts.scheme!r} (expected postgresql://)")
+
+
+def make_config(url: str | None = None) -> Config:
+    """Return a programmatic Alembic :class:`Config` for the ``migrations`` package.
+
+    ``url`` (a plain ``postgresql://`` URL) is handed to ``env.py`` through ``config.attributes``.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    if url is not None:
+        config.attributes["url"] = url
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> str | None:
+    """Upgrade the database at ``url`` to ``revision``; return the revision it is at afterwards."""
+    command.upgrade(make_config(url), revision)
+    return current(url)
+
+
+def downgrade(url: str, revision: str) -> str | None:
+    """Downgrade the database at ``url`` to ``revision`` (``"-1"``, ``"base"``, an id...).
+
+    Returns the revision it is at afterwards (``None`` at base).
+    """
+    command.downgrade(make_config(url), revision)
+    return current(url)
+
+
+def revisions() -> list[str]:
+    """Return every revision id, ordered from base to head."""
+    script = ScriptDirectory.from_config(make_config())
+    return [rev.revision for rev in reversed(list(script.walk_revisions()))]
+
+
+def head() -> str | None:
+    """Return the head revision id (``None`` when there are no revisions)."""
+    return ScriptDirectory.from_config(make_config()).get_current_head()
+
+
+def current(url: str) -> str | None:
+    """Return the revision the database at ``url`` is at (``None`` at base / never migrated)."""
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine, pool
+
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

@@ -1,0 +1,277 @@
+"""Shared pytest fixtures: a PostgreSQL server, a migrated template database and per-test copies.
+
+Server: ``$TEST_DATABASE_URL`` (a URL to a maintenance database, e.g.
+``postgresql://postgres@127.0.0.1:5432/postgres``) when set, else an embedded server with data
+dir ``<project root>/.leasehold/test-pgdata`` started once per session (stopped at exit when this
+run started it and no other run still uses it).
+
+Template: ``leasehold_tmpl_<hash of migrations/versions>``, created once and migrated to head;
+reused while the migrations are unchanged. Templates of other hashes are dropped (unless another
+run used them within the last hour). Creation is serialised across concurrent pytest runs with
+``pg_advisory_lock``; test databases orphaned by killed runs on this host are dropped.
+
+Fixtures for tests:
+
+* ``database_url`` -> ``str``: a fresh database migrated to head (``CREATE DATABASE t_<random>
+  TEMPLATE <template>``), dropped ``WITH (FORCE)`` after the test.
+* ``make_database`` -> ``Callable[..., str]``: ``make_database()`` returns another fresh migrated
+  database URL, ``make_database(migrated=False)`` an empty one; all dropped at teardown.
+* ``empty_database_url`` -> ``str``: a fresh, EMPTY database (from ``template0``) for migration tests.
+* ``pg_server_url`` (session) -> ``str``: URL of the maintenance database of the test server.
+* ``template_database`` (session) -> ``str``: name of the migrated template database.
+* ``embedded_pg_server`` (session) -> ``EmbeddedPostgres``: the embedded test server (started on
+  demand even when ``$TEST_DATABASE_URL`` is set), for tests that must stop/crash/restart a server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from projections import migrate
+from projections.database import EmbeddedPostgres, redact_url, with_database
+
+logger = logging.getLogger("tests.conftest")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE_PREFIX = "leasehold_tmpl_"
+TEST_DB_PREFIX = "t_"
+#: pg_advisory_lock key serialising template (re)creation across concurrent pytest runs.
+TEMPLATE_LOCK_KEY = 0x1EA5E401D_7E57
+#: Templates of other migration hashes used this recently (seconds) are left alone.
+STALE_TEMPLATE_GRACE_S = 3600
+_HOST = socket.gethostname()
+
+
+def _project_root() -> Path:
+    home = os.environ.get("LEASEHOLD_HOME")
+    return Path(home).expanduser().resolve() if home else REPO_ROOT
+
+
+def migrations_hash() -> str:
+    """Short hash of the contents (and names) of every file under ``migrations/versions``."""
+    versions = migrate.MIGRATIONS_DIR / "versions"
+    digest = hashlib.sha256()
+    if versions.is_dir():
+        for path in sorted(versions.rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
+                continue
+            digest.update(path.relative_to(versions).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class TestDatabases:
+    """Creates and drops the per-test databases on one server (autocommit admin connection)."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, server_url: str, template: str) -> None:
+        self.server_url = server_url
+        self.template = template
+        self.tag = f"leasehold-test host={_HOST} pid={os.getpid()}"
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def execute(self, query: sql.Composable | str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement on the maintenance database, reconnecting once if the server restarted."""
+        for attempt in (1, 2):
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = psycopg.connect(self.server_url, autocommit=True)
+            try:
+                cur = self._conn.execute(query, params)
+                return cur.fetchall() if cur.description else []
+            except psycopg.OperationalError:
+                if attempt == 2 or not (self._conn.closed or self._conn.broken):
+                    raise
+                self._conn = None
+        raise AssertionError("unreachable")
+
+    def create(self, *, migrated: bool = True) -> tuple[str, str]:
+        """Create a fresh database (a copy of the template, or empty); return ``(name, url)``."""
+        name = f"{TEST_DB_PREFIX}{secrets.token_hex(6)}"
+        source = self.template if migrated else "template0"
+        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}")
+        try:
+            self.execute(create.format(sql.Identifier(name), sql.Identifier(source)))
+        except psycopg.errors.InvalidCatalogName:
+            if not migrated:
+                raise
+            # Another run (with other migrations) dropped our template: rebuild it, retry once.
+            self.template = ensure_template(self.server_url)
+            self.execute(create.format(sql.Identifier(name), sql.Identifier(self.template)))
+        self.execute(
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(self.tag))
+        )
+        return name, with_database(self.server_url, name)
+
+    def drop(self, name: str) -> None:
+        """Drop a database, terminating any connection still open to it."""
+        self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    def drop_orphans(self) -> None:
+        """Drop test databases left behind by dead pytest processes on this host."""
+        rows = self.execute(
+            "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database WHERE datname LIKE %s",
+            (TEST_DB_PREFIX.replace("_", r"\_") + "%",),
+        )
+        prefix = f"leasehold-test host={_HOST} pid="
+        for name, comment in rows:
+            if comment and comment.startswith(prefix):
+                pid = comment[len(prefix) :]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    logger.info("dropping orphaned test database %s (%s)", name, comment)
+                    self.drop(name)
+
+    def close(self) -> None:
+        """Close the admin connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _drop_database(conn: psycopg.Connection[Any], name: str) -> None:
+    ident = sql.Identifier(name)
+    conn.execute(sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE false").format(ident))
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+
+
+def ensure_template(server_url: str) -> str:
+    """Create (or reuse) the migrated template database for the current migrations; return its name.
+
+    Templates of other migration hashes are dropped unless another run used them within
+    :data:`STALE_TEMPLATE_GRACE_S` (so concurrent runs from other checkouts keep theirs).
+    """
+    name = f"{TEMPLATE_PREFIX}{migrations_hash()}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (TEMPLATE_LOCK_KEY,))
+        try:
+            rows = conn.execute(
+                """SELECT datname, coalesce(substring(shobj_description(oid, 'pg_database')
+                                                      FROM 'last-used=([0-9.]+)')::float8, 0)
+                                   < extract(epoch FROM now()) - %s
+                   FROM pg_database WHERE datname LIKE %s""",
+                (STALE_TEMPLATE_GRACE_S, TEMPLATE_PREFIX.replace("_", r"\_") + "%"),
+            ).fetchall()
+            existing = {row[0] for row in rows}
+            for other, unused in sorted(rows):
+                if other != name and (unused or other.endswith("_building")):
+                    logger.info("dropping stale template database %s", other)
+                    _drop_database(conn, other)
+            if name not in existing:
+                started = time.perf_counter()
+                building = f"{name}_building"
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(building))
+                )
+                migrate.upgrade(with_database(server_url, building), "head")
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                        sql.Identifier(building), sql.Identifier(name)
+                    )
+                )
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false").format(
+                        sql.Identifier(name)
+                    )
+                )
+                logger.info("created template database %s in %.2fs", name, time.perf_counter() - started)
+            (now,) = conn.execute("SELECT extract(epoch FROM now())::text").fetchone() or ("0",)
+            conn.execute(
+                sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                    sql.Identifier(name), sql.Literal(f"leasehold test template last-used={now}")
+                )
+            )
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (TEMPLATE_LOCK_KEY,))
+    return name
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def embedded_pg_server() -> EmbeddedPostgres:
+    """The embedded test server (``.leasehold/test-pgdata``), started once per session."""
+    server = EmbeddedPostgres(_project_root() / ".leasehold" / "test-pgdata", stop_at_exit=True)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(request: pytest.FixtureRequest) -> str:
+    """URL of a maintenance database on the test server (``$TEST_DATABASE_URL`` or embedded)."""
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        try:
+            psycopg.connect(url, connect_timeout=10).close()
+        except psycopg.Error as exc:
+            pytest.exit(f"TEST_DATABASE_URL={redact_url(url)} is unreachable: {exc}", returncode=1)
+        return url
+    server: EmbeddedPostgres = request.getfixturevalue("embedded_pg_server")
+    return server.url("postgres")
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_server_url: str) -> str:
+    """Name of the template database migrated to head (created once, reused across runs)."""
+    return ensure_template(pg_server_url)
+
+
+@pytest.fixture(scope="session")
+def _test_databases(pg_server_url: str, template_database: str) -> Iterator[TestDatabases]:
+    manager = TestDatabases(pg_server_url, template_database)
+    manager.drop_orphans()
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def database_url(_test_databases: TestDatabases) -> Iterator[str]:
+    """URL of a fresh database migrated to head; dropped after the test."""
+    name, url = _test_databases.create()
+    yield url
+    _test_databases.drop(name)
+
+
+@pytest.fixture
+def make_database(_test_databases: TestDatabases) -> Iterator[Callable[..., str]]:
+    """Factory: ``make_database(migrated=True) -> url`` of a fresh database; all dropped at teardown."""
+    created: list[str] = []
+
+    def make(*, migrated: bool = True) -> str:
+        name, url = _test_databases.create(migrated=migrated)
+        created.append(name)
+        return url
+
+    yield make
+    for name in created:
+        _test_databases.drop(name)
+
+
+@pytest.fixture
+def empty_database_url(_test_databases: TestDatabases) -> Iterator[str]:
+    """URL of a fresh EMPTY database (no schema, no alembic_version); dropped after the test."""
+    name, url = _test_databases.create(migrated=False)
+    yield url
+    _test_databases.drop(name)
