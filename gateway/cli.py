@@ -25,6 +25,7 @@ __all__ = ["SUBCOMMAND_MODULES", "CommandError", "build_parser", "main"]
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gateway.dbadmin",  # migrate, db start|stop|status|url
     "gateway.pki_cli",  # pki init|issue-worker
+    "gateway.serve",  # gateway serve
 )
 
 EXIT_OK = 0

@@ -54,6 +54,7 @@ from domain.task import (
     project_task,
     rejection_error,
 )
+from gateway import notify
 from gateway.commands.rows import (
     ATTEMPT_COLUMNS,
     TASK_COLUMNS,
@@ -125,6 +126,8 @@ class Lifecycle:
         self.retry_policy = retry_policy
         self.cancel_grace = cancel_grace
         self.new_id = new_id
+        #: Called with the events of every committed command (metrics hook).
+        self.observe: Callable[[Sequence[DomainEvent]], None] = lambda events: None
 
     # --- creation -------------------------------------------------------------------------
 
@@ -153,6 +156,8 @@ class Lifecycle:
                 execution_timeout_seconds=spec.execution_timeout_seconds), now=now, actor=actor)
             await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [queued])
             await append(cur, StreamHead(task_id), created)
+            await notify.send(cur, notify.available(org_id))
+        self.observe([queued, *created])
         task = project_task(created)
         assert task is not None
         return task
@@ -181,8 +186,8 @@ class Lifecycle:
                 raise NotFound("no such worker", worker_id=str(worker_id))
             live_attempts, now = await _fetch_one(cur)
             if earlier is not None:
-                task = await self._gateway_command(earlier[0], ReissueLease(
-                    attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor, cur)
+                task, _ = await self._decide_locked(cur, earlier[0], ReissueLease(
+                    attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
                 return Acquired(task=task, attempt=task.current_attempt, lease_token=token)
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
@@ -201,6 +206,7 @@ class Lifecycle:
                                         lease_token_hash=hash_token(token), request_id=request_id),
                             now=now, actor=actor)
             await append(cur, head, events)
+        self.observe(events)
         leased = project_task(events, task)
         assert leased is not None and leased.current_attempt is not None
         return Acquired(task=leased, attempt=leased.current_attempt, lease_token=token)
@@ -300,6 +306,7 @@ class Lifecycle:
             elif payload is not None and events:
                 await cur.execute(QUERIES["payload_store"], {"sha256": payload[0], "body": payload[1]})
             after = await self._commit(cur, task, head, events, now)
+        self.observe(events)
         if rejection is not None:
             raise rejection_error(rejection)
         return after, existing if not events and existing is not None else None
@@ -311,11 +318,15 @@ class Lifecycle:
         """pending/retry_wait -> cancelled at once; leased/running -> cancelling. Repeats are no-ops."""
         return await self._gateway_command(task_id, RequestCancel(reason=reason), actor)
 
-    async def _gateway_command(self, task_id: UUID, command: Any, actor: str,
-                               cur: AsyncCursor[Any] | None = None) -> TaskState:
-        if cur is None:
-            async with transaction(self.pool) as cur:
-                return await self._gateway_command(task_id, command, actor, cur)
+    async def _gateway_command(self, task_id: UUID, command: Any, actor: str) -> TaskState:
+        async with transaction(self.pool) as cur:
+            task, events = await self._decide_locked(cur, task_id, command, actor)
+        self.observe(events)
+        return task
+
+    async def _decide_locked(self, cur: AsyncCursor[Any], task_id: UUID, command: Any,
+                             actor: str) -> tuple[TaskState, Sequence[DomainEvent]]:
+        """Lock the task, decide ``command``, append; inside the caller's transaction."""
         row = await _lock_task_and_read(cur, "task_read", {"task_id": task_id, "now": self.clock()})
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
@@ -323,7 +334,7 @@ class Lifecycle:
         now: datetime = row[-1]
         events = decide(task, command, now=now, actor=actor, draw=self.rng.random(),
                         retry_policy=self.retry_policy)
-        return await self._commit(cur, task, head, events, now)
+        return await self._commit(cur, task, head, events, now), events
 
     # --- sweeper --------------------------------------------------------------------------
 
@@ -344,10 +355,11 @@ class Lifecycle:
 
     async def _sweep(self, query: str, params: dict[str, Any], limit: int,
                      make: Callable[[TaskState], Any]) -> int:
-        changed = 0
+        changed: list[DomainEvent] = []
         async with transaction(self.pool) as cur:
             await cur.execute(QUERIES[query], {**params, "limit": limit, "now": self.clock()})
-            ids = [r[0] for r in await cur.fetchall()]
+            # Scan order: settling a scan locks it, and every sweeper must lock scans in one order.
+            ids = [task_id for task_id, _ in sorted(await cur.fetchall(), key=lambda r: (r[1], r[0]))]
             for task_id in ids:  # locked above; re-read each in a fresh statement snapshot
                 await cur.execute(QUERIES["task_read"], {"task_id": task_id, "now": self.clock()})
                 row = await cur.fetchone()
@@ -359,8 +371,9 @@ class Lifecycle:
                 events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
                                 retry_policy=self.retry_policy)
                 await self._commit(cur, task, head, events, row[-1])
-                changed += bool(events)
-        return changed
+                changed.extend(events)
+        self.observe(changed)
+        return len({e.originator_id for e in changed})
 
     # --- shared tail of every command -----------------------------------------------------
 
@@ -370,6 +383,8 @@ class Lifecycle:
         after = project_task(events, task)
         assert after is not None
         await append(cur, head, events)
+        if after.state == "cancelling" and task.state != "cancelling" and after.current_attempt is not None:
+            await notify.send(cur, notify.cancel(after.current_attempt.worker_id))
         if after.state in TERMINAL and task.state not in TERMINAL:
             await self._settle_scan(cur, after.scan_id, now)
         return after

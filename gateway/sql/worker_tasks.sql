@@ -70,8 +70,9 @@ LIMIT 1
 
 -- name: tasks_lock_expired_leases
 -- Sweeper: tasks whose live attempt's lease ran out. SKIP LOCKED: a task someone is writing to
--- right now is handled by the next sweep (or was just renewed).
-SELECT t.id
+-- right now is handled by the next sweep (or was just renewed). Returns the scan too: the
+-- caller settles scans in scan-id order, so concurrent sweepers lock scans in one order.
+SELECT t.id, t.scan_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.status IN ('leased', 'running')
@@ -81,7 +82,7 @@ LIMIT %(limit)s
 FOR UPDATE OF t SKIP LOCKED
 
 -- name: tasks_lock_past_deadline
-SELECT t.id
+SELECT t.id, t.scan_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.status IN ('leased', 'running')
@@ -91,7 +92,7 @@ LIMIT %(limit)s
 FOR UPDATE OF t SKIP LOCKED
 
 -- name: tasks_lock_cancelling_overdue
-SELECT t.id
+SELECT t.id, t.scan_id
 FROM worker_tasks t
 WHERE t.state = 'cancelling'
   AND t.cancel_requested_at <= coalesce(%(now)s::timestamptz, now()) - %(grace)s::interval

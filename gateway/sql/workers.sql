@@ -27,3 +27,22 @@ FOR UPDATE
 -- After worker_lock_for_acquire: the attempt an earlier acquire with this request id created.
 SELECT a.task_id, a.id FROM worker_task_attempts a
 WHERE a.worker_id = %(worker_id)s AND a.acquire_request_id = %(request_id)s
+
+-- name: worker_by_fingerprint
+-- Identity check on every worker request (revocation must bite on an open connection).
+SELECT w.id, w.name, w.enabled, w.revoked_at IS NOT NULL
+FROM workers w
+WHERE w.fingerprint = %(fingerprint)s
+
+-- name: worker_cancelling_attempts
+-- The worker's live attempts whose task is being cancelled: told on every acquire answer.
+SELECT t.id, a.id
+FROM worker_task_attempts a
+JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
+WHERE a.worker_id = %(worker_id)s
+  AND a.status IN ('leased', 'running')
+  AND t.state = 'cancelling'
+
+-- name: worker_organizations
+SELECT ow.organization_id FROM organization_workers ow
+WHERE ow.worker_id = %(worker_id)s AND ow.enabled AND ow.revoked_at IS NULL

@@ -1,0 +1,123 @@
+"""The Gateway application: ``create_app(settings)`` wires everything.
+
+The pool, the LISTEN connection, the sweeper and the metrics sampler live in ``cleanup_ctx``
+(started before serving, cancelled and awaited on shutdown). Routes come from the API modules'
+route tables, which the OpenAPI document is generated from as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+from aiohttp import web
+
+from domain.errors import Unavailable
+from gateway import operator_api, sweeper, worker_api
+from gateway.auth import BUCKETS, TokenBuckets, ensure_bootstrap_admin_key
+from gateway.commands import Lifecycle, Registry
+from gateway.http import OBSERVE_REQUEST, Route, RouteTable, error_middleware, ok, request_log_middleware
+from gateway.keys import LIFECYCLE, NOTIFIER, POOL, REGISTRY, SETTINGS
+from gateway.metrics import Metrics
+from gateway.notify import Notifier
+from gateway.openapi import build_openapi
+from gateway.settings import GatewaySettings
+from projections.connection import create_pool
+
+log = logging.getLogger("leasehold.gateway")
+
+METRICS = web.AppKey("metrics", Metrics)
+ROUTES = web.AppKey("routes", list)
+
+service_routes = RouteTable()
+
+
+@service_routes.route("GET", "/healthz", summary="Liveness: the process is up", auth="none", tags=("service",))
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return ok({"status": "ok"})
+
+
+@service_routes.route("GET", "/readyz", summary="Readiness: the database answers", auth="none",
+                      statuses=(200, 503), tags=("service",))
+async def readyz(request: web.Request) -> web.StreamResponse:
+    try:
+        async with asyncio.timeout(2):
+            async with request.app[POOL].connection() as conn:
+                await conn.execute("SELECT 1")
+    except Exception as exc:
+        raise Unavailable("the database does not answer") from exc
+    return ok({"status": "ready", "listening": request.app[NOTIFIER].connected.is_set()})
+
+
+@service_routes.route("GET", "/metrics", summary="Prometheus metrics of this process", auth="none",
+                      tags=("service",))
+async def metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+@service_routes.route("GET", "/openapi.json", summary="This API's OpenAPI 3.1 document", auth="none",
+                      tags=("service",))
+async def openapi(request: web.Request) -> web.StreamResponse:
+    return ok(build_openapi(request.app[ROUTES]))
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    url = settings.resolved_database_url()
+    pool = create_pool(url, min_size=2, max_size=settings.pool_size)
+    await pool.open(wait=False)
+    app[POOL] = pool
+    lifecycle = Lifecycle(pool, cancel_grace=timedelta(seconds=settings.cancel_grace_seconds))
+    lifecycle.observe = app[METRICS].count_events
+    app[LIFECYCLE] = lifecycle
+    app[REGISTRY] = Registry(pool)
+    notifier = Notifier(url)
+    notifier.start()
+    app[NOTIFIER] = notifier
+    with contextlib.suppress(Exception):
+        await ensure_bootstrap_admin_key(app)
+    loops = [
+        asyncio.create_task(sweeper.run(lifecycle, settings.sweep_interval_seconds, app[METRICS].swept.inc),
+                            name="leasehold-sweeper"),
+        asyncio.create_task(_sample_live_leases(app), name="leasehold-sampler"),
+    ]
+    try:
+        yield
+    finally:
+        for task in loops:
+            task.cancel()
+        for task in loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await notifier.stop()
+        await pool.close()
+
+
+async def _sample_live_leases(app: web.Application, every: float = 5.0) -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            async with app[POOL].connection() as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM worker_task_attempts WHERE status IN ('leased', 'running')")
+                row = await cur.fetchone()
+                app[METRICS].live_leases.set(row[0] if row else 0)
+        await asyncio.sleep(every)
+
+
+def create_app(settings: GatewaySettings) -> web.Application:
+    """The Gateway as an aiohttp application (serve it with :mod:`gateway.serve`)."""
+    app = web.Application(middlewares=[request_log_middleware, error_middleware],
+                          client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app[OBSERVE_REQUEST] = app[METRICS].observe_request
+    app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
+    routes: list[Route] = [*service_routes, *worker_api.routes, *operator_api.routes]
+    app[ROUTES] = routes
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+    app.cleanup_ctx.append(_resources)
+    return app

@@ -1,0 +1,161 @@
+"""HTTP plumbing shared by every API: routes with metadata (for OpenAPI), orjson bodies,
+pydantic validation, and errors as ``application/problem+json``.
+
+Handlers stay thin: parse with :func:`read_json`, call the service, answer with :func:`ok`.
+Every exception is turned into a problem document once, by :func:`error_middleware`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from domain.errors import LeaseholdError
+from gateway.keys import REQUEST_ID, WORKER_FINGERPRINT
+
+log = logging.getLogger("leasehold.gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Auth = Literal["worker", "operator", "none"]
+M = TypeVar("M", bound=BaseModel)
+
+PROBLEM_TYPE = "https://leasehold.dev/problems/"
+
+#: Called once per request with (method, route template, status, seconds): metrics hook.
+ObserveRequest = Callable[[str, str, int, float], None]
+OBSERVE_REQUEST: web.AppKey[ObserveRequest] = web.AppKey("observe_request")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint and what the OpenAPI document says about it."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    auth: Auth
+    request: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    statuses: tuple[int, ...] = ()
+    tags: tuple[str, ...] = ()
+    query: type[BaseModel] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RouteTable(list[Route]):
+    """Routes of one API module, registered with a decorator."""
+
+    def route(self, method: str, path: str, *, summary: str, auth: Auth,
+              request: type[BaseModel] | None = None, response: type[BaseModel] | None = None,
+              statuses: tuple[int, ...] = (), tags: tuple[str, ...] = (),
+              query: type[BaseModel] | None = None) -> Callable[[Handler], Handler]:
+        def register(handler: Handler) -> Handler:
+            self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query))
+            return handler
+        return register
+
+
+def ok(body: BaseModel | dict[str, Any] | list[Any], status: int = 200) -> web.Response:
+    """A JSON response (orjson)."""
+    data = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def problem(status: int, title: str, detail: str, *, code: str = "error", headers: dict[str, str] | None = None,
+            **extensions: Any) -> web.Response:
+    """An RFC 9457 problem document."""
+    body = {"type": PROBLEM_TYPE + code, "title": title, "status": status, "detail": detail, **extensions}
+    return web.Response(body=orjson.dumps(body, default=str), status=status,
+                        content_type="application/problem+json", headers=headers)
+
+
+async def read_json(request: web.Request, model: type[M]) -> M:
+    """The request body validated as ``model``; malformed or invalid bodies raise a 4xx."""
+    # aiohttp enforces the application's client_max_size while reading (413).
+    raw = await request.read()
+    if not raw:
+        raw = b"{}"
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest("the body is not valid JSON", errors=[str(exc)]) from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return model.model_validate(data)
+
+
+def read_query(request: web.Request, model: type[M]) -> M:
+    return model.model_validate(dict(request.query))
+
+
+class BadRequest(Exception):
+    def __init__(self, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.detail, self.extensions = detail, extensions
+
+
+_STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+                  405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+                  415: "Unsupported Media Type", 422: "Unprocessable Content", 429: "Too Many Requests",
+                  500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure becomes problem+json; a 500 is logged with its request id, never leaked."""
+    try:
+        return await handler(request)
+    except LeaseholdError as exc:
+        retry_after = exc.details.get("retry_after")
+        return problem(exc.status, _STATUS_TITLES.get(exc.status, "Error"), exc.message, code=exc.code,
+                       headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
+                       **{k: v for k, v in exc.details.items() if v is not None})
+    except ValidationError as exc:
+        return problem(422, "Unprocessable Content", "the request does not match its schema",
+                       code="validation", errors=_validation_errors(exc))
+    except BadRequest as exc:
+        return problem(400, "Bad Request", exc.detail, code="bad-request", **exc.extensions)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("retry-after", "allow")}
+        return problem(exc.status, _STATUS_TITLES.get(exc.status, exc.reason), exc.text or exc.reason,
+                       code=exc.reason.lower().replace(" ", "-"), headers=headers)
+    except Exception:
+        log.exception("unhandled error", extra={"request_id": request.get(REQUEST_ID)})
+        return problem(500, "Internal Server Error", "an unexpected error occurred; it has been logged",
+                       code="internal", request_id=request.get(REQUEST_ID))
+
+
+@web.middleware
+async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Request id in and out, and one structured log line per request (no bodies: no tokens)."""
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    if len(request_id) > 100:
+        request_id = uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    started = time.perf_counter()
+    response = await handler(request)
+    elapsed = time.perf_counter() - started
+    response.headers["X-Request-Id"] = request_id
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    observe = request.app.get(OBSERVE_REQUEST)
+    if observe is not None:
+        observe(request.method, route, response.status, elapsed)
+    log.info("request", extra={"request_id": request_id, "method": request.method, "route": route,
+                               "status": response.status, "duration_ms": round(elapsed * 1000, 2),
+                               "worker": request.get(WORKER_FINGERPRINT)})
+    return response

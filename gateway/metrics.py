@@ -1,0 +1,34 @@
+"""Prometheus metrics of one Gateway process (``/metrics``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("leasehold_http_requests_total", "HTTP requests", ["method", "route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("leasehold_http_request_duration_seconds", "HTTP request latency",
+                                 ["route"], registry=self.registry,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.transitions = Counter("leasehold_lifecycle_transitions_total", "Events appended, by type",
+                                   ["event"], registry=self.registry)
+        self.live_leases = Gauge("leasehold_live_leases", "Attempts holding a live lease (sampled)",
+                                 registry=self.registry)
+        self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
+                             registry=self.registry)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def count_events(self, events: Sequence[object]) -> None:
+        for event in events:
+            self.transitions.labels(type(event).__name__).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

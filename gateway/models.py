@@ -1,0 +1,138 @@
+"""Request and response bodies of the worker API (pydantic; the OpenAPI document is built
+from these). Unknown fields are rejected; sizes are bounded."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.task import AttemptState, TaskState
+
+Token = Annotated[str, Field(min_length=16, max_length=200, description="the lease token from acquire")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcquireRequest(Body):
+    wait_seconds: int = Field(0, ge=0, le=30, description="long-poll up to this many seconds")
+    request_id: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="makes acquire retry-safe: repeating it returns the same lease (with a fresh token)")
+
+
+class WorkerWriteRequest(Body):
+    lease_token: Token
+
+
+class ResultBatchRequest(WorkerWriteRequest):
+    sequence_number: int = Field(ge=1, le=1_000_000)
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    payload_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$",
+                                description="sha256 of the canonical JSON of `payload` (keys sorted, no spaces)")
+    payload: list[dict[str, Any]] = Field(max_length=100_000, description="plugin records")
+    final: bool = False
+
+
+class FailRequest(WorkerWriteRequest):
+    error: str = Field(max_length=20_000)
+    retryable: bool = True
+
+
+class AttemptView(Body):
+    id: UUID
+    attempt_number: int
+    status: str
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    batch_count: int
+    final_batch_accepted: bool
+    error: str | None
+
+    @classmethod
+    def of(cls, a: AttemptState) -> AttemptView:
+        return cls(id=a.id, attempt_number=a.attempt_number, status=a.status, leased_at=a.leased_at,
+                   lease_expires_at=a.lease_expires_at, deadline_at=a.deadline_at, started_at=a.started_at,
+                   finished_at=a.finished_at, batch_count=a.batch_count,
+                   final_batch_accepted=a.final_batch_accepted, error=a.error)
+
+
+class TaskView(Body):
+    id: UUID
+    scan_id: UUID
+    scan_job_id: UUID
+    task_type: str
+    state: str
+    priority: int
+    scope: dict[str, Any]
+    parameters: dict[str, Any]
+    attempt_count: int
+    max_attempts: int
+    lease_seconds: int
+    execution_timeout_seconds: int
+    cancel_requested: bool
+    last_error: str | None
+
+    @classmethod
+    def of(cls, t: TaskState) -> TaskView:
+        return cls(id=t.id, scan_id=t.scan_id, scan_job_id=t.scan_job_id, task_type=t.task_type, state=t.state,
+                   priority=t.priority, scope=t.scope, parameters=t.parameters, attempt_count=t.attempt_count,
+                   max_attempts=t.max_attempts, lease_seconds=t.lease_seconds,
+                   execution_timeout_seconds=t.execution_timeout_seconds,
+                   cancel_requested=t.cancel_requested_at is not None and t.state in ("cancelling", "cancelled"),
+                   last_error=t.last_error)
+
+
+class TaskStatus(Body):
+    """Every worker-write answer states the task and attempt state."""
+
+    task: TaskView
+    attempt: AttemptView | None
+
+    @classmethod
+    def of(cls, t: TaskState) -> TaskStatus:
+        return cls(task=TaskView.of(t), attempt=AttemptView.of(t.current_attempt) if t.current_attempt else None)
+
+
+class CancelNotice(Body):
+    task_id: UUID
+    attempt_id: UUID
+
+
+class Lease(Body):
+    task: TaskView
+    attempt: AttemptView
+    attempt_id: UUID
+    lease_token: str
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+
+class AcquireResponse(Body):
+    """A new lease, and/or the worker's attempts whose tasks were cancelled (stop them)."""
+
+    lease: Lease | None
+    cancel_requested: list[CancelNotice]
+
+
+class RenewResponse(TaskStatus):
+    lease_expires_at: datetime
+    cancel_requested: bool
+
+
+class BatchAck(TaskStatus):
+    batch_id: UUID
+    sequence_number: int
+    idempotency_key: str
+    payload_sha256: str
+    record_count: int
+    final: bool
+    accepted_at: datetime
+    duplicate: bool = Field(description="true when this repeats an already accepted batch")

@@ -1,0 +1,102 @@
+"""Long-poll wake-ups: PostgreSQL LISTEN/NOTIFY, with a bounded poll as the safety net.
+
+Commands that make work available (a new task) or ask a worker to stop (a cancel) send
+``pg_notify('leasehold', …)`` inside their transaction, so the notification is delivered only
+if, and when, the change commits — to every Gateway process and replica listening. Each process
+keeps one listening connection; waiting acquires wait on :class:`Notifier` with a timeout, so a
+lost notification (or a lost connection) costs at most one poll interval, never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger("leasehold.notify")
+
+CHANNEL = "leasehold"
+
+
+def available(organization_id: object) -> str:
+    return f"available:{organization_id}"
+
+
+def cancel(worker_id: object) -> str:
+    return f"cancel:{worker_id}"
+
+
+class Notifier:
+    """Fans notifications out to waiters in this process."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.received = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="leasehold-listen")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _listen(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.connected.set()
+                    backoff = 0.2
+                    # A reconnect may have missed notifications: wake everyone to re-check.
+                    self._wake_all()
+                    async for note in conn.notifies():
+                        self.received += 1
+                        self.dispatch(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database went away: poll covers until we are back
+                self.connected.clear()
+                log.warning("listen connection lost, retrying", extra={"error": str(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def dispatch(self, payload: str) -> None:
+        for event in self._waiters.get(payload, ()):
+            event.set()
+
+    def _wake_all(self) -> None:
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    async def wait(self, topics: list[str], seconds: float) -> bool:
+        """Wait until one of ``topics`` is notified or ``seconds`` pass; True when notified."""
+        event = asyncio.Event()
+        for topic in topics:
+            self._waiters.setdefault(topic, set()).add(event)
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            for topic in topics:
+                waiters = self._waiters.get(topic)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[topic]
+
+
+async def send(cur: Any, payload: str) -> None:
+    """Queue a notification in the current transaction (delivered at commit)."""
+    await cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))

@@ -1,0 +1,45 @@
+"""Gateway settings, from the environment (``LEASEHOLD_*``) or ``leasehold gateway serve`` flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """Every setting the Gateway reads. Environment variables are ``LEASEHOLD_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="LEASEHOLD_", extra="ignore")
+
+    database_url: str | None = Field(
+        None, description="PostgreSQL URL (also read from DATABASE_URL); default: the embedded server")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
+    operator_port: int = Field(8444, ge=0, le=65535,
+                               description="HTTPS port of the operator API (bearer API keys; no client certificate)")
+    pki_dir: Path | None = Field(None, description="directory made by `leasehold pki init` (ca.pem, server.pem…)")
+    ca_file: Path | None = Field(None, description="CA bundle that signs worker certificates (overrides pki_dir)")
+    cert_file: Path | None = Field(None, description="server certificate (overrides pki_dir)")
+    key_file: Path | None = Field(None, description="server private key (overrides pki_dir)")
+    processes: int = Field(1, ge=1, le=64, description="processes serving the same ports (SO_REUSEPORT)")
+    pool_size: int = Field(20, ge=2, le=500, description="database connections per process")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    max_wait_seconds: int = Field(30, ge=0, le=300, description="longest acquire long-poll")
+    poll_interval_seconds: float = Field(1.0, gt=0, le=60,
+                                         description="long-poll safety re-check when no notification arrives")
+    sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
+    cancel_grace_seconds: int = Field(30, ge=1, le=3600,
+                                      description="how long a cancelling task waits for the worker's ack")
+    admin_api_key: str | None = Field(None, description="bootstrap administrator API key (stored hashed)")
+    rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
+    rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
+    log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
+
+    def resolved_database_url(self) -> str:
+        import os
+
+        from projections.database import database_url
+
+        return self.database_url or os.environ.get("DATABASE_URL") or database_url()

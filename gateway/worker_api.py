@@ -1,0 +1,167 @@
+"""The worker API: acquire (long-poll), renew, progress, results, complete, fail, cancel-ack.
+
+Every endpoint authenticates the worker by its client certificate first. Lease token and
+attempt id travel in the body/path, never in logs. Stale or foreign writes answer 409 or 404
+(see ``domain.errors``) and change nothing but the audit record of the refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from uuid import UUID
+
+from aiohttp import web
+
+from domain.errors import NotFound
+from gateway import notify
+from gateway.auth import worker_identity
+from gateway.commands.lifecycle import Acquired
+from gateway.http import RouteTable, ok, read_json
+from gateway.keys import LIFECYCLE, NOTIFIER, POOL, SETTINGS
+from gateway.models import (
+    AcquireRequest,
+    AcquireResponse,
+    AttemptView,
+    BatchAck,
+    CancelNotice,
+    FailRequest,
+    Lease,
+    RenewResponse,
+    ResultBatchRequest,
+    TaskStatus,
+    TaskView,
+    WorkerWriteRequest,
+)
+from gateway.sql import QUERIES
+
+routes = RouteTable()
+ATTEMPT_PATH = "/v1/tasks/{task_id}/attempts/{attempt_id}"
+
+
+def _ids(request: web.Request) -> tuple[UUID, UUID]:
+    try:
+        return UUID(request.match_info["task_id"]), UUID(request.match_info["attempt_id"])
+    except ValueError as exc:
+        raise NotFound("no such task or attempt") from exc
+
+
+def _lease(a: Acquired) -> Lease:
+    return Lease(task=TaskView.of(a.task), attempt=AttemptView.of(a.attempt), attempt_id=a.attempt.id,
+                 lease_token=a.lease_token, lease_expires_at=a.attempt.lease_expires_at,
+                 deadline_at=a.attempt.deadline_at)
+
+
+async def _cancel_notices(request: web.Request, worker_id: UUID) -> list[CancelNotice]:
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["worker_cancelling_attempts"], {"worker_id": worker_id})
+        return [CancelNotice(task_id=t, attempt_id=a) for t, a in await cur.fetchall()]
+
+
+async def _topics(request: web.Request, worker_id: UUID) -> list[str]:
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["worker_organizations"], {"worker_id": worker_id})
+        orgs = [r[0] for r in await cur.fetchall()]
+    return [notify.available(o) for o in orgs] + [notify.cancel(worker_id)]
+
+
+@routes.route("POST", "/v1/tasks/acquire", summary="Lease one task (long-poll up to wait_seconds)",
+              auth="worker", request=AcquireRequest, response=AcquireResponse, statuses=(200, 204),
+              tags=("worker",))
+async def acquire(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    body = await read_json(request, AcquireRequest)
+    lifecycle, settings = request.app[LIFECYCLE], request.app[SETTINGS]
+    deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
+    topics: list[str] | None = None
+    while True:
+        acquired = await lifecycle.acquire(worker.id, request_id=body.request_id, actor=worker.actor)
+        cancels = await _cancel_notices(request, worker.id)
+        if acquired is not None or cancels:
+            return ok(AcquireResponse(lease=_lease(acquired) if acquired else None, cancel_requested=cancels))
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return web.Response(status=204)
+        if topics is None:
+            topics = await _topics(request, worker.id)
+        # Woken by NOTIFY within milliseconds; the poll interval bounds a missed notification.
+        await request.app[NOTIFIER].wait(topics, min(remaining, settings.poll_interval_seconds))
+        if request.transport is None or request.transport.is_closing():
+            raise asyncio.CancelledError  # the worker went away; stop polling for it
+
+
+@routes.route("POST", ATTEMPT_PATH + "/renew", summary="Extend the lease; says whether to stop (cancel)",
+              auth="worker", request=WorkerWriteRequest, response=RenewResponse, tags=("worker",))
+async def renew(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    body = await read_json(request, WorkerWriteRequest)
+    renewed = await request.app[LIFECYCLE].renew(worker.id, task_id, attempt_id, body.lease_token,
+                                                 actor=worker.actor)
+    status = TaskStatus.of(renewed.task)
+    assert renewed.task.current_attempt is not None
+    return ok(RenewResponse(task=status.task, attempt=status.attempt,
+                            lease_expires_at=renewed.task.current_attempt.lease_expires_at,
+                            cancel_requested=renewed.cancel_requested))
+
+
+@routes.route("POST", ATTEMPT_PATH + "/progress", summary="Report that the plugin runs (leased -> running)",
+              auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
+async def progress(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    body = await read_json(request, WorkerWriteRequest)
+    task = await request.app[LIFECYCLE].mark_running(worker.id, task_id, attempt_id, body.lease_token,
+                                                     actor=worker.actor)
+    return ok(TaskStatus.of(task))
+
+
+@routes.route("POST", ATTEMPT_PATH + "/results", summary="Submit a result batch (idempotent by key)",
+              auth="worker", request=ResultBatchRequest, response=BatchAck, tags=("worker",))
+async def results(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    body = await read_json(request, ResultBatchRequest)
+    ack = await request.app[LIFECYCLE].submit_batch(
+        worker.id, task_id, attempt_id, body.lease_token, sequence_number=body.sequence_number,
+        idempotency_key=body.idempotency_key, payload_sha256=body.payload_sha256, records=body.payload,
+        final=body.final, actor=worker.actor)
+    status = TaskStatus.of(ack.task)
+    b = ack.batch
+    return ok(BatchAck(task=status.task, attempt=status.attempt, batch_id=b.batch_id,
+                       sequence_number=b.sequence_number, idempotency_key=b.idempotency_key,
+                       payload_sha256=b.payload_sha256, record_count=b.record_count, final=b.final,
+                       accepted_at=b.accepted_at, duplicate=ack.duplicate))
+
+
+@routes.route("POST", ATTEMPT_PATH + "/complete", summary="Complete the task (needs an accepted final batch)",
+              auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
+async def complete(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    body = await read_json(request, WorkerWriteRequest)
+    task = await request.app[LIFECYCLE].complete(worker.id, task_id, attempt_id, body.lease_token,
+                                                 actor=worker.actor)
+    return ok(TaskStatus.of(task))
+
+
+@routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",
+              auth="worker", request=FailRequest, response=TaskStatus, tags=("worker",))
+async def fail(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    body = await read_json(request, FailRequest)
+    task = await request.app[LIFECYCLE].fail(worker.id, task_id, attempt_id, body.lease_token, error=body.error,
+                                             retryable=body.retryable, actor=worker.actor)
+    return ok(TaskStatus.of(task))
+
+
+@routes.route("POST", ATTEMPT_PATH + "/cancel-ack", summary="Acknowledge a cancellation (cancelling -> cancelled)",
+              auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
+async def cancel_ack(request: web.Request) -> web.StreamResponse:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    body = await read_json(request, WorkerWriteRequest)
+    task = await request.app[LIFECYCLE].acknowledge_cancel(worker.id, task_id, attempt_id, body.lease_token,
+                                                           actor=worker.actor)
+    return ok(TaskStatus.of(task))

@@ -1,0 +1,68 @@
+"""The worker API over real HTTPS with mTLS against a real Gateway and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from support.gateway import RunningGateway
+
+
+async def test_full_lifecycle_over_https(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    task_id = await gateway.task(scope={"targets": ["127.0.0.1"]})
+    r = await worker.acquire()
+    assert r.status == 200, r.body
+    lease = r.body["lease"]
+    assert lease["task"]["id"] == str(task_id) and lease["task"]["scope"] == {"targets": ["127.0.0.1"]}
+    assert {"attempt_id", "lease_token", "lease_expires_at", "deadline_at"} <= set(lease)
+    r = await worker.write(lease, "progress")
+    assert r.status == 200 and r.body["task"]["state"] == "running" and r.body["attempt"]["status"] == "running"
+    r = await worker.write(lease, "renew")
+    assert r.status == 200 and r.body["cancel_requested"] is False
+    r = await worker.final_batch(lease)
+    assert r.status == 200 and r.body["duplicate"] is False, r.body
+    r = await worker.write(lease, "complete")
+    assert r.status == 200 and r.body["task"]["state"] == "completed"
+    assert r.body["attempt"]["status"] == "succeeded"
+
+
+async def test_acquire_with_nothing_to_do_answers_204(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    assert (await worker.acquire()).status == 204
+
+
+async def test_long_poll_wakes_when_a_task_is_created(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    waiting = asyncio.create_task(worker.acquire(wait=10))
+    await asyncio.sleep(0.3)  # let the acquire start waiting
+    created_at = time.perf_counter()
+    task_id = await gateway.task()
+    r = await waiting
+    elapsed = time.perf_counter() - created_at
+    assert r.status == 200 and r.body["lease"]["task"]["id"] == str(task_id)
+    # Woken by NOTIFY, not by the 1 s poll; loose bound (the benchmark measures the real number).
+    assert elapsed < 0.5, elapsed
+
+
+async def test_long_poll_answers_a_cancellation_of_a_running_task(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    await gateway.task()
+    lease = (await worker.acquire()).body["lease"]
+    await worker.write(lease, "progress")
+    waiting = asyncio.create_task(worker.acquire(wait=10))
+    await asyncio.sleep(0.3)
+    await gateway.lifecycle.request_cancel(gateway_task_id(lease))
+    r = await asyncio.wait_for(waiting, 2)
+    assert r.status == 200 and r.body["lease"] is None
+    assert r.body["cancel_requested"] == [{"task_id": lease["task"]["id"], "attempt_id": lease["attempt_id"]}]
+    r = await worker.write(lease, "renew")
+    assert r.status == 200 and r.body["cancel_requested"] is True
+    r = await worker.write(lease, "cancel-ack")
+    assert r.status == 200 and r.body["task"]["state"] == "cancelled"
+
+
+def gateway_task_id(lease: dict) -> object:
+    from uuid import UUID
+
+    return UUID(lease["task"]["id"])
