@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -37,7 +38,7 @@ service_routes = RouteTable()
 
 @service_routes.route("GET", "/healthz", summary="Liveness: the process is up", auth="none", tags=("service",))
 async def healthz(request: web.Request) -> web.StreamResponse:
-    return ok({"status": "ok"})
+    return ok({"status": "ok", "pid": os.getpid()})
 
 
 @service_routes.route("GET", "/readyz", summary="Readiness: the database answers", auth="none",

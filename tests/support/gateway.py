@@ -3,7 +3,7 @@ to it as workers (mTLS) and operators (bearer keys)."""
 
 from __future__ import annotations
 
-import hashlib
+import uuid
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -126,7 +126,7 @@ async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) ->
 
     await app[NOTIFIER].connected.wait()
     registry, lifecycle = app[REGISTRY], app[LIFECYCLE]
-    org = await registry.create_organization(f"org-{hashlib.sha256(database_url.encode()).hexdigest()[:8]}")
+    org = await registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
     scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
     gw = RunningGateway(settings, pki, f"https://localhost:{worker_port}", f"https://localhost:{operator_port}",
                         registry, lifecycle, org, scan)

@@ -1,0 +1,54 @@
+"""Health, readiness, metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+from support.gateway import RunningGateway
+
+
+
+async def test_health_and_readiness(gateway: RunningGateway) -> None:
+    assert (await gateway.operator("GET", "/healthz")).body["status"] == "ok"
+    ready = await gateway.operator("GET", "/readyz")
+    assert ready.status == 200 and ready.body["status"] == "ready" and ready.body["listening"] is True
+
+
+async def test_openapi_documents_every_route(gateway: RunningGateway) -> None:
+    from aiohttp import web
+
+    doc = (await gateway.operator("GET", "/openapi.json")).body
+    assert doc["openapi"] == "3.1.0"
+    from gateway.app import create_app
+
+    app: web.Application = create_app(gateway.settings)
+    for resource in app.router.resources():
+        info = resource.get_info()
+        path = info.get("path") or info.get("formatter")
+        for route in resource:
+            if route.method == "HEAD":
+                continue
+            assert route.method.lower() in doc["paths"].get(path, {}), f"{route.method} {path} missing"
+    acquire = doc["paths"]["/v1/tasks/acquire"]["post"]
+    assert acquire["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("AcquireRequest")
+    assert "AcquireResponse" in doc["components"]["schemas"]
+
+
+async def test_metrics_count_requests_and_transitions(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    await gateway.task()
+    lease = (await worker.acquire()).body["lease"]
+    await worker.write(lease, "progress")
+    text = (await _metrics(gateway))
+    assert 'leasehold_http_requests_total{method="POST",route="/v1/tasks/acquire",status="200"} 1.0' in text
+    assert 'leasehold_lifecycle_transitions_total{event="TaskStarted"} 1.0' in text
+    assert "lease_token" not in text
+
+
+async def _metrics(gateway: RunningGateway) -> str:
+    import ssl
+
+    import aiohttp
+
+    ctx = ssl.create_default_context(cafile=str(gateway.pki.ca_cert))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, \
+            s.get(gateway.operator_url + "/metrics") as r:
+        return await r.text()
