@@ -6,9 +6,9 @@ import uuid
 from typing import Any
 
 import pytest
-from support.gateway import RunningGateway, WorkerClient
 
 from domain.results import payload_sha256
+from support.gateway import RunningGateway, WorkerClient
 
 
 async def events(gateway: RunningGateway) -> int:

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import ssl
-import subprocess
 import sys
 from typing import Any
 
@@ -23,10 +22,10 @@ def free_port() -> int:
 async def test_two_processes_serve_one_port(database_url: str, pki: Any) -> None:
     worker_port, operator_port = free_port(), free_port()
     env = {**os.environ, "LEASEHOLD_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "gateway", "serve", "--processes", "2", "--database-url", database_url,
-         "--pki-dir", str(pki.directory), "--worker-port", str(worker_port), "--operator-port", str(operator_port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "gateway", "serve", "--processes", "2", "--database-url", database_url,
+        "--pki-dir", str(pki.directory), "--worker-port", str(worker_port), "--operator-port", str(operator_port),
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
     pids: set[int] = set()
     try:
@@ -42,4 +41,5 @@ async def test_two_processes_serve_one_port(database_url: str, pki: Any) -> None
         assert len(pids) == 2 and proc.pid not in pids
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, proc.stderr.read().decode() if proc.stderr else ""
+        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+        assert proc.returncode == 0, stderr.decode()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from support.gateway import RunningGateway
 
 
-
 async def test_health_and_readiness(gateway: RunningGateway) -> None:
     assert (await gateway.operator("GET", "/healthz")).body["status"] == "ok"
     ready = await gateway.operator("GET", "/readyz")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from support.gateway import RunningGateway
 
 from gateway.pki import client_ssl_context, init_pki, issue_worker_certificate
+from support.gateway import RunningGateway
 
 
 async def _get(ctx: ssl.SSLContext, url: str) -> int:

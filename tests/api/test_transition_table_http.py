@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+
 from support.gateway import RunningGateway, WorkerClient
 
 

@@ -3,8 +3,8 @@ to it as workers (mTLS) and operators (bearer keys)."""
 
 from __future__ import annotations
 
-import uuid
 import ssl
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
