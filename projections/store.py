@@ -78,8 +78,7 @@ async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[Domai
         [r.prev_hash for r in recorded],
         [r.hash for r in recorded],
     ))
-    for r in recorded:
-        await sql_apply.apply(cur, project(r.event, r.hash))
+    await sql_apply.apply(cur, [op for r in recorded for op in project(r.event, r.hash)])
     return new_head
 
 

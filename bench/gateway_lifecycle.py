@@ -1,0 +1,282 @@
+"""Gateway benchmark: worker lifecycles over HTTPS + mTLS against ``gateway serve --processes P``.
+
+Prints numbers, asserts nothing. In one run, on one server:
+
+1. ``pg_limit``: the yardstick ``../shared/bench/pg_limit.sh`` (the physical limit);
+2. the peers ``procrastinate_noop.py`` and ``pgqueuer_noop.py`` (when their packages are
+   installed: ``pip install -e '.[bench]'``), each on its own scratch database;
+3. ``gateway_lifecycle``: M tasks are queued, then N worker loops drain them over HTTPS with
+   client certificates — acquire → one final result batch → complete — through a Gateway of P
+   processes; tasks/s, acquire latency p50/p99, and the ratios to 1 and 2;
+4. ``long_poll``: a worker waits in acquire; another connection creates a task; the time until
+   the worker's answer arrives (p50/p99 over K tries) — NOTIFY wake-up, not a poll tick.
+
+Usage: ``.venv/bin/python bench/gateway_lifecycle.py [--tasks 6000] [--loops 24] [--processes 2]
+[--profile]``. It drops and recreates the scratch databases ``leasehold_gw*`` on the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+import orjson
+from core_lifecycle import (
+    DEFAULT_YARDSTICK_DIR,
+    percentile,
+    recreate_database,
+    resolve_server_url,
+    run_pg_limit,
+)
+
+from domain.results import payload_sha256
+from gateway.commands import Lifecycle, Registry
+from gateway.commands.lifecycle import TaskSpec
+from gateway.pki import client_ssl_context, init_pki, issue_worker_certificate
+from projections import migrate
+from projections.connection import create_pool
+
+RECORDS = [{"type": "asset", "kind": "service", "value": "127.0.0.1:443/tcp"}]
+SHA = payload_sha256(RECORDS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_peer(script: Path, url: str, args: list[str]) -> int | None:
+    """jobs/s of a peer's script, or None when its package is not installed."""
+    out = subprocess.run([sys.executable, str(script), url, *args], capture_output=True, text=True, check=False)
+    match = re.search(r"jobs_per_s=(\d+)", out.stdout)
+    if match is None:
+        print(f"# {script.name} did not run: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+        return None
+    return int(match.group(1))
+
+
+class GatewayProcess:
+    """``leasehold gateway serve`` as a subprocess."""
+
+    def __init__(self, url: str, pki_dir: Path, processes: int, profile: Path | None) -> None:
+        self.worker_port, self.operator_port = free_port(), free_port()
+        cmd = [sys.executable]
+        if profile is not None:
+            cmd += ["-m", "cProfile", "-o", str(profile)]
+        cmd += ["-m", "gateway.cli", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki_dir),
+                "--worker-port", str(self.worker_port), "--operator-port", str(self.operator_port),
+                "--processes", str(processes), "--pool-size", "12", "--log-level", "WARNING",
+                "--rate-limit-per-second", "100000", "--rate-limit-burst", "100000"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    async def ready(self, ca: Path) -> None:
+        ctx = ssl.create_default_context(cafile=str(ca))
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, \
+                            s.get(f"https://localhost:{self.operator_port}/readyz") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class Worker:
+    def __init__(self, base: str, ctx: ssl.SSLContext, limit: int) -> None:
+        self.base = base
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=limit))
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        async with self.session.post(self.base + path, data=orjson.dumps(body),
+                                     headers={"Content-Type": "application/json"}) as r:
+            raw = await r.read()
+            return r.status, (orjson.loads(raw) if raw else None)
+
+
+async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -> tuple[list[Path], Lifecycle,
+                                                                                        Registry, Any]:
+    pool = create_pool(url, min_size=4, max_size=16)
+    await pool.open()
+    registry, lifecycle = Registry(pool), Lifecycle(pool)
+    org = await registry.create_organization("bench")
+    certs = []
+    for i in range(workers):
+        cert = issue_worker_certificate(pki_dir, f"bench-{i}")
+        wid = await registry.register_worker(name=f"bench-{i}", fingerprint=cert.fingerprint, task_types=("probe",),
+                                             max_concurrent_tasks=64)
+        await registry.assign_worker(wid, org)
+        certs.append(cert.cert_path)
+    scan_ids = [await registry.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
+    spec = TaskSpec(task_type="probe", scope={"targets": ["127.0.0.1"]}, lease_seconds=60,
+                    execution_timeout_seconds=600)
+    sem = asyncio.Semaphore(8)
+
+    async def create(i: int) -> None:
+        async with sem:
+            await lifecycle.create_task(scan_ids[i % scans], spec)
+
+    await asyncio.gather(*(create(i) for i in range(tasks)))
+    return certs, lifecycle, registry, (pool, org)
+
+
+async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]:
+    done = 0
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+
+    async def loop(w: Worker) -> None:
+        nonlocal done
+        while done < tasks:
+            t0 = time.perf_counter()
+            status, body = await w.post("/v1/tasks/acquire", {"wait_seconds": 0})
+            latencies.append(time.perf_counter() - t0)
+            if status == 204:
+                return
+            if status != 200 or body["lease"] is None:
+                errors[f"acquire {status}"] = errors.get(f"acquire {status}", 0) + 1
+                continue
+            lease = body["lease"]
+            base = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}"
+            token = lease["lease_token"]
+            status, _ = await w.post(base + "/results", {"lease_token": token, "sequence_number": 1,
+                                                         "idempotency_key": "final", "payload_sha256": SHA,
+                                                         "payload": RECORDS, "final": True})
+            if status != 200:
+                errors[f"results {status}"] = errors.get(f"results {status}", 0) + 1
+                continue
+            status, _ = await w.post(base + "/complete", {"lease_token": token})
+            if status == 200:
+                done += 1
+            else:
+                errors[f"complete {status}"] = errors.get(f"complete {status}", 0) + 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(workers[i % len(workers)]) for i in range(loops)))
+    elapsed = time.perf_counter() - started
+    return {"tasks": done, "seconds": round(elapsed, 2), "tasks_per_s": round(done / elapsed),
+            "acquire_p50_ms": round(percentile(latencies, 50) * 1000, 2),
+            "acquire_p99_ms": round(percentile(latencies, 99) * 1000, 2), "errors": errors}
+
+
+async def long_poll(worker: Worker, lifecycle: Lifecycle, registry: Registry, org: UUID,
+                    tries: int) -> dict[str, float]:
+    delays = []
+    spec = TaskSpec(task_type="probe", lease_seconds=60, execution_timeout_seconds=600)
+    for _ in range(tries):
+        waiting = asyncio.create_task(worker.post("/v1/tasks/acquire", {"wait_seconds": 10}))
+        await asyncio.sleep(0.05)  # the acquire is now waiting on the Gateway
+        scan = await registry.create_scan(org, {"targets": ["long-poll"]})  # a scan per try: it ends
+        t0 = time.perf_counter()
+        await lifecycle.create_task(scan, spec)
+        status, body = await waiting
+        delays.append(time.perf_counter() - t0)
+        if status == 200 and body["lease"]:
+            lease = body["lease"]
+            await lifecycle.request_cancel(UUID(lease["task"]["id"]))
+            base = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}"
+            await worker.post(base + "/cancel-ack", {"lease_token": lease["lease_token"]})
+    return {"tries": tries, "p50_ms": round(percentile(delays, 50) * 1000, 2),
+            "p99_ms": round(percentile(delays, 99) * 1000, 2)}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    server, source = resolve_server_url(args.database_url)
+    print(f"# server: {source}")
+    results: dict[str, Any] = {}
+    if not args.skip_yardsticks:
+        results["pg_limit"] = run_pg_limit(args.yardstick_dir, recreate_database(server, "leasehold_gw_limit"),
+                                           8, args.limit_seconds)
+        print(f"pg_limit clients=8 lifecycles_per_s={results['pg_limit']}")
+        results["procrastinate"] = run_peer(args.yardstick_dir / "procrastinate_noop.py",
+                                            recreate_database(server, "leasehold_gw_proc"),
+                                            [str(args.tasks), "10", "2"])
+        print(f"procrastinate jobs_per_s={results['procrastinate']}")
+        results["pgqueuer"] = run_peer(args.yardstick_dir / "pgqueuer_noop.py",
+                                       recreate_database(server, "leasehold_gw_pgq"), [str(args.tasks), "10", "2"])
+        print(f"pgqueuer batch=10 jobs_per_s={results['pgqueuer']}")
+    url = recreate_database(server, "leasehold_gw")
+    migrate.upgrade(url)
+    with tempfile.TemporaryDirectory() as tmp:
+        pki = init_pki(Path(tmp) / "pki")
+        certs, lifecycle, registry, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks,
+                                                              args.scans)
+        profile = Path(args.profile) if args.profile else None
+        gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile)
+        base = f"https://localhost:{gateway.worker_port}"
+        workers = [Worker(base, client_ssl_context(pki.ca_cert, c, c.with_name(c.stem + "-key.pem")),
+                          limit=max(1, args.loops // len(certs) + 1)) for c in certs]
+        try:
+            await gateway.ready(pki.ca_cert)
+            results["gateway"] = await drain(workers, args.loops, args.tasks)
+            g = results["gateway"]
+            print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
+                  f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
+                  f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}")
+            for name in ("pg_limit", "procrastinate", "pgqueuer"):
+                if results.get(name):
+                    print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f}")
+            results["long_poll"] = await long_poll(workers[0], lifecycle, registry, org, args.long_poll_tries)
+            lp = results["long_poll"]
+            print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
+        finally:
+            for w in workers:
+                await w.session.close()
+            gateway.stop()
+            await pool.close()
+        if profile is not None:
+            import pstats
+
+            print("# profile of the Gateway process (top 25 by cumulative time):")
+            pstats.Stats(str(profile)).sort_stats("cumulative").print_stats(25)
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--database-url", help="maintenance URL of the server (default: BENCH_DATABASE_URL, the "
+                                          "machine's 127.0.0.1:5432, else the embedded server)")
+    p.add_argument("--tasks", type=int, default=6000)
+    p.add_argument("--loops", type=int, default=24, help="concurrent worker loops")
+    p.add_argument("--workers", type=int, default=8, help="worker certificates the loops share")
+    p.add_argument("--scans", type=int, default=64, help="scans the queued tasks are spread over")
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--long-poll-tries", type=int, default=100)
+    p.add_argument("--limit-seconds", type=int, default=10)
+    p.add_argument("--yardstick-dir", type=Path, default=DEFAULT_YARDSTICK_DIR)
+    p.add_argument("--skip-yardsticks", action="store_true")
+    p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    results = asyncio.run(run(args))
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
