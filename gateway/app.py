@@ -78,8 +78,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     notifier = Notifier(url)
     notifier.start()
     app[NOTIFIER] = notifier
-    with contextlib.suppress(Exception):
+    try:
         await ensure_bootstrap_admin_key(app)
+    except Exception:  # the database may not be up yet; the Gateway still starts and retries per request
+        log.exception("could not store the bootstrap administrator key")
     loops = [
         asyncio.create_task(sweeper.run(lifecycle, settings.sweep_interval_seconds, app[METRICS].swept.inc),
                             name="leasehold-sweeper"),

@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gateway.dbadmin",  # migrate, db start|stop|status|url
     "gateway.pki_cli",  # pki init|issue-worker
     "gateway.serve",  # gateway serve
+    "gateway.admin_cli",  # admin create-key
 )
 
 EXIT_OK = 0

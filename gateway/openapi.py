@@ -9,6 +9,9 @@ from pydantic import BaseModel
 
 from gateway.http import Route
 
+# aiohttp path variables may carry a pattern (``{task_id:[0-9a-fA-F-]+}``); OpenAPI knows only names.
+_PATH_VARIABLE = re.compile(r"{(\w+)(?::[^{}/]*)?}")
+
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
@@ -33,7 +36,7 @@ def build_openapi(routes: list[Route]) -> dict[str, Any]:
         op: dict[str, Any] = {"summary": r.summary, "operationId": r.handler.__name__ + "_" + r.method.lower(),
                               "tags": list(r.tags), "responses": {}}
         params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-                  for n in re.findall(r"{(\w+)}", r.path)]
+                  for n in _PATH_VARIABLE.findall(r.path)]
         if r.query is not None:
             for name, field in r.query.model_fields.items():
                 params.append({"name": name, "in": "query", "required": field.is_required(),
@@ -64,7 +67,7 @@ def build_openapi(routes: list[Route]) -> dict[str, Any]:
             op["security"] = [{"bearer": []}]
         elif r.auth == "worker":
             op["security"] = [{"mtls": []}]
-        paths.setdefault(r.path, {})[r.method.lower()] = op
+        paths.setdefault(_PATH_VARIABLE.sub(r"{\1}", r.path), {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": "leasehold Gateway", "version": "1"},

@@ -1,7 +1,421 @@
-"""The operator API (bearer API keys): organisations, workers, assignments, tasks."""
+"""The operator API (bearer API keys): organisations, workers, assignments, scans and tasks.
+
+Who sees what: an administrator key (no organisation) sees everything; an organisation key sees
+its organisation, the workers actively assigned to it, and its scans and tasks. Anything else
+answers 404, exactly as an id that does not exist, so a key never learns that another
+organisation's resource exists. Administrator-only changes answer 403 to an organisation key,
+but only for resources it can already see.
+
+Order of checks in every handler: key (401), path ids and visibility (404), administrator (403),
+body (400/422), then one service call per change (each its own transaction).
+
+Revocation (RFC "Cancellation", assignment revocation defaults): new leases stop as soon as the
+revocation commits (acquire reads the worker and its assignments in its own transaction). A
+security revocation — of the worker, or of an assignment — then cancels the worker's active
+tasks (of that organisation), one transaction per task; repeating the request finishes a
+revocation that was interrupted midway. A routine removal cancels them too unless
+``finish_active=true`` lets them finish.
+"""
 
 from __future__ import annotations
 
-from gateway.http import RouteTable
+from typing import Any
+from uuid import UUID
+
+from aiohttp import web
+from eventsourcing.persistence import StoredEvent
+from psycopg import AsyncConnection
+
+from domain.errors import InvalidRequest, NotFound
+from gateway.auth import Operator, operator_identity
+from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.rows import task_from_row
+from gateway.http import RouteTable, ok, read_json, read_query
+from gateway.keys import LIFECYCLE, POOL, REGISTRY
+from gateway.operator_models import (
+    AddAssignment,
+    ApiKeyCreated,
+    AssignmentView,
+    Attempt,
+    CancelTask,
+    CreateApiKey,
+    CreateOrganization,
+    CreateScan,
+    CreateTask,
+    Event,
+    EventPage,
+    EventsQuery,
+    Organization,
+    OrganizationPage,
+    PageQuery,
+    RegisterWorker,
+    RemoveAssignmentQuery,
+    Revocation,
+    RevokeAssignment,
+    RevokeWorker,
+    Scan,
+    Task,
+    UpdateWorker,
+    Worker,
+    WorkerPage,
+    redact,
+)
+from gateway.sql import QUERIES
+from projections.codec import MAPPER
 
 routes = RouteTable()
+TAGS = ("operator",)
+
+# A task id is a UUID: the pattern keeps GET /v1/tasks/acquire (a worker route) a 405, not a 404.
+TASK_PATH = "/v1/tasks/{task_id:[0-9a-fA-F-]+}"
+WORKER_PATH = "/v1/workers/{worker_id}"
+ASSIGNMENT_PATH = WORKER_PATH + "/assignments/{organization_id}"
+_EVENT_POSITION = {"originator_id", "originator_version", "timestamp", "actor"}
+
+
+# --- reading (no transactions of their own that write; every read checks visibility) --------
+
+
+def _path_id(request: web.Request, name: str, what: str) -> UUID:
+    try:
+        return UUID(request.match_info[name])
+    except ValueError as exc:
+        raise NotFound(f"no such {what}") from exc
+
+
+def _see_organization(operator: Operator, organization_id: UUID) -> None:
+    if not operator.can_see(organization_id):
+        raise NotFound("no such organisation", organization_id=str(organization_id))
+
+
+async def _organization(request: web.Request, operator: Operator, organization_id: UUID) -> Organization:
+    _see_organization(operator, organization_id)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["organization_get"], {"organization_id": organization_id})
+        row = await cur.fetchone()
+    if row is None:
+        raise NotFound("no such organisation", organization_id=str(organization_id))
+    return Organization.of(row)
+
+
+async def _workers(conn: AsyncConnection[Any], operator: Operator, rows: list[Any]) -> list[Worker]:
+    cur = await conn.execute(QUERIES["assignments_of_workers"], {
+        "worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id})
+    assignments: dict[UUID, list[AssignmentView]] = {}
+    for a in await cur.fetchall():
+        assignments.setdefault(a[0], []).append(AssignmentView.of(a))
+    return [Worker.of(r, assignments.get(r[0], [])) for r in rows]
+
+
+async def _worker(request: web.Request, operator: Operator, worker_id: UUID) -> Worker:
+    """The worker as ``operator`` may see it; 404 when it does not exist or is not theirs."""
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["worker_get"], {"worker_id": worker_id,
+                                                         "organization_id": operator.organization_id})
+        row = await cur.fetchone()
+        if row is None:
+            raise NotFound("no such worker", worker_id=str(worker_id))
+        (worker,) = await _workers(conn, operator, [row])
+    return worker
+
+
+async def _scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["scan_get"], {"scan_id": scan_id})
+        row = await cur.fetchone()
+    if row is None or not operator.can_see(row[1]):
+        raise NotFound("no such scan", scan_id=str(scan_id))
+    return Scan.of(row)
+
+
+async def _see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["task_organization"], {"task_id": task_id})
+        row = await cur.fetchone()
+    if row is None or not operator.can_see(row[0]):
+        raise NotFound("no such task", task_id=str(task_id))
+
+
+async def _task(request: web.Request, operator: Operator, task_id: UUID) -> Task:
+    """The task with every attempt, read in one snapshot."""
+    async with request.app[POOL].connection() as conn, conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        cur = await conn.execute(QUERIES["task_get"], {"task_id": task_id})
+        row = await cur.fetchone()
+        if row is None or not operator.can_see(row[5]):
+            raise NotFound("no such task", task_id=str(task_id))
+        task, _ = task_from_row(row)
+        cur = await conn.execute(QUERIES["attempts_of_task"], {"task_id": task_id})
+        attempts = [Attempt.of(a) for a in await cur.fetchall()]
+    return Task.of(task, attempts)
+
+
+def _next_after(items: list[Any], limit: int) -> UUID | None:
+    return items[limit - 1].id if len(items) > limit else None
+
+
+# --- organisations ----------------------------------------------------------------------------
+
+
+@routes.route("POST", "/v1/organizations", summary="Create an organisation (administrator)", auth="operator",
+              request=CreateOrganization, response=Organization, statuses=(201,), tags=TAGS)
+async def create_organization(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    operator.require_admin()
+    body = await read_json(request, CreateOrganization)
+    org_id = await request.app[REGISTRY].create_organization(body.name, actor=operator.actor)
+    return ok(await _organization(request, operator, org_id), status=201)
+
+
+@routes.route("GET", "/v1/organizations", summary="List organisations (an organisation key: its own)",
+              auth="operator", query=PageQuery, response=OrganizationPage, tags=TAGS)
+async def list_organizations(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    page = read_query(request, PageQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["organizations_page"], {
+            "after": page.after, "visible_to": operator.organization_id, "limit": page.limit + 1})
+        items = [Organization.of(r) for r in await cur.fetchall()]
+    return ok(OrganizationPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}", summary="Read an organisation", auth="operator",
+              response=Organization, tags=TAGS)
+async def get_organization(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    return ok(await _organization(request, operator, org_id))
+
+
+@routes.route("POST", "/v1/organizations/{organization_id}/api-keys",
+              summary="Create an API key of the organisation (administrator; the key is shown once)",
+              auth="operator", request=CreateApiKey, response=ApiKeyCreated, statuses=(201,), tags=TAGS)
+async def create_organization_key(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    operator.require_admin()
+    body = await read_json(request, CreateApiKey)
+    issued = await request.app[REGISTRY].create_api_key(organization_id=org_id, name=body.name)
+    return ok(ApiKeyCreated(id=issued.id, name=issued.name, organization_id=issued.organization_id,
+                            key=issued.key), status=201)
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+
+@routes.route("POST", "/v1/workers", summary="Register a worker by its certificate fingerprint (administrator)",
+              auth="operator", request=RegisterWorker, response=Worker, statuses=(201,), tags=TAGS)
+async def register_worker(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    operator.require_admin()
+    body = await read_json(request, RegisterWorker)
+    worker_id = await request.app[REGISTRY].register_worker(
+        name=body.name, fingerprint=body.fingerprint, capabilities=tuple(body.capabilities),
+        task_types=tuple(body.task_types), max_concurrent_tasks=body.max_concurrent_tasks, actor=operator.actor)
+    return ok(await _worker(request, operator, worker_id), status=201)
+
+
+@routes.route("GET", "/v1/workers", summary="List workers (an organisation key: those assigned to it)",
+              auth="operator", query=PageQuery, response=WorkerPage, tags=TAGS)
+async def list_workers(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    page = read_query(request, PageQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["workers_page"], {
+            "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1})
+        rows = await cur.fetchall()
+        items = await _workers(conn, operator, rows) if rows else []
+    return ok(WorkerPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
+
+
+@routes.route("GET", WORKER_PATH, summary="Read a worker", auth="operator", response=Worker, tags=TAGS)
+async def get_worker(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    return ok(await _worker(request, operator, _path_id(request, "worker_id", "worker")))
+
+
+@routes.route("PATCH", WORKER_PATH, summary="Change capabilities, task types or capacity (administrator)",
+              auth="operator", request=UpdateWorker, response=Worker, tags=TAGS)
+async def update_worker(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    worker_id = _path_id(request, "worker_id", "worker")
+    await _worker(request, operator, worker_id)
+    operator.require_admin()
+    body = await read_json(request, UpdateWorker)
+    await request.app[REGISTRY].update_worker(
+        worker_id, capabilities=None if body.capabilities is None else tuple(body.capabilities),
+        task_types=None if body.task_types is None else tuple(body.task_types),
+        max_concurrent_tasks=body.max_concurrent_tasks, actor=operator.actor)
+    return ok(await _worker(request, operator, worker_id))
+
+
+async def _set_enabled(request: web.Request, enabled: bool) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    worker_id = _path_id(request, "worker_id", "worker")
+    await _worker(request, operator, worker_id)
+    operator.require_admin()
+    await request.app[REGISTRY].set_worker_enabled(worker_id, enabled, actor=operator.actor)
+    return ok(await _worker(request, operator, worker_id))
+
+
+@routes.route("POST", WORKER_PATH + "/enable", summary="Enable a worker (administrator)", auth="operator",
+              response=Worker, tags=TAGS)
+async def enable_worker(request: web.Request) -> web.StreamResponse:
+    return await _set_enabled(request, True)
+
+
+@routes.route("POST", WORKER_PATH + "/disable",
+              summary="Disable a worker: refused from its next request on (administrator)", auth="operator",
+              response=Worker, tags=TAGS)
+async def disable_worker(request: web.Request) -> web.StreamResponse:
+    return await _set_enabled(request, False)
+
+
+@routes.route("POST", WORKER_PATH + "/revoke",
+              summary="Revoke a worker for good and cancel its active tasks (administrator)", auth="operator",
+              request=RevokeWorker, response=Revocation, tags=TAGS)
+async def revoke_worker(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    worker_id = _path_id(request, "worker_id", "worker")
+    await _worker(request, operator, worker_id)
+    operator.require_admin()
+    body = await read_json(request, RevokeWorker)
+    await request.app[REGISTRY].revoke_worker(worker_id, reason=body.reason, actor=operator.actor)
+    cancelled = await request.app[LIFECYCLE].cancel_worker_attempts(
+        worker_id, reason=f"worker revoked: {body.reason}", actor=operator.actor)
+    return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
+
+
+# --- assignments ------------------------------------------------------------------------------
+
+
+@routes.route("POST", WORKER_PATH + "/assignments",
+              summary="Assign a worker to an organisation (administrator; repeating it is a no-op)",
+              auth="operator", request=AddAssignment, response=Worker, tags=TAGS)
+async def add_assignment(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    worker_id = _path_id(request, "worker_id", "worker")
+    await _worker(request, operator, worker_id)
+    body = await read_json(request, AddAssignment)
+    _see_organization(operator, body.organization_id)
+    operator.require_admin()
+    await request.app[REGISTRY].assign_worker(worker_id, body.organization_id, actor=operator.actor)
+    return ok(await _worker(request, operator, worker_id))
+
+
+async def _assignment_ids(request: web.Request) -> tuple[Operator, UUID, UUID]:
+    operator = await operator_identity(request)
+    worker_id = _path_id(request, "worker_id", "worker")
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _worker(request, operator, worker_id)
+    _see_organization(operator, org_id)
+    operator.require_admin()
+    return operator, worker_id, org_id
+
+
+@routes.route("DELETE", ASSIGNMENT_PATH,
+              summary="Remove an assignment: new leases stop; active tasks are cancelled unless "
+                      "finish_active=true (administrator)",
+              auth="operator", query=RemoveAssignmentQuery, response=Revocation, tags=TAGS)
+async def remove_assignment(request: web.Request) -> web.StreamResponse:
+    operator, worker_id, org_id = await _assignment_ids(request)
+    options = read_query(request, RemoveAssignmentQuery)
+    await request.app[REGISTRY].end_assignment(worker_id, org_id, revoke=False, actor=operator.actor)
+    cancelled: list[UUID] = []
+    if not options.finish_active:
+        cancelled = await request.app[LIFECYCLE].cancel_worker_attempts(
+            worker_id, organization_id=org_id, reason=f"worker removed from organisation {org_id}",
+            actor=operator.actor)
+    return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
+
+
+@routes.route("POST", ASSIGNMENT_PATH + "/revoke",
+              summary="Revoke an assignment: new leases stop and the organisation's active tasks on the "
+                      "worker are cancelled (administrator)",
+              auth="operator", request=RevokeAssignment, response=Revocation, tags=TAGS)
+async def revoke_assignment(request: web.Request) -> web.StreamResponse:
+    operator, worker_id, org_id = await _assignment_ids(request)
+    body = await read_json(request, RevokeAssignment)
+    await request.app[REGISTRY].end_assignment(worker_id, org_id, revoke=True, actor=operator.actor)
+    cancelled = await request.app[LIFECYCLE].cancel_worker_attempts(
+        worker_id, organization_id=org_id, reason=f"assignment revoked: {body.reason}", actor=operator.actor)
+    return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
+
+
+# --- scans and tasks --------------------------------------------------------------------------
+
+
+@routes.route("POST", "/v1/scans", summary="Create a scan of an organisation (an organisation key: its own)",
+              auth="operator", request=CreateScan, response=Scan, statuses=(201,), tags=TAGS)
+async def create_scan(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    body = await read_json(request, CreateScan)
+    org_id = body.organization_id or operator.organization_id
+    if org_id is None:
+        raise InvalidRequest("organization_id is required with an administrator key")
+    _see_organization(operator, org_id)
+    scan_id = await request.app[REGISTRY].create_scan(org_id, body.targets, actor=operator.actor)
+    return ok(await _scan(request, operator, scan_id), status=201)
+
+
+@routes.route("GET", "/v1/scans/{scan_id}", summary="Read a scan", auth="operator", response=Scan, tags=TAGS)
+async def get_scan(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    return ok(await _scan(request, operator, _path_id(request, "scan_id", "scan")))
+
+
+@routes.route("POST", "/v1/scans/{scan_id}/tasks", summary="Queue a job on the scan and create its task",
+              auth="operator", request=CreateTask, response=Task, statuses=(201,), tags=TAGS)
+async def create_task(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    scan_id = _path_id(request, "scan_id", "scan")
+    await _scan(request, operator, scan_id)
+    body = await read_json(request, CreateTask)
+    task = await request.app[LIFECYCLE].create_task(scan_id, TaskSpec(
+        task_type=body.task_type, plugin=body.plugin, required_capabilities=tuple(body.required_capabilities),
+        priority=body.priority, scope=body.scope, parameters=body.parameters, max_attempts=body.max_attempts,
+        lease_seconds=body.lease_seconds, execution_timeout_seconds=body.execution_timeout_seconds),
+        actor=operator.actor)
+    return ok(Task.of(task, []), status=201)
+
+
+@routes.route("GET", TASK_PATH, summary="Read a task with all its attempts", auth="operator", response=Task,
+              tags=TAGS)
+async def get_task(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    return ok(await _task(request, operator, _path_id(request, "task_id", "task")))
+
+
+@routes.route("POST", TASK_PATH + "/cancel",
+              summary="Cancel a task (before a lease: at once; leased or running: the worker is told to stop)",
+              auth="operator", request=CancelTask, response=Task, tags=TAGS)
+async def cancel_task(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    task_id = _path_id(request, "task_id", "task")
+    await _see_task(request, operator, task_id)
+    body = await read_json(request, CancelTask)
+    await request.app[LIFECYCLE].request_cancel(task_id, reason=body.reason, actor=operator.actor)
+    return ok(await _task(request, operator, task_id))
+
+
+@routes.route("GET", TASK_PATH + "/events", summary="A task's history for auditors, oldest first",
+              auth="operator", query=EventsQuery, response=EventPage, tags=TAGS)
+async def task_events(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    task_id = _path_id(request, "task_id", "task")
+    await _see_task(request, operator, task_id)
+    page = read_query(request, EventsQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["events_of_stream"], {
+            "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
+        rows = await cur.fetchall()
+    items = []
+    for originator_id, version, topic, state, recorded_at in rows[:page.limit]:
+        event = MAPPER.to_domain_event(StoredEvent(originator_id=originator_id, originator_version=version,
+                                                   topic=topic, state=bytes(state)))
+        items.append(Event(version=version, type=type(event).__name__, topic=topic, recorded_at=recorded_at,
+                           occurred_at=event.timestamp, actor=event.actor,
+                           payload=redact(event.model_dump(mode="json", exclude=_EVENT_POSITION))))
+    more = len(rows) > page.limit
+    return ok(EventPage(items=items, next_after_version=items[-1].version if more else None))

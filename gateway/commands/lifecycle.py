@@ -27,7 +27,7 @@ from psycopg import AsyncCursor
 from psycopg_pool import AsyncConnectionPool
 
 from domain import scan as scan_rules
-from domain.errors import InvalidRequest, InvalidTransition, NotFound
+from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
 from domain.events import DomainEvent, WriteRejected
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -224,7 +224,7 @@ class Lifecycle:
                     *, actor: str | None = None) -> Renewed:
         """Extend the lease; the answer says whether the worker should stop (cancel requested)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Renew(a, h))
+                                           lambda a, h, _b: Renew(a, h), check_standing=True)
         return Renewed(task=task, cancel_requested=task.state == "cancelling")
 
     async def submit_batch(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
@@ -280,6 +280,7 @@ class Lifecycle:
         self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
         make: Callable[[AttemptState, str, BatchRecord | None], WorkerWrite], *,
         idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
+        check_standing: bool = False,
     ) -> tuple[TaskState, BatchRecord | None]:
         rejection: WriteRejected | None = None
         async with transaction(self.pool) as cur:
@@ -296,6 +297,8 @@ class Lifecycle:
             if attempt is None or attempt.worker_id != worker_id:
                 raise NotFound("no such attempt of this task", task_id=str(task_id),
                                attempt_id=str(attempt_id))
+            if check_standing:
+                await self._refuse_revoked_renewal(cur, worker_id, task)
             existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
             now: datetime = row[-1]
             command = make(attempt, hash_token(lease_token), existing)
@@ -409,6 +412,55 @@ class Lifecycle:
         if outcome is not None:
             finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
             await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [finished])
+
+    # --- revocation (operator API) --------------------------------------------------------
+
+    async def cancel_worker_attempts(self, worker_id: UUID, *, organization_id: UUID | None = None,
+                                     reason: str, actor: str) -> list[UUID]:
+        """Security revocation: ask each live attempt of the worker (of one organisation, or all)
+        to stop, moving its task to ``cancelling``; the ids of the tasks this call moved.
+
+        Runs after the revocation committed, one transaction per task. Under the task lock it
+        re-checks that the attempt is still the task's live one: a task whose lease lapsed and
+        which another worker leased meanwhile is not cancelled. Safe to repeat: a revocation
+        interrupted midway is finished by running it again.
+        """
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QUERIES["worker_attempts_to_cancel"],
+                                     {"worker_id": worker_id, "organization_id": organization_id})
+            targets = [(task_id, attempt_id) for task_id, attempt_id in await cur.fetchall()]
+        cancelled: list[UUID] = []
+        for task_id, attempt_id in targets:
+            async with transaction(self.pool) as cur:
+                row = await _lock_task_and_read(cur, "task_read", {"task_id": task_id, "now": self.clock()})
+                if row is None:
+                    continue
+                task, head = task_from_row(row)
+                current = task.current_attempt
+                if current is None or current.id != attempt_id or task.state not in ("leased", "running"):
+                    continue  # finished, expired or re-leased since it was listed
+                events = decide(task, RequestCancel(reason=reason), now=row[-1], actor=actor,
+                                draw=self.rng.random(), retry_policy=self.retry_policy)
+                await self._commit(cur, task, head, events, row[-1])
+            self.observe(events)
+            cancelled.append(task_id)
+        return cancelled
+
+    async def _refuse_revoked_renewal(self, cur: AsyncCursor[Any], worker_id: UUID, task: TaskState) -> None:
+        """RFC "Lease duration": renewal is refused once the worker, or its assignment to the
+        task's organisation, is revoked (under the task lock, for every caller of the service).
+
+        A task already ``cancelling`` still answers a worker whose assignment was revoked, so
+        that it hears the cancellation; the lease is not extended then anyway.
+        """
+        await cur.execute(QUERIES["worker_standing"], {"worker_id": worker_id,
+                                                       "organization_id": task.organization_id})
+        row = await cur.fetchone()
+        worker_revoked, assignment_revoked = row if row is not None else (True, True)
+        if worker_revoked:
+            raise Forbidden("this worker has been revoked")
+        if assignment_revoked and task.state != "cancelling":
+            raise Forbidden("this worker's assignment to the task's organisation has been revoked")
 
 
 async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str, Any]) -> Any:

@@ -21,3 +21,9 @@ FOR UPDATE
 -- A separate statement after scan_lock_for_outcome, so that (READ COMMITTED) it sees every job
 -- change committed by transactions that held the scan lock before us.
 SELECT j.id, j.status FROM scan_jobs j WHERE j.scan_id = %(scan_id)s
+
+-- name: scan_get
+SELECT s.id, s.organization_id, s.status, s.execution_mode, s.targets, s.created_at, s.updated_at,
+       s.finished_at
+FROM scans s
+WHERE s.id = %(scan_id)s

@@ -111,3 +111,7 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE t.id = %(task_id)s
+
+-- name: task_organization
+-- Operator API: whose task is it (organisation keys see only their own)?
+SELECT t.organization_id FROM worker_tasks t WHERE t.id = %(task_id)s

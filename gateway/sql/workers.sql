@@ -46,3 +46,59 @@ WHERE a.worker_id = %(worker_id)s
 -- name: worker_organizations
 SELECT ow.organization_id FROM organization_workers ow
 WHERE ow.worker_id = %(worker_id)s AND ow.enabled AND ow.revoked_at IS NULL
+
+-- name: worker_read
+-- After worker_lock, as its own statement (see task_lock): the worker a registry command decides
+-- on, and the command's time.
+SELECT w.id, w.version, w.head_hash, w.name, w.fingerprint, w.enabled, w.revoked_at IS NOT NULL,
+       w.capabilities, w.task_types, w.max_concurrent_tasks,
+       coalesce(%(now)s::timestamptz, clock_timestamp())
+FROM workers w
+WHERE w.id = %(worker_id)s
+
+-- name: worker_get
+-- Operator API: one worker, or nothing when an organisation key asks about a worker that is not
+-- (actively) assigned to its organisation (organization_id NULL: administrator, sees all).
+SELECT w.id, w.name, w.fingerprint, w.enabled, w.revoked_at, w.capabilities, w.task_types,
+       w.max_concurrent_tasks, w.created_at, w.updated_at
+FROM workers w
+WHERE w.id = %(worker_id)s
+  AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM organization_workers ow
+        WHERE ow.worker_id = w.id AND ow.organization_id = %(organization_id)s
+          AND ow.enabled AND ow.revoked_at IS NULL))
+
+-- name: workers_page
+-- Operator API: workers in id order after a cursor (keyset pagination; the cursor is an id, so
+-- an organisation key's cursor never reveals anything about other organisations' rows).
+SELECT w.id, w.name, w.fingerprint, w.enabled, w.revoked_at, w.capabilities, w.task_types,
+       w.max_concurrent_tasks, w.created_at, w.updated_at
+FROM workers w
+WHERE (%(after)s::uuid IS NULL OR w.id > %(after)s::uuid)
+  AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM organization_workers ow
+        WHERE ow.worker_id = w.id AND ow.organization_id = %(organization_id)s
+          AND ow.enabled AND ow.revoked_at IS NULL))
+ORDER BY w.id
+LIMIT %(limit)s
+
+-- name: worker_standing
+-- Renewal, after task_lock: is the worker, or its assignment to the task's organisation, revoked?
+SELECT w.revoked_at IS NOT NULL, coalesce(ow.revoked_at IS NOT NULL, false)
+FROM workers w
+LEFT JOIN organization_workers ow
+  ON ow.worker_id = w.id AND ow.organization_id = %(organization_id)s
+WHERE w.id = %(worker_id)s
+
+-- name: worker_attempts_to_cancel
+-- Security revocation, after it committed: the worker's live attempts (of one organisation, or
+-- all) whose task is still leased or running. Each is then cancelled in its own transaction,
+-- which re-checks under the task lock that this attempt is still the task's live one.
+SELECT t.id, a.id
+FROM worker_task_attempts a
+JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
+WHERE a.worker_id = %(worker_id)s
+  AND a.status IN ('leased', 'running')
+  AND t.state IN ('leased', 'running')
+  AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+ORDER BY t.id

@@ -1,0 +1,74 @@
+"""``leasehold admin create-key``: issue an operator API key without a running Gateway.
+
+The key is printed once, alone on stdout (``KEY=$(leasehold admin create-key …)``); its id and
+scope go to stderr. Only its sha256 is stored. Without ``--organization`` it is an
+administrator key. The database is ``--database-url``, else ``$LEASEHOLD_DATABASE_URL``, else
+``$DATABASE_URL``, else the embedded server (as for ``leasehold gateway serve``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from gateway.cli import EXIT_OK, EXIT_USAGE, CommandError
+
+if TYPE_CHECKING:
+    from gateway.commands.registry import IssuedKey
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``admin`` command group (``create-key``) to the ``leasehold`` CLI."""
+    admin = subparsers.add_parser("admin", help="operator administration (API keys)",
+                                  description="Administer the operator API.")
+    commands = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+    create = commands.add_parser(
+        "create-key", help="create an operator API key and print it once",
+        description="Create an operator API key: of one organisation (--organization), else an "
+                    "administrator key. The key is printed once on stdout; only its sha256 is stored.")
+    create.add_argument("--organization", metavar="ORG_ID", help="organisation id (default: administrator key)")
+    create.add_argument("--name", default=None, help="a label for the key (default: derived from the scope)")
+    create.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    create.set_defaults(func=_create_key)
+
+
+def _create_key(args: argparse.Namespace) -> int:
+    organization: UUID | None = None
+    if args.organization is not None:
+        try:
+            organization = UUID(args.organization)
+        except ValueError as exc:
+            raise CommandError(f"--organization must be an organisation id (a UUID), not {args.organization!r}",
+                               EXIT_USAGE) from exc
+    name = args.name or (f"organisation {organization}" if organization else "administrator")
+    issued = asyncio.run(_issue(args.database_url, organization, name))
+    scope = f"organisation {issued.organization_id}" if issued.organization_id else "administrator"
+    print(f"created API key {issued.id} ({scope}, name {issued.name!r}); it is shown only once:",
+          file=sys.stderr)
+    print(issued.key)
+    return EXIT_OK
+
+
+async def _issue(database_url: str | None, organization: UUID | None, name: str) -> IssuedKey:
+    from domain.errors import LeaseholdError
+    from gateway.commands import Registry
+    from gateway.settings import GatewaySettings
+    from projections.connection import create_pool
+
+    # No arguments: every setting comes from the environment (mypy cannot see that without
+    # pydantic's plugin, hence the dict).
+    settings = GatewaySettings(**{})
+    url = database_url or settings.resolved_database_url()
+    pool = create_pool(url, min_size=1, max_size=1)
+    await pool.open()
+    try:
+        return await Registry(pool).create_api_key(organization_id=organization, name=name)
+    except LeaseholdError as exc:
+        raise CommandError(exc.message) from exc
+    finally:
+        await pool.close()

@@ -1,0 +1,304 @@
+"""Request and response bodies of the operator API (pydantic; the OpenAPI document is built from
+these). Unknown fields are rejected, sizes are bounded, and numbers, booleans and strings must
+arrive as such (``"5"`` is not a capacity). Responses never carry a lease token or its hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+from domain.task import TaskState
+
+Name = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+Label = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=r"^\S(.*\S)?$")]
+Labels = Annotated[list[Label], Field(max_length=100)]
+Reason = Annotated[StrictStr, Field(min_length=1, max_length=1000)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Query(BaseModel):
+    """Query strings: unknown parameters are rejected too (values arrive as text)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- pagination -----------------------------------------------------------------------------
+
+
+class PageQuery(Query):
+    limit: int = Field(100, ge=1, le=500, description="items per page")
+    after: UUID | None = Field(None, description="the `next_after` of the previous page")
+
+
+class EventsQuery(Query):
+    limit: int = Field(500, ge=1, le=1000, description="events per page")
+    after_version: int = Field(0, ge=0, description="the `next_after_version` of the previous page")
+
+
+class RemoveAssignmentQuery(Query):
+    finish_active: bool = Field(
+        False, description="routine reassignment: let the worker finish this organisation's active tasks "
+                           "(by default they are cancelled, as for a revocation)")
+
+
+# --- organisations and keys -----------------------------------------------------------------
+
+
+class CreateOrganization(Body):
+    name: Name
+
+
+class Organization(Body):
+    id: UUID
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Organization:
+        return cls(id=row[0], name=row[1], created_at=row[2], updated_at=row[3])
+
+
+class OrganizationPage(Body):
+    items: list[Organization]
+    next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+class CreateApiKey(Body):
+    name: Name
+
+
+class ApiKeyCreated(Body):
+    id: UUID
+    name: str
+    organization_id: UUID | None
+    key: str = Field(description="the bearer key; shown this once, only its sha256 is stored")
+
+
+# --- workers and assignments ----------------------------------------------------------------
+
+
+class RegisterWorker(Body):
+    name: Name
+    fingerprint: Annotated[StrictStr, Field(min_length=64, max_length=95, description=(
+        "hex SHA-256 of the worker's DER client certificate (colons allowed)"))]
+    capabilities: Labels = []
+    task_types: Labels = []
+    max_concurrent_tasks: Annotated[StrictInt, Field(ge=1, le=1000)] = 1
+
+
+class UpdateWorker(Body):
+    """Absolute new values; omitted fields stay as they are."""
+
+    capabilities: Labels | None = None
+    task_types: Labels | None = None
+    max_concurrent_tasks: Annotated[StrictInt, Field(ge=1, le=1000)] | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> UpdateWorker:
+        if self.capabilities is None and self.task_types is None and self.max_concurrent_tasks is None:
+            raise ValueError("give at least one of capabilities, task_types, max_concurrent_tasks")
+        return self
+
+
+class RevokeWorker(Body):
+    reason: Reason = "revoked by an operator"
+
+
+class AddAssignment(Body):
+    organization_id: UUID
+
+
+class RevokeAssignment(Body):
+    reason: Reason = "assignment revoked by an operator"
+
+
+class AssignmentView(Body):
+    organization_id: UUID
+    state: Literal["active", "removed", "revoked"]
+    revoked_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> AssignmentView:
+        """From ``assignments_of_workers`` (worker_id, organization_id, enabled, revoked_at, …)."""
+        _, org, enabled, revoked_at, created_at, updated_at = row
+        state: Literal["active", "removed", "revoked"] = (
+            "revoked" if revoked_at is not None else "active" if enabled else "removed")
+        return cls(organization_id=org, state=state, revoked_at=revoked_at, created_at=created_at,
+                   updated_at=updated_at)
+
+
+class Worker(Body):
+    id: UUID
+    name: str
+    fingerprint: str
+    enabled: bool
+    revoked_at: datetime | None
+    capabilities: list[str]
+    task_types: list[str]
+    max_concurrent_tasks: int
+    created_at: datetime
+    updated_at: datetime
+    assignments: list[AssignmentView] = Field(
+        description="all of them for an administrator; an organisation key sees only its own")
+
+    @classmethod
+    def of(cls, row: Sequence[Any], assignments: Sequence[AssignmentView]) -> Worker:
+        """From ``worker_get``/``workers_page`` rows."""
+        return cls(id=row[0], name=row[1], fingerprint=row[2], enabled=row[3], revoked_at=row[4],
+                   capabilities=list(row[5]), task_types=list(row[6]), max_concurrent_tasks=row[7],
+                   created_at=row[8], updated_at=row[9], assignments=list(assignments))
+
+
+class WorkerPage(Body):
+    items: list[Worker]
+    next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+class Revocation(Body):
+    """The worker after the change, and the tasks whose active attempt this request cancelled."""
+
+    worker: Worker
+    cancelled_task_ids: list[UUID] = Field(description=(
+        "tasks moved to `cancelling` by this request (repeating a revocation cancels what an "
+        "interrupted one left running)"))
+
+
+# --- scans and tasks ------------------------------------------------------------------------
+
+
+class CreateScan(Body):
+    organization_id: UUID | None = Field(
+        None, description="required with an administrator key; an organisation key may only name its own")
+    targets: dict[str, Any] = Field(default_factory=dict)
+
+
+class Scan(Body):
+    id: UUID
+    organization_id: UUID
+    status: str
+    execution_mode: str
+    targets: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Scan:
+        return cls(id=row[0], organization_id=row[1], status=row[2], execution_mode=row[3], targets=row[4],
+                   created_at=row[5], updated_at=row[6], finished_at=row[7])
+
+
+class CreateTask(Body):
+    task_type: Label
+    plugin: Label | None = Field(None, description="the scan job's plugin (default: task_type)")
+    required_capabilities: Labels = []
+    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000)] = 0
+    scope: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 3
+    lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600)] = 60
+    execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800)] = 3600
+
+
+class CancelTask(Body):
+    reason: Reason = "cancelled by an operator"
+
+
+class Attempt(Body):
+    id: UUID
+    worker_id: UUID
+    attempt_number: int
+    status: str
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    batch_count: int
+    final_batch_accepted: bool
+    error: str | None
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Attempt:
+        """From ``attempts_of_task`` (which never selects the lease token hash)."""
+        return cls(id=row[0], worker_id=row[1], attempt_number=row[2], status=row[3], leased_at=row[4],
+                   lease_expires_at=row[5], deadline_at=row[6], started_at=row[7], finished_at=row[8],
+                   batch_count=row[9], final_batch_accepted=row[10], error=row[11])
+
+
+class Task(Body):
+    id: UUID
+    organization_id: UUID
+    scan_id: UUID
+    scan_job_id: UUID
+    task_type: str
+    required_capabilities: list[str]
+    priority: int
+    scope: dict[str, Any]
+    parameters: dict[str, Any]
+    state: str
+    available_at: datetime
+    attempt_count: int
+    max_attempts: int
+    lease_seconds: int
+    execution_timeout_seconds: int
+    cancel_requested_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    current_attempt_id: UUID | None
+    attempts: list[Attempt] = Field(description="every attempt, oldest first")
+
+    @classmethod
+    def of(cls, t: TaskState, attempts: Sequence[Attempt]) -> Task:
+        return cls(id=t.id, organization_id=t.organization_id, scan_id=t.scan_id, scan_job_id=t.scan_job_id,
+                   task_type=t.task_type, required_capabilities=list(t.required_capabilities),
+                   priority=t.priority, scope=t.scope, parameters=t.parameters, state=t.state,
+                   available_at=t.available_at, attempt_count=t.attempt_count, max_attempts=t.max_attempts,
+                   lease_seconds=t.lease_seconds, execution_timeout_seconds=t.execution_timeout_seconds,
+                   cancel_requested_at=t.cancel_requested_at, last_error=t.last_error, created_at=t.created_at,
+                   updated_at=t.updated_at, finished_at=t.finished_at,
+                   current_attempt_id=t.current_attempt.id if t.current_attempt else None,
+                   attempts=list(attempts))
+
+
+class Event(Body):
+    version: int
+    type: str = Field(description="the event class, e.g. TaskLeased")
+    topic: str = Field(description="the stored topic (module:Class)")
+    recorded_at: datetime
+    occurred_at: datetime = Field(description="the database time of the command that recorded it")
+    actor: str
+    payload: dict[str, Any] = Field(description="the event's own facts (never a lease token or its hash)")
+
+
+class EventPage(Body):
+    items: list[Event]
+    next_after_version: int | None = Field(
+        description="pass as `after_version` for the next page; null on the last page")
+
+
+#: Facts an event payload never shows, at any depth (the log holds only hashes; hide those too).
+SECRET_FIELDS = frozenset({"lease_token", "lease_token_hash"})
+
+
+def redact(value: Any) -> Any:
+    """``value`` without any :data:`SECRET_FIELDS`, however deeply nested."""
+    if isinstance(value, Mapping):
+        return {k: redact(v) for k, v in value.items() if k not in SECRET_FIELDS}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+

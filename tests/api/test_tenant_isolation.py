@@ -1,0 +1,185 @@
+"""Tenant isolation, end to end.
+
+Worker API: a worker of organisation A never receives organisation B's task, under many
+concurrent acquires from workers of both, and cannot write to B's task by id (404, nothing
+recorded) even with B's real attempt id and lease token.
+
+Operator API: every endpoint, called with one organisation's key on another organisation's ids,
+answers exactly as it does for ids that do not exist (404; administrator-only endpoints without
+ids answer 403), and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+from uuid import UUID, uuid4
+
+import orjson
+import pytest
+from test_operator_api import Tenant, assert_problem, changes, make_tenant
+
+from gateway import operator_api
+from gateway.operator_api import ASSIGNMENT_PATH, TASK_PATH, WORKER_PATH
+from support.gateway import RunningGateway, WorkerClient
+
+WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")
+
+
+# --- worker API -------------------------------------------------------------------------------
+
+
+async def drain(worker: WorkerClient) -> list[dict[str, Any]]:
+    """Acquire until nothing more is offered to this worker."""
+    leases = []
+    while True:
+        r = await worker.acquire()
+        if r.status == 204:
+            return leases
+        assert r.status == 200 and r.body["lease"] is not None, r.body
+        leases.append(r.body["lease"])
+
+
+async def test_concurrent_acquires_never_cross_organisations(gateway: RunningGateway) -> None:
+    per_org, workers_per_org, loops_per_worker = 40, 3, 4
+    orgs = [await gateway.registry.create_organization(f"iso-{uuid4().hex[:8]}") for _ in range(2)]
+    scans = [await gateway.registry.create_scan(org, {}) for org in orgs]
+    owner: dict[str, UUID] = {}
+    for org, scan in zip(orgs, scans, strict=True):
+        for _ in range(per_org):
+            owner[str(await gateway.task(scan=scan))] = org
+    workers = [(org, await gateway.worker(org=org, capacity=20)) for org in orgs for _ in range(workers_per_org)]
+
+    # 24 acquire loops at once, both organisations' workers interleaved.
+    loops = [(org, worker) for org, worker in workers for _ in range(loops_per_worker)]
+    results = await asyncio.gather(*(drain(worker) for _, worker in loops))
+
+    leased: list[str] = []
+    for (org, _), leases in zip(loops, results, strict=True):
+        for lease in leases:
+            assert owner[lease["task"]["id"]] == org  # never another organisation's task
+            leased.append(lease["task"]["id"])
+    assert sorted(leased) == sorted(owner)  # every task leased, each exactly once
+    # The database agrees: no attempt belongs to a worker that is not assigned to the task's org.
+    assert await gateway.count("""
+        SELECT count(*) FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+        WHERE NOT EXISTS (SELECT 1 FROM organization_workers ow
+                          WHERE ow.worker_id = a.worker_id AND ow.organization_id = t.organization_id)""") == 0
+
+
+async def send(worker: WorkerClient, task_id: str, attempt_id: str, token: str, action: str) -> Any:
+    body: dict[str, Any] = {"lease_token": token}
+    if action == "results":
+        body |= {"sequence_number": 1, "idempotency_key": "k", "payload": [],
+                 "payload_sha256": "4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945", "final": True}
+    elif action == "fail":
+        body["error"] = "x"
+    return await worker.post(f"/v1/tasks/{task_id}/attempts/{attempt_id}/{action}", body)
+
+
+async def test_a_worker_cannot_write_another_organisations_task_by_id(gateway: RunningGateway) -> None:
+    a, b = await make_tenant(gateway), await make_tenant(gateway)
+    before = await changes(gateway)
+    la, lb = a.lease, b.lease
+    for action in WRITES:
+        for task_id, attempt_id, token in (
+                (lb["task"]["id"], lb["attempt_id"], lb["lease_token"]),  # B's ids and B's (leaked) token
+                (lb["task"]["id"], la["attempt_id"], la["lease_token"]),  # B's task, A's own attempt
+                (la["task"]["id"], lb["attempt_id"], lb["lease_token"]),  # A's task, B's attempt
+                (lb["task"]["id"], str(uuid4()), la["lease_token"]),  # B's task, a made-up attempt
+        ):
+            reply = await send(a.worker, task_id, attempt_id, token, action)
+            assert_problem(reply, 404)
+    assert await changes(gateway) == before  # not even a recorded refusal
+    assert (await b.worker.write(lb, "renew")).body["task"]["state"] == "running"  # B's lease is intact
+
+
+# --- operator API: every endpoint, with two organisation keys ---------------------------------
+
+# How each endpoint must answer another organisation's key (and a valid body to send it). For
+# routes with ids, the ids are the victim's; 404 must look exactly like the 404 of unknown ids.
+NOT_FOUND, FORBIDDEN, OWN_ONLY = 404, 403, 200
+CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
+    ("POST", "/v1/organizations"): (FORBIDDEN, {"name": "intruder"}),
+    ("GET", "/v1/organizations"): (OWN_ONLY, None),
+    ("GET", "/v1/organizations/{organization_id}"): (NOT_FOUND, None),
+    ("POST", "/v1/organizations/{organization_id}/api-keys"): (NOT_FOUND, {"name": "intruder"}),
+    ("POST", "/v1/workers"): (FORBIDDEN, {"name": "intruder", "fingerprint": "cd" * 32}),
+    ("GET", "/v1/workers"): (OWN_ONLY, None),
+    ("GET", WORKER_PATH): (NOT_FOUND, None),
+    ("PATCH", WORKER_PATH): (NOT_FOUND, {"max_concurrent_tasks": 9}),
+    ("POST", WORKER_PATH + "/enable"): (NOT_FOUND, None),
+    ("POST", WORKER_PATH + "/disable"): (NOT_FOUND, None),
+    ("POST", WORKER_PATH + "/revoke"): (NOT_FOUND, {}),
+    ("POST", WORKER_PATH + "/assignments"): (NOT_FOUND, {"organization_id": "{organization_id}"}),
+    ("DELETE", ASSIGNMENT_PATH): (NOT_FOUND, None),
+    ("POST", ASSIGNMENT_PATH + "/revoke"): (NOT_FOUND, {}),
+    ("POST", "/v1/scans"): (NOT_FOUND, {"organization_id": "{organization_id}", "targets": {}}),
+    ("GET", "/v1/scans/{scan_id}"): (NOT_FOUND, None),
+    ("POST", "/v1/scans/{scan_id}/tasks"): (NOT_FOUND, {"task_type": "probe"}),
+    ("GET", TASK_PATH): (NOT_FOUND, None),
+    ("POST", TASK_PATH + "/cancel"): (NOT_FOUND, {}),
+    ("GET", TASK_PATH + "/events"): (NOT_FOUND, None),
+}
+ROUTES = [(r.method, r.path) for r in operator_api.routes]
+UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def test_every_operator_route_has_an_isolation_case() -> None:
+    assert sorted(CASES) == sorted(ROUTES)
+
+
+def ids_of(t: Tenant) -> dict[str, str]:
+    return {"organization_id": str(t.org), "worker_id": str(t.worker_id), "scan_id": str(t.scan),
+            "task_id": str(t.task)}
+
+
+def fill(template: str, ids: dict[str, str]) -> str:
+    return re.sub(r"{(\w+)(?::[^{}/]*)?}", lambda m: ids[m.group(1)], template)
+
+
+def fill_body(body: dict[str, Any] | None, ids: dict[str, str]) -> dict[str, Any] | None:
+    return None if body is None else {k: fill(v, ids) if isinstance(v, str) else v for k, v in body.items()}
+
+
+def masked(reply: Any) -> bytes:
+    return UUID_TEXT.sub("<id>", orjson.dumps(reply.body).decode()).encode()
+
+
+async def victim_unchanged(gateway: RunningGateway, victim: Tenant) -> None:
+    r = await gateway.operator("GET", f"/v1/tasks/{victim.task}")
+    assert r.body["state"] == "running" and r.body["cancel_requested_at"] is None
+    w = (await gateway.operator("GET", f"/v1/workers/{victim.worker_id}")).body
+    assert w["enabled"] and w["revoked_at"] is None and w["max_concurrent_tasks"] == 4
+    assert [a["state"] for a in w["assignments"]] == ["active"]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
+async def test_organisation_keys_never_cross_organisations(gateway: RunningGateway, method: str,
+                                                           path: str) -> None:
+    expected, body = CASES[(method, path)]
+    a, b = await make_tenant(gateway), await make_tenant(gateway)
+    for caller, victim in ((a, b), (b, a)):
+        before = await changes(gateway)
+        foreign = await gateway.operator(method, fill(path, ids_of(victim)), fill_body(body, ids_of(victim)),
+                                         key=caller.key)
+        if expected == OWN_ONLY:
+            assert foreign.status == 200
+            text = orjson.dumps(foreign.body).decode()
+            assert str(caller.org) in text and not any(v in text for v in ids_of(victim).values())
+        else:
+            assert_problem(foreign, expected)
+            if expected == NOT_FOUND:
+                unknown = {name: str(uuid4()) for name in ids_of(victim)}
+                nowhere = await gateway.operator(method, fill(path, unknown), fill_body(body, unknown),
+                                                 key=caller.key)
+                assert (nowhere.status, masked(nowhere)) == (foreign.status, masked(foreign))
+        if "{worker_id}" in path or path == WORKER_PATH + "/assignments":
+            # Mixed: the caller's own worker with the victim's organisation.
+            mixed = {**ids_of(caller), "organization_id": str(victim.org)}
+            if "{organization_id}" in path or body and "organization_id" in body:
+                assert_problem(await gateway.operator(method, fill(path, mixed), fill_body(body, mixed),
+                                                      key=caller.key), 404)
+        assert await changes(gateway) == before
+        await victim_unchanged(gateway, victim)
