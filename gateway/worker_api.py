@@ -52,12 +52,6 @@ def _lease(a: Acquired) -> Lease:
                  deadline_at=a.attempt.deadline_at)
 
 
-async def _cancel_notices(request: web.Request, worker_id: UUID) -> list[CancelNotice]:
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["worker_cancelling_attempts"], {"worker_id": worker_id})
-        return [CancelNotice(task_id=t, attempt_id=a) for t, a in await cur.fetchall()]
-
-
 async def _topics(request: web.Request, worker_id: UUID) -> list[str]:
     async with request.app[POOL].connection() as conn:
         cur = await conn.execute(QUERIES["worker_organizations"], {"worker_id": worker_id})
@@ -75,10 +69,11 @@ async def acquire(request: web.Request) -> web.StreamResponse:
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     topics: list[str] | None = None
     while True:
-        acquired = await lifecycle.acquire(worker.id, request_id=body.request_id, actor=worker.actor)
-        cancels = await _cancel_notices(request, worker.id)
-        if acquired is not None or cancels:
-            return ok(AcquireResponse(lease=_lease(acquired) if acquired else None, cancel_requested=cancels))
+        polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor)
+        if polled.acquired is not None or polled.cancel_requested:
+            cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in polled.cancel_requested]
+            return ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
+                                      cancel_requested=cancels))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return web.Response(status=204)

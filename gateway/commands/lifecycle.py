@@ -84,6 +84,14 @@ class Acquired:
 
 
 @dataclass(frozen=True, slots=True)
+class Poll:
+    """What one acquire round found: a lease (or None), and the worker's attempts to stop."""
+
+    acquired: Acquired | None
+    cancel_requested: list[tuple[UUID, UUID]]
+
+
+@dataclass(frozen=True, slots=True)
 class Renewed:
     task: TaskState
     cancel_requested: bool
@@ -171,17 +179,27 @@ class Lifecycle:
         With a ``request_id``, repeating the call returns the same attempt (with a fresh token,
         since only the token's hash is kept) instead of leasing a second task.
         """
+        return (await self.poll(worker_id, request_id=request_id, actor=actor, notices=False)).acquired
+
+    async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
+                   notices: bool = True) -> Poll:
+        """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
+        cancelled — what a long-poll answer must tell the worker."""
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
         async with transaction(self.pool) as cur:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id}
-            async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as request_cur:
+            async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as request_cur, \
+                    cur.connection.cursor() as notice_cur:
                 await lock_cur.execute(QUERIES["worker_lock_for_acquire"], params)
                 await cur.execute(QUERIES["worker_live_attempts"], params)
                 if request_id is not None:
                     await request_cur.execute(QUERIES["attempt_by_acquire_request"], params)
+                if notices:
+                    await notice_cur.execute(QUERIES["worker_cancelling_attempts"], params)
                 row = await lock_cur.fetchone()
                 earlier = await request_cur.fetchone() if request_id is not None else None
+                cancelling = [(t, a) for t, a in await notice_cur.fetchall()] if notices else []
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
             live_attempts, now = await _fetch_one(cur)
@@ -189,18 +207,18 @@ class Lifecycle:
                 task, _ = await self._decide_locked(cur, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                return Acquired(task=task, attempt=task.current_attempt, lease_token=token)
+                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling)
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
-                return None
+                return Poll(None, cancelling)
             await cur.execute(QUERIES["task_lock_acquirable"], {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
             row = await cur.fetchone()
             if row is None:
-                return None
+                return Poll(None, cancelling)
             task, head = task_from_row(row)
             events = decide(task, Lease(attempt_id=self.new_id(), worker=worker,
                                         lease_token_hash=hash_token(token), request_id=request_id),
@@ -209,7 +227,7 @@ class Lifecycle:
         self.observe(events)
         leased = project_task(events, task)
         assert leased is not None and leased.current_attempt is not None
-        return Acquired(task=leased, attempt=leased.current_attempt, lease_token=token)
+        return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling)
 
     # --- worker writes --------------------------------------------------------------------
 
