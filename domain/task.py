@@ -488,7 +488,7 @@ class _Decider:
             outcome, available_at = "failed_terminal", None
         return [self._event(
             AttemptFailed, scan_job_id=self.task.scan_job_id, attempt_id=c.attempt.id,
-            error=c.error[:4000], retryable=c.retryable, reason="worker", outcome=outcome,
+            error=c.error[-4000:], retryable=c.retryable, reason="worker", outcome=outcome,
             available_at=available_at, job_status="failed" if outcome == "failed_terminal" else None,
         )]
 

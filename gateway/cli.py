@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gateway.pki_cli",  # pki init|issue-worker
     "gateway.serve",  # gateway serve
     "gateway.admin_cli",  # admin create-key
+    "worker.cli",  # worker run
 )
 
 EXIT_OK = 0

@@ -1,0 +1,393 @@
+"""The Gateway's worker API, seen from the worker: one HTTPS client with mTLS and retry rules.
+
+Retry rules (every request the worker makes is safe to repeat — acquire by its ``request_id``,
+result batches by their idempotency key, the other writes by design):
+
+* **retried** with exponential backoff and full jitter: network errors (refused, reset, TLS
+  failure, timeout, connection closed before the answer), ``5xx``, ``408``, and ``429`` (not
+  before its ``Retry-After``);
+* **final**, raised at once: every other ``4xx``. On an attempt, ``409 task-cancelled`` is
+  :class:`TaskCancelled`; ``409 lease-lost``/``deadline-exceeded``, ``404`` (unknown attempt),
+  ``401`` and ``403`` (worker revoked) are :class:`LeaseLost`; anything else is :class:`Rejected`.
+
+A caller bounds retrying with ``retry_while`` (e.g. "while my lease can still be alive") and
+``stop`` (an event that ends the wait between tries). Lease tokens travel in request bodies
+only; bodies are never logged, and the token is a ``SecretStr`` so printing a lease hides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from uuid import UUID
+
+import aiohttp
+import orjson
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+
+from worker.backoff import Backoff, sleep_unless
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("leasehold.worker.client")
+
+__all__ = [
+    "AcquireAnswer",
+    "AttemptRef",
+    "BatchAck",
+    "CancelNotice",
+    "GatewayClient",
+    "GatewayError",
+    "GatewayUnavailable",
+    "InvalidAnswer",
+    "LeaseInfo",
+    "LeaseLost",
+    "Rejected",
+    "RenewAnswer",
+    "Stopped",
+    "TaskCancelled",
+    "client_ssl_context",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+class GatewayError(Exception):
+    """A request to the Gateway did not succeed."""
+
+
+class Stopped(GatewayError):
+    """The caller asked to stop while the request waited to be retried."""
+
+
+class GatewayUnavailable(GatewayError):
+    """The Gateway could not be reached (or kept failing) for as long as the caller allowed."""
+
+
+class InvalidAnswer(GatewayError):
+    """A 2xx answer that is not what the worker API promises (a proxy in the way, a version skew)."""
+
+
+class Rejected(GatewayError):
+    """The Gateway refused the request with a final 4xx answer."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status, self.code, self.detail = status, code, detail
+
+
+class LeaseLost(Rejected):
+    """The attempt no longer holds its lease (expired, superseded, past its deadline, unknown,
+    or the worker was revoked): stop and discard, nothing more can be written for it."""
+
+
+class TaskCancelled(Rejected):
+    """The task is being cancelled: stop the plugin and acknowledge."""
+
+
+# --------------------------------------------------------------------------------------------
+# Answers (only the fields the worker uses; the Gateway may send more)
+# --------------------------------------------------------------------------------------------
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+_A = TypeVar("_A", bound=_Answer)
+
+
+class TaskInfo(_Answer):
+    id: UUID
+    task_type: str
+    state: str
+    scope: dict[str, Any]
+    parameters: dict[str, Any]
+    attempt_count: int
+    max_attempts: int
+    lease_seconds: int
+    execution_timeout_seconds: int
+
+
+class AttemptInfo(_Answer):
+    id: UUID
+    attempt_number: int
+    status: str
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+
+class LeaseInfo(_Answer):
+    task: TaskInfo
+    attempt: AttemptInfo
+    attempt_id: UUID
+    lease_token: SecretStr
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+
+class CancelNotice(_Answer):
+    task_id: UUID
+    attempt_id: UUID
+
+
+class AcquireAnswer(_Answer):
+    lease: LeaseInfo | None
+    cancel_requested: list[CancelNotice]
+
+
+class RenewAnswer(_Answer):
+    lease_expires_at: datetime
+    cancel_requested: bool
+
+
+class BatchAck(_Answer):
+    sequence_number: int
+    idempotency_key: str
+    record_count: int
+    final: bool
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """What every write on an attempt needs."""
+
+    task_id: UUID
+    attempt_id: UUID
+    lease_token: SecretStr
+
+    @property
+    def path(self) -> str:
+        return f"/v1/tasks/{self.task_id}/attempts/{self.attempt_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: Any
+
+
+# --------------------------------------------------------------------------------------------
+# TLS
+# --------------------------------------------------------------------------------------------
+
+
+def client_ssl_context(ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
+    """TLS 1.2+ client context that presents ``cert`` and trusts only ``ca`` (never the system
+    store) for the Gateway's certificate, host name included."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname by default
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.options |= ssl.OP_NO_COMPRESSION
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    ctx.load_verify_locations(cafile=str(ca))
+    ctx.load_cert_chain(certfile=str(cert), keyfile=str(key))
+    return ctx
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------
+
+_RETRIED_STATUSES = frozenset({408, 429})
+_CANCELLED_CODES = frozenset({"task-cancelled"})
+_LOST_CODES = frozenset({"lease-lost", "deadline-exceeded"})
+
+
+def _always() -> bool:
+    return True
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("leasehold")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class GatewayClient:
+    """One keep-alive HTTPS session to the Gateway's worker API."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.base = settings.gateway
+        self.server_name = settings.server_name
+        self._session: aiohttp.ClientSession | None = None
+        self._user_agent = f"leasehold-worker/{_version()}"
+
+    async def __aenter__(self) -> GatewayClient:
+        connector = aiohttp.TCPConnector(
+            ssl=client_ssl_context(self.settings.ca, self.settings.cert, self.settings.key),
+            limit=max(16, self.settings.max_concurrency * 3 + 2))
+        # trust_env=False: no proxy or .netrc from the environment; the worker talks to its Gateway only.
+        self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
+                                              headers={"User-Agent": self._user_agent})
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- the worker API ---------------------------------------------------------------------
+
+    async def acquire(self, request_id: str, *, wait_seconds: int, stop: asyncio.Event | None = None,
+                      on_retry: Callable[[str, float], None] | None = None) -> AcquireAnswer:
+        """Long-poll for one lease. Retried (same ``request_id``) until it succeeds or ``stop``.
+
+        A ``204`` (nothing to do) is an answer with no lease and no cancellations.
+        """
+        reply = await self.post("/v1/tasks/acquire", {"wait_seconds": wait_seconds, "request_id": request_id},
+                                seconds=self.settings.request_timeout_seconds + wait_seconds,
+                                stop=stop, on_retry=on_retry, attempt_write=False)
+        if reply.status == 204 or reply.body is None:
+            return AcquireAnswer(lease=None, cancel_requested=[])
+        return _parse(AcquireAnswer, reply.body, "acquire")
+
+    async def renew(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
+                    stop: asyncio.Event | None = None) -> RenewAnswer:
+        reply = await self._write(attempt, "renew", {}, retry_while, stop)
+        return _parse(RenewAnswer, reply.body, "renew")
+
+    async def progress(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
+                       stop: asyncio.Event | None = None) -> None:
+        await self._write(attempt, "progress", {}, retry_while, stop)
+
+    async def submit(self, attempt: AttemptRef, *, sequence_number: int, idempotency_key: str,
+                     payload_sha256: str, payload: list[dict[str, Any]], final: bool,
+                     retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> BatchAck:
+        body = {"sequence_number": sequence_number, "idempotency_key": idempotency_key,
+                "payload_sha256": payload_sha256, "payload": payload, "final": final}
+        reply = await self._write(attempt, "results", body, retry_while, stop)
+        return _parse(BatchAck, reply.body, "results")
+
+    async def complete(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
+                       stop: asyncio.Event | None = None) -> None:
+        await self._write(attempt, "complete", {}, retry_while, stop)
+
+    async def fail(self, attempt: AttemptRef, *, error: str, retryable: bool,
+                   retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:
+        await self._write(attempt, "fail", {"error": error[:20_000], "retryable": retryable}, retry_while, stop)
+
+    async def cancel_ack(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
+                         stop: asyncio.Event | None = None) -> None:
+        await self._write(attempt, "cancel-ack", {}, retry_while, stop)
+
+    async def _write(self, attempt: AttemptRef, action: str, body: dict[str, Any],
+                     retry_while: Callable[[], bool], stop: asyncio.Event | None) -> Reply:
+        return await self.post(f"{attempt.path}/{action}",
+                               {"lease_token": attempt.lease_token.get_secret_value(), **body},
+                               seconds=self.settings.request_timeout_seconds, retry_while=retry_while,
+                               stop=stop, attempt_write=True)
+
+    # --- one request, with retries ----------------------------------------------------------
+
+    async def post(self, path: str, body: dict[str, Any], *, seconds: float,
+                   retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None,
+                   on_retry: Callable[[str, float], None] | None = None, attempt_write: bool) -> Reply:
+        """POST ``body`` (each try limited to ``seconds``); retry per the module's rules while
+        ``retry_while()`` holds.
+
+        Raises :class:`Rejected` (or a subclass) on a final answer, :class:`GatewayUnavailable`
+        once ``retry_while()`` turns false, :class:`Stopped` when ``stop`` is set during a wait.
+        """
+        data = orjson.dumps(body)
+        backoff = Backoff(self.settings.backoff_initial_seconds, self.settings.backoff_max_seconds)
+        route = _route(path)
+        tries = 0
+        while True:
+            tries += 1
+            retry_after = 0.0
+            try:
+                status, answer, headers = await self._post_once(path, data, seconds)
+            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError) as exc:
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if status < 400:
+                    return Reply(status, answer)
+                if status in _RETRIED_STATUSES or status >= 500:
+                    reason = f"HTTP {status}"
+                    retry_after = _retry_after(headers.get("Retry-After"))
+                else:
+                    raise _rejection(status, answer, attempt_write=attempt_write)
+            if not retry_while():
+                raise GatewayUnavailable(f"{route} failed after {tries} tries: {reason}")
+            delay = backoff.next_delay(retry_after)
+            if on_retry is not None:
+                on_retry(reason, delay)
+            else:
+                log.warning("gateway request failed; retrying",
+                            extra={"route": route, "error": reason, "try": tries, "retry_in": round(delay, 2)})
+            if await sleep_unless(stop, delay):
+                raise Stopped(f"{route}: stopped while waiting to retry ({reason})")
+            if not retry_while():
+                raise GatewayUnavailable(f"{route} failed after {tries} tries: {reason}")
+
+    async def _post_once(self, path: str, data: bytes, seconds: float) -> tuple[int, Any, Any]:
+        if self._session is None:
+            raise RuntimeError("GatewayClient is not open (use `async with`)")
+        request_id = uuid.uuid4().hex
+        started = time.monotonic()
+        async with self._session.post(
+                self.base + path, data=data, server_hostname=self.server_name,
+                headers={"Content-Type": "application/json", "X-Request-Id": request_id},
+                # A long-poll legitimately waits for its answer, but connecting (TCP and TLS) never
+                # should take long: a blackholed Gateway is noticed after one request timeout.
+                timeout=aiohttp.ClientTimeout(total=seconds,
+                                              connect=self.settings.request_timeout_seconds)) as response:
+            raw = await response.read()
+            log.debug("gateway request", extra={"route": _route(path), "status": response.status,
+                                                "http_request_id": request_id,
+                                                "ms": round((time.monotonic() - started) * 1000, 1)})
+            return response.status, orjson.loads(raw) if raw else None, response.headers
+
+
+def _parse(model: type[_A], body: Any, route: str) -> _A:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidAnswer(f"{route}: unexpected answer from the Gateway: {exc.error_count()} problems, "
+                            f"first: {exc.errors()[0]['msg']}") from None
+
+
+def _route(path: str) -> str:
+    """``/v1/tasks/<id>/attempts/<id>/renew`` -> ``renew`` (short names for logs)."""
+    return path.rsplit("/", 1)[-1]
+
+
+def _retry_after(value: str | None) -> float:
+    if not value:
+        return 0.0
+    try:
+        return max(0.0, min(float(value), 300.0))
+    except ValueError:
+        return 0.0
+
+
+def _rejection(status: int, body: Any, *, attempt_write: bool) -> Rejected:
+    code, detail = "error", f"HTTP {status}"
+    if isinstance(body, dict):
+        code = str(body.get("type", "")).rsplit("/", 1)[-1] or code
+        detail = str(body.get("detail") or body.get("title") or detail)
+    if attempt_write:
+        if status == 409 and code in _CANCELLED_CODES:
+            return TaskCancelled(status, code, detail)
+        if (status == 409 and code in _LOST_CODES) or status in (401, 403, 404):
+            return LeaseLost(status, code, detail)
+    return Rejected(status, code, detail)

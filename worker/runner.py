@@ -1,0 +1,438 @@
+"""One leased task, from plugin start to the last write on its attempt.
+
+While the plugin runs, five things happen at once:
+
+* **pump** — read the plugin's stdout, validate each line, hand records to the batcher;
+* **sender** — report ``progress``, then send each cut batch until it is acknowledged;
+* **renewer** — renew the lease every ``lease_seconds / 3``; a renewal saying
+  ``cancel_requested`` (or a 409) stops the plugin;
+* **watchdog** — stop the plugin shortly before the attempt's execution deadline;
+* **batch timer** — cut a batch when its oldest record is ``batch_seconds`` old.
+
+The first of these to have something to say decides how the attempt ends (:class:`Ending`):
+
+======================  =================================================================
+plugin exited 0         final batch, then ``complete``
+plugin failed           ``fail`` with exit code and stderr tail (not retried: exit code 2,
+                        or an ``error`` record with ``"retryable": false``)
+invalid output          stop the plugin, ``fail`` (retryable) naming the line
+deadline                stop the plugin, ``fail`` (retryable), "execution deadline reached"
+cancel requested        stop the plugin, ``cancel-ack``
+lease lost              stop the plugin, write nothing more (someone else owns the task now)
+worker shutting down    stop the plugin, ``fail`` (retryable)
+worker error            stop the plugin, ``fail`` (retryable) with what went wrong
+======================  =================================================================
+
+Time: the worker never compares its wall clock with the Gateway's. The lease and deadline
+durations come from the Gateway's own timestamps (``lease_expires_at - leased_at``,
+``deadline_at - leased_at``) and are counted on the local monotonic clock from when the lease
+arrived (or, if the acquire had to be retried, from when it was first sent: earlier, so safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from worker.batcher import Batcher
+from worker.client import (
+    AttemptRef,
+    GatewayClient,
+    GatewayError,
+    GatewayUnavailable,
+    LeaseInfo,
+    LeaseLost,
+    Rejected,
+    TaskCancelled,
+)
+from worker.plugin import (
+    EXIT_BAD_INPUT,
+    InvalidOutput,
+    PluginCommand,
+    PluginNotFound,
+    PluginProcess,
+    PluginResolver,
+)
+from worker.settings import WorkerSettings
+from worker.status import RunningTask, Status
+
+__all__ = ["AcquireTiming", "Ending", "TaskRunner"]
+
+log = logging.getLogger("leasehold.worker.task")
+
+EndingKind = Literal["exited", "invalid_output", "deadline", "cancelled", "lost", "shutdown", "rejected", "crashed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """Why the attempt is ending; the first one reported wins."""
+
+    kind: EndingKind
+    detail: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireTiming:
+    """When (monotonic) the acquire that returned this lease was first sent and answered."""
+
+    first_sent: float
+    received: float
+    retried: bool
+    request_id: str = ""
+
+    @property
+    def base(self) -> float:
+        """The latest local instant surely not after the Gateway created the lease."""
+        return self.first_sent if self.retried else self.received
+
+
+class TaskRunner:
+    """Runs one lease to its end; :meth:`run` returns the outcome (completed, failed, cancelled, lost)."""
+
+    def __init__(self, lease: LeaseInfo, timing: AcquireTiming, *, client: GatewayClient,
+                 settings: WorkerSettings, resolver: PluginResolver, status: Status) -> None:
+        self.lease, self.client, self.settings, self.resolver, self.status = lease, client, settings, resolver, status
+        self.task = lease.task
+        self.attempt = AttemptRef(lease.task.id, lease.attempt_id, lease.lease_token)
+        self.plugin: PluginProcess | None = None
+        leased_at = lease.attempt.leased_at
+        lease_span = max(0.0, (lease.lease_expires_at - leased_at).total_seconds())
+        timeout = max(0.0, (lease.deadline_at - leased_at).total_seconds())
+        self._timing = timing
+        self._lease_valid_until = timing.base + lease_span
+        self._deadline_hard = timing.base + timeout
+        # Stop the plugin early enough that the ``fail`` still arrives before the Gateway's deadline.
+        self._safety = min(settings.kill_grace_seconds + 1.0, 0.25 * timeout)
+        self._deadline = self._deadline_hard - self._safety
+        self._endings: asyncio.Queue[Ending] = asyncio.Queue()
+        self._final_acked = asyncio.Event()
+        self._error_records: list[dict[str, Any]] = []
+        self._started = time.monotonic()
+        self._background: list[asyncio.Task[Any]] = []
+        self._cancel_notified = False
+        self.log_fields = {"task_id": str(self.task.id), "attempt_id": str(lease.attempt_id),
+                        "task_type": self.task.task_type, "attempt": lease.attempt.attempt_number}
+
+    # --- signals from the agent ---------------------------------------------------------------
+
+    def request_cancel(self, source: str) -> bool:
+        """The Gateway said (in an acquire answer) that this task is being cancelled; False when
+        it had said so before."""
+        if self._cancel_notified:
+            return False
+        self._cancel_notified = True
+        self._end(Ending("cancelled", f"cancel requested ({source})"))
+        return True
+
+    def abort(self, reason: str) -> None:
+        """The worker is shutting down and the grace period is over."""
+        self._end(Ending("shutdown", reason))
+
+    def kill_now(self) -> None:
+        """The worker exits at once: SIGKILL the plugin, write nothing."""
+        if self.plugin is not None:
+            self.plugin.kill_now()
+
+    # --- the lifecycle ------------------------------------------------------------------------
+
+    def lease_alive(self) -> bool:
+        return time.monotonic() < self._lease_valid_until
+
+    async def run(self) -> str:
+        self.status.task_started(RunningTask(self.task.id, self.attempt.attempt_id, self.task.task_type,
+                                             self.lease.attempt.attempt_number))
+        outcome = "lost"
+        try:
+            outcome = await self._run()
+        except Exception:
+            log.exception("task runner crashed", extra=self.log_fields)
+            outcome = "lost"
+        finally:
+            for task in self._background:
+                task.cancel()
+            for task in self._background:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self.plugin is not None:
+                await self.plugin.close()
+            self.status.task_finished(self.attempt.attempt_id, outcome)
+        return outcome
+
+    async def _run(self) -> str:
+        try:
+            command = self.resolver.resolve(self.task.task_type)
+        except PluginNotFound as exc:
+            return await self._fail(str(exc), retryable=True)
+        workdir = Path(tempfile.mkdtemp(prefix=f"leasehold-{self.task.task_type}-"))
+        try:
+            return await self._run_plugin(command, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    async def _run_plugin(self, command: PluginCommand, workdir: Path) -> str:
+        document = orjson.dumps({"scope": self.task.scope, "parameters": self.task.parameters})
+        env = {**os.environ, "LEASEHOLD_TASK_ID": str(self.task.id),
+               "LEASEHOLD_ATTEMPT_ID": str(self.attempt.attempt_id),
+               "LEASEHOLD_ATTEMPT_NUMBER": str(self.lease.attempt.attempt_number),
+               "LEASEHOLD_TASK_TYPE": self.task.task_type}
+        try:
+            self.plugin = await PluginProcess.start(
+                command, document, cwd=workdir, env=env, max_line_bytes=self.settings.max_record_bytes,
+                on_stderr_line=self._stderr_line)
+        except OSError as exc:
+            return await self._fail(f"plugin {' '.join(command.argv)} could not be started: {exc}",
+                                    retryable=True)
+        plugin = self.plugin
+        log.info("plugin started", extra={**self.log_fields, "pid": plugin.pid, "plugin": command.source})
+        self.status.task_phase(self.attempt.attempt_id, "running", pid=plugin.pid)
+        batcher = Batcher(self.attempt.attempt_id, max_records=self.settings.batch_records,
+                          max_seconds=self.settings.batch_seconds, max_bytes=self.settings.batch_bytes)
+        pump = self._spawn(self._pump(plugin, batcher))
+        sender = self._spawn(self._send(batcher))
+        timer = self._spawn(batcher.run_timer())
+        self._spawn(self._renew())
+        self._spawn(self._watch_deadline())
+
+        ending = await self._endings.get()
+        if ending.kind == "exited" and ending.exit_code == 0 and not self._error_records:
+            self.status.task_phase(self.attempt.attempt_id, "submitting")
+            interrupted = await self._first(self._finish(batcher),
+                                            kinds=("cancelled", "lost", "rejected", "crashed"))
+            if interrupted is None:
+                return await self._complete(batcher)
+            ending = interrupted
+        for task in (pump, timer, sender):
+            task.cancel()  # nothing more is submitted for this attempt
+        return await self._stop_and_report(plugin, ending)
+
+    async def _finish(self, batcher: Batcher) -> None:
+        await batcher.finish()
+        await self._final_acked.wait()
+
+    async def _complete(self, batcher: Batcher) -> str:
+        try:
+            await self.client.complete(self.attempt, retry_while=self.lease_alive)
+        except TaskCancelled:
+            return await self._acknowledge_cancel("cancelled before completion")
+        except GatewayError as exc:
+            return self._lost(f"complete failed: {exc}")
+        log.info("task completed", extra={**self.log_fields, "records": batcher.records_total,
+                                          "batches": batcher.batches_cut, "seconds": self._elapsed()})
+        return "completed"
+
+    async def _stop_and_report(self, plugin: PluginProcess, ending: Ending) -> str:
+        """Stop the plugin if it still runs, then make the one write this ending calls for."""
+        if plugin.process.returncode is None:
+            self.status.task_phase(self.attempt.attempt_id, "stopping")
+            code = await plugin.stop(self.settings.kill_grace_seconds)
+            log.info("plugin stopped", extra={**self.log_fields, "pid": plugin.pid, "exit_code": code,
+                                              "reason": ending.kind})
+        if ending.kind == "cancelled":
+            return await self._acknowledge_cancel(ending.detail)
+        if ending.kind == "lost":
+            return self._lost(ending.detail)
+        if ending.kind == "exited":
+            error, retryable = self._exit_error(plugin, ending.exit_code)
+            return await self._fail(error, retryable=retryable)
+        if ending.kind == "invalid_output":
+            return await self._fail(f"invalid output from plugin {self.task.task_type}: {ending.detail}; "
+                                    f"plugin stopped{self._stderr_suffix(plugin)}", retryable=True)
+        if ending.kind == "deadline":
+            return await self._fail(
+                f"execution deadline reached: plugin {self.task.task_type} stopped after {self._elapsed()}s "
+                f"(execution timeout {self.task.execution_timeout_seconds}s){self._stderr_suffix(plugin)}",
+                retryable=True)
+        if ending.kind == "shutdown":
+            return await self._fail(f"worker shutting down: plugin {self.task.task_type} stopped after "
+                                    f"{self._elapsed()}s before it finished ({ending.detail})", retryable=True)
+        if ending.kind == "crashed":
+            return await self._fail(f"worker error while running plugin {self.task.task_type}: {ending.detail}",
+                                    retryable=True)
+        return await self._fail(f"the Gateway refused a write of this attempt: {ending.detail}", retryable=True)
+
+    # --- the concurrent parts -------------------------------------------------------------------
+
+    async def _pump(self, plugin: PluginProcess, batcher: Batcher) -> None:
+        try:
+            async for record, size in plugin.records():
+                if record["type"] == "error":
+                    self._error_records.append(record)
+                    continue
+                await batcher.add(record, size)
+                self.status.task_records(self.attempt.attempt_id, batcher.records_total)
+        except InvalidOutput as exc:
+            self._end(Ending("invalid_output", str(exc)))
+            return
+        code = await plugin.wait()
+        self._end(Ending("exited", exit_code=code))
+
+    async def _send(self, batcher: Batcher) -> None:
+        """``progress`` first, then every batch in order, each until acknowledged."""
+        try:
+            await self.client.progress(self.attempt, retry_while=self.lease_alive)
+            while True:
+                batch = await batcher.outbox.get()
+                ack = await self.client.submit(
+                    self.attempt, sequence_number=batch.sequence_number, idempotency_key=batch.idempotency_key,
+                    payload_sha256=batch.payload_sha256, payload=batch.payload, final=batch.final,
+                    retry_while=self.lease_alive)
+                log.info("result batch accepted", extra={
+                    **self.log_fields, "sequence_number": batch.sequence_number, "records": batch.record_count,
+                    "final": batch.final, "duplicate": ack.duplicate})
+                if batch.final:
+                    self._final_acked.set()
+                    return
+        except TaskCancelled as exc:
+            self._end(Ending("cancelled", f"the Gateway refused a write: {exc.detail}"))
+        except LeaseLost as exc:
+            self._end(Ending("lost", exc.detail))
+        except GatewayUnavailable as exc:
+            self._end(Ending("lost", f"the lease expired while the Gateway was unreachable: {exc}"))
+        except Rejected as exc:
+            self._end(Ending("rejected", str(exc)))
+        except GatewayError as exc:
+            self._end(Ending("crashed", str(exc)))
+
+    async def _renew(self) -> None:
+        interval = max(0.2, self.task.lease_seconds / 3)
+        next_at = time.monotonic() if self._timing.retried else self._timing.received + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            sent = time.monotonic()
+            try:
+                answer = await self.client.renew(self.attempt, retry_while=self.lease_alive)
+            except TaskCancelled as exc:
+                self._end(Ending("cancelled", f"renewal refused: {exc.detail}"))
+                return
+            except LeaseLost as exc:
+                self._end(Ending("lost", f"renewal refused: {exc.detail}"))
+                return
+            except GatewayUnavailable as exc:
+                self._end(Ending("lost", f"the lease expired while the Gateway was unreachable: {exc}"))
+                return
+            except Rejected as exc:
+                self._end(Ending("lost", f"renewal refused: {exc}"))
+                return
+            except GatewayError as exc:
+                self._end(Ending("crashed", str(exc)))
+                return
+            if answer.cancel_requested:
+                self._end(Ending("cancelled", "cancel requested (lease renewal)"))
+                return
+            self._lease_valid_until = min(sent + self.task.lease_seconds, self._deadline_hard)
+            next_at = sent + interval
+
+    async def _watch_deadline(self) -> None:
+        await asyncio.sleep(max(0.0, self._deadline - time.monotonic()))
+        self._end(Ending("deadline"))
+
+    # --- endings --------------------------------------------------------------------------------
+
+    def _end(self, ending: Ending) -> None:
+        self._endings.put_nowait(ending)
+
+    async def _first(self, work: Awaitable[None], *, kinds: tuple[str, ...]) -> Ending | None:
+        """Run ``work``; return None when it finishes first, else the first ending of ``kinds``."""
+        job = asyncio.ensure_future(work)
+        try:
+            while True:
+                getter = asyncio.ensure_future(self._endings.get())
+                done, _ = await asyncio.wait({job, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    ending = getter.result()
+                    if ending.kind in kinds:
+                        return ending
+                    if job not in done:
+                        continue
+                else:
+                    getter.cancel()
+                job.result()
+                return None
+        finally:
+            job.cancel()
+
+    async def _fail(self, error: str, *, retryable: bool) -> str:
+        self.status.task_phase(self.attempt.attempt_id, "failing")
+        try:
+            await self.client.fail(self.attempt, error=error, retryable=retryable, retry_while=self.lease_alive)
+        except TaskCancelled:
+            return await self._acknowledge_cancel("cancelled while failing")
+        except GatewayError as exc:
+            return self._lost(f"fail could not be reported: {exc}")
+        log.warning("task failed", extra={**self.log_fields, "error": error, "retryable": retryable,
+                                          "seconds": self._elapsed()})
+        return "failed"
+
+    async def _acknowledge_cancel(self, reason: str) -> str:
+        self.status.task_phase(self.attempt.attempt_id, "cancelling")
+        try:
+            await self.client.cancel_ack(self.attempt, retry_while=self.lease_alive)
+        except GatewayError as exc:
+            # The Gateway ends an unacknowledged cancellation itself (lease expiry or grace).
+            log.warning("cancel acknowledgement failed", extra={**self.log_fields, "error": str(exc)})
+        log.info("task cancelled", extra={**self.log_fields, "reason": reason, "seconds": self._elapsed()})
+        return "cancelled"
+
+    def _lost(self, reason: str) -> str:
+        log.warning("lease lost; attempt abandoned", extra={**self.log_fields, "reason": reason})
+        return "lost"
+
+    def _exit_error(self, plugin: PluginProcess, code: int | None) -> tuple[str, bool]:
+        name = self.task.task_type
+        how = f"exited with code {code}"
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        retryable = code != EXIT_BAD_INPUT
+        if self._error_records:
+            first = self._error_records[0]
+            message = str(first.get("message") or first.get("error") or "no message")
+            retryable = retryable and all(r.get("retryable", True) is not False for r in self._error_records)
+            text = f"plugin {name} reported an error: {message} (it {how})"
+        elif code == EXIT_BAD_INPUT:
+            text = f"plugin {name} rejected its input (exit code {EXIT_BAD_INPUT}: bad input)"
+        else:
+            text = f"plugin {name} {how}"
+        return text + self._stderr_suffix(plugin), retryable
+
+    @staticmethod
+    def _stderr_suffix(plugin: PluginProcess) -> str:
+        tail = plugin.stderr_tail()
+        return f"; stderr tail:\n{tail}" if tail else "; no stderr output"
+
+    def _stderr_line(self, line: str) -> None:
+        if line:
+            log.debug("plugin stderr", extra={**self.log_fields, "line": line[:2000]})
+
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(self._guarded(work))
+        self._background.append(task)
+        return task
+
+    async def _guarded(self, work: Awaitable[Any]) -> None:
+        """A part that fails unexpectedly ends the attempt (instead of dying unnoticed)."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("task part crashed", extra=self.log_fields)
+            self._end(Ending("crashed", f"{type(exc).__name__}: {exc}"))
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self._started, 1)
