@@ -15,10 +15,12 @@ set_json_loads(orjson.loads)
 
 
 async def configure(conn: AsyncConnection[Any]) -> None:
-    """Per-connection setup: Python dicts travel as jsonb."""
+    """Per-connection setup: Python dicts travel as jsonb; autocommit, so that commands send
+    their own BEGIN/COMMIT inside one pipeline (see ``gateway.commands.unit_of_work``)."""
     from psycopg.types.json import JsonbDumper
 
     conn.adapters.register_dumper(dict, JsonbDumper)
+    await conn.set_autocommit(True)
 
 
 async def connect(url: str, **kwargs: Any) -> AsyncConnection[Any]:

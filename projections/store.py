@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor, sql
 
 from domain.events import DomainEvent
 from projections import sql as sql_apply
@@ -56,10 +56,19 @@ def record(head: StreamHead, events: Sequence[DomainEvent]) -> tuple[list[Record
     return out, StreamHead(head.id, version, prev)
 
 
-_INSERT_EVENTS = """
-INSERT INTO events (originator_id, originator_version, topic, state, prev_hash, hash)
-SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[])
-"""
+_INSERT_EVENTS: dict[int, bytes] = {}
+
+
+def _insert_events(cur: AsyncCursor[Any], count: int) -> bytes:
+    """``INSERT … VALUES (…), (…)`` for ``count`` events (scalar parameters: cheaper to adapt than
+    arrays for the one to three events a command appends)."""
+    query = _INSERT_EVENTS.get(count)
+    if query is None:
+        values = sql.SQL(", ").join([sql.SQL("(%s, %s, %s, %s, %s, %s)")] * count)
+        query = _INSERT_EVENTS[count] = sql.SQL(
+            "INSERT INTO events (originator_id, originator_version, topic, state, prev_hash, hash) VALUES {}"
+        ).format(values).as_bytes(cur)
+    return query
 
 
 async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[DomainEvent]) -> StreamHead:
@@ -70,14 +79,10 @@ async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[Domai
     if not events:
         return head
     recorded, new_head = record(head, events)
-    await cur.execute(_INSERT_EVENTS, (
-        [r.stored.originator_id for r in recorded],
-        [r.stored.originator_version for r in recorded],
-        [r.stored.topic for r in recorded],
-        [r.stored.state for r in recorded],
-        [r.prev_hash for r in recorded],
-        [r.hash for r in recorded],
-    ))
+    await cur.execute(_insert_events(cur, len(recorded)), [
+        value for r in recorded
+        for value in (r.stored.originator_id, r.stored.originator_version, r.stored.topic, r.stored.state,
+                      r.prev_hash, r.hash)])
     await sql_apply.apply(cur, [op for r in recorded for op in project(r.event, r.hash)])
     return new_head
 

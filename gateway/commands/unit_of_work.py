@@ -1,7 +1,10 @@
 """One transaction per command, pipelined, with psycopg errors translated once.
 
-The whole transaction runs inside a psycopg pipeline: reads sync when their rows are fetched,
-and every write after the last read travels with the COMMIT in a single round trip.
+The whole transaction runs inside one psycopg pipeline, with BEGIN and COMMIT sent as ordinary
+statements (pool connections are in autocommit mode): BEGIN travels with the first reads, a
+read syncs when its rows are fetched, and every write after the last read travels with the
+COMMIT in a single round trip. (psycopg's ``conn.transaction()`` inside a pipeline would add a
+sync of its own for BEGIN, for COMMIT and for the nested pipeline it opens.)
 """
 
 from __future__ import annotations
@@ -29,8 +32,16 @@ def system_clock() -> datetime | None:
 async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[Any]]:
     """A cursor in a fresh transaction that commits on normal exit and rolls back on error."""
     try:
-        async with pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
-            yield cur
+        async with pool.connection() as conn:
+            try:
+                async with conn.pipeline(), conn.cursor() as cur:
+                    await cur.execute("BEGIN")
+                    yield cur
+                    await cur.execute("COMMIT")
+            except BaseException:
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
+                    await conn.execute("ROLLBACK")
+                raise
     except errors.UniqueViolation as exc:
         constraint = exc.diag.constraint_name
         raise Conflict(f"conflicts with an existing record ({constraint})", constraint=constraint) from exc

@@ -81,7 +81,7 @@ class RunningGateway:
     async def worker(self, *, capacity: int = 4, task_types: tuple[str, ...] = ("probe",),
                      org: UUID | None = None, register: bool = True, limit: int = 100) -> WorkerClient:
         self._n += 1
-        name = f"w{self._n}-{id(self)}"
+        name = f"w{self._n}-{uuid.uuid4().hex[:12]}"
         cert = issue_worker_certificate(self.pki.directory, name)
         worker_id = UUID(int=0)
         if register:
