@@ -25,6 +25,7 @@ __all__ = ["SUBCOMMAND_MODULES", "CommandError", "build_parser", "main"]
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gateway.dbadmin",  # migrate, db start|stop|status|url
     "gateway.pki_cli",  # pki init|issue-worker
+    "replay.cli",  # replay timeline|rebuild|verify|as-of|verify-chain|checkpoint|export|verify-bundle
     "gateway.serve",  # gateway serve
     "gateway.admin_cli",  # admin create-key
     "worker.cli",  # worker run

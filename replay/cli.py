@@ -1,0 +1,337 @@
+"""``leasehold replay …``: the auditor's command line.
+
+    leasehold replay timeline (TASK_ID | --scan SCAN_ID)
+    leasehold replay rebuild --schema NAME [--replace]
+    leasehold replay verify
+    leasehold replay as-of TIME (TASK_ID | --scan SCAN_ID) [--clock event|recorded]
+    leasehold replay verify-chain
+    leasehold replay checkpoint
+    leasehold replay export (TASK_ID | --scan SCAN_ID) OUT
+    leasehold replay verify-bundle OUT
+
+Every action takes ``--database-url`` (default ``$DATABASE_URL``, else the embedded server),
+``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all good, 1 a finding
+(differences, broken chains, a bad bundle) or a failure, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from gateway.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``leasehold replay`` and its actions."""
+    replay = subparsers.add_parser(
+        "replay", help="audit the event log: timelines, rebuild, verify, as-of, checkpoints, export",
+        description="Audit tools over the event log. Reads run in one REPEATABLE READ snapshot, so they are "
+                    "safe while the Gateway is running.")
+    actions = replay.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: $DATABASE_URL)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    def subject(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
+        parser.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
+
+    p = actions.add_parser("timeline", parents=[common], help="every event of a task or scan, in order")
+    subject(p)
+    p.set_defaults(func=_run(_timeline))
+
+    p = actions.add_parser("rebuild", parents=[common], help="rebuild every projection into a fresh schema")
+    p.add_argument("--schema", required=True, metavar="NAME", help="schema to create (never public)")
+    p.add_argument("--replace", action="store_true", help="drop and recreate NAME if an earlier rebuild made it")
+    p.set_defaults(func=_run(_rebuild))
+
+    p = actions.add_parser("verify", parents=[common],
+                           help="rebuild in memory and diff against the live projections (exit 1 on any difference)")
+    p.add_argument("--schema", default="public", metavar="NAME",
+                   help="compare the projections in this schema (default: public, the live ones)")
+    p.set_defaults(func=_run(_verify))
+
+    p = actions.add_parser("as-of", parents=[common], help="a task or scan as it was at TIME")
+    p.add_argument("time", type=_time, metavar="TIME", help="ISO 8601; without an offset it is UTC")
+    subject(p)
+    p.add_argument("--clock", choices=("event", "recorded"), default="event",
+                   help="event: the events' own time (default, hash-covered); recorded: the recorded_at column")
+    p.set_defaults(func=_run(_as_of))
+
+    p = actions.add_parser("verify-chain", parents=[common],
+                           help="walk every hash chain and check the checkpoints (exit 1 on any break)")
+    p.set_defaults(func=_run(_verify_chain))
+
+    p = actions.add_parser("checkpoint", parents=[common], help="seal the current heads of all streams")
+    p.set_defaults(func=_run(_checkpoint))
+
+    p = actions.add_parser("export", parents=[common], help="write an audit bundle of a task or scan to OUT")
+    p.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
+    p.add_argument("out", type=Path, metavar="OUT", help="directory to create (must be new or empty)")
+    p.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
+    p.set_defaults(func=_run(_export))
+
+    p = actions.add_parser("verify-bundle", parents=[common],
+                           help="verify an audit bundle offline (no database; exit 1 on any mismatch)")
+    p.add_argument("out", type=Path, metavar="OUT")
+    p.set_defaults(func=_verify_bundle)
+
+
+# --- argument types and plumbing -------------------------------------------------------------
+
+
+def _uuid(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+
+
+def _time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
+    if (args.task_id is None) == (args.scan is None):
+        raise CommandError("give exactly one of TASK_ID or --scan SCAN_ID", EXIT_USAGE)
+    return (args.scan, "scan") if args.scan is not None else (args.task_id, "task")
+
+
+def _url(args: argparse.Namespace) -> str:
+    from projections.database import database_url
+
+    return str(args.database_url or database_url())
+
+
+def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from projections.memory import ProjectionError
+        from replay.decode import DecodeError
+        from replay.log import NotFound
+        from replay.rebuild import RebuildError
+
+        try:
+            return asyncio.run(handler(args))
+        except NotFound as exc:
+            raise CommandError(str(exc)) from exc
+        except (DecodeError, ProjectionError) as exc:
+            raise CommandError(f"{exc} (run: leasehold replay verify-chain)") from exc
+        except RebuildError as exc:
+            raise CommandError(str(exc), EXIT_USAGE if "must match" in str(exc) or "refusing to rebuild into"
+                               in str(exc) else EXIT_FAILURE) from exc
+        except FileExistsError as exc:
+            raise CommandError(str(exc)) from exc
+
+    return run
+
+
+async def _connect(args: argparse.Namespace) -> Any:
+    from projections.connection import connect
+
+    return await connect(_url(args), application_name="leasehold-replay")
+
+
+async def _estimated_events(conn: Any) -> int | None:
+    """The planner's estimate of the log size (instant), for the progress bar's total."""
+    cur = await conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'events'::regclass")
+    row = await cur.fetchone()
+    await conn.rollback()
+    return int(row[0]) if row and row[0] > 0 else None
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 problem``, ``2 problems``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _out(*lines: str) -> None:
+    for line in lines:
+        print(line)
+
+
+# --- actions ---------------------------------------------------------------------------------
+
+
+async def _timeline(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.snapshot import snapshot
+    from replay.timeline import scan_timeline, task_timeline
+
+    subject, kind = _subject(args)
+    async with await _connect(args) as conn, snapshot(conn):
+        entries = await (scan_timeline if kind == "scan" else task_timeline)(conn, subject)
+    if args.json:
+        render.print_json({"subject": {"kind": kind, "id": str(subject)}, "events": [e.as_json() for e in entries]})
+    else:
+        c = render.console()
+        c.print(render.timeline_table(entries, merged=kind == "scan"))
+        rejected = sum(e.rejected for e in entries)
+        c.print(f"{_n(len(entries), 'event')}, {_n(rejected, 'rejected write')}")
+    return EXIT_OK
+
+
+async def _rebuild(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.rebuild import check_schema_name, rebuild_schema
+
+    check_schema_name(args.schema)
+    async with await _connect(args) as source, await _connect(args) as target:
+        total = await _estimated_events(source)
+        with render.progress_bar("rebuild", total, not args.no_progress) as update:
+            result = await rebuild_schema(source, target, args.schema, replace=args.replace, progress=update)
+    seconds = result.fold_seconds + result.load_seconds
+    rate = result.events / seconds if seconds else 0.0
+    if args.json:
+        render.print_json({"schema": result.schema, "events": result.events, "rows": result.rows,
+                           "fold_seconds": round(result.fold_seconds, 3),
+                           "load_seconds": round(result.load_seconds, 3), "events_per_second": round(rate),
+                           "snapshot_time": result.snapshot_time.isoformat() if result.snapshot_time else None})
+    else:
+        _out(f"rebuilt {result.events} events into schema {result.schema} in {seconds:.2f}s"
+             f" (fold {result.fold_seconds:.2f}s, load {result.load_seconds:.2f}s, {rate:,.0f} events/s)",
+             *(f"  {table}: {count} rows" for table, count in result.rows.items()))
+    return EXIT_OK
+
+
+async def _verify(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.verify import verify_projections
+
+    async with await _connect(args) as conn:
+        total = await _estimated_events(conn)
+        with render.progress_bar("verify", total, not args.no_progress) as update:
+            result = await verify_projections(conn, schema=args.schema, progress=update)
+    if args.json:
+        render.print_json({
+            "ok": result.ok, "events": result.events, "rows": result.rows, "seconds": round(result.seconds, 3),
+            "differences": [{"table": d.table, "key": [str(k) for k in d.key], "kind": d.kind,
+                             "columns": {c: [render._jsonable(a), render._jsonable(b)]
+                                         for c, (a, b) in d.columns.items()}}
+                            for d in result.differences]})
+    else:
+        _out(*(str(d) for d in result.differences))
+        rows = sum(result.rows.values())
+        verdict = "OK" if result.ok else _n(len(result.differences), "difference").upper()
+        _out(f"{verdict}: {result.events} events rebuilt and compared with {rows} live rows"
+             f" in {result.seconds:.2f}s")
+    return EXIT_OK if result.ok else EXIT_FAILURE
+
+
+async def _as_of(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.asof import scan_as_of, task_as_of
+    from replay.snapshot import snapshot
+
+    subject, kind = _subject(args)
+    async with await _connect(args) as conn, snapshot(conn):
+        if kind == "task":
+            task = await task_as_of(conn, subject, args.time, clock=args.clock)
+        else:
+            scan = await scan_as_of(conn, subject, args.time, clock=args.clock)
+    c = render.console()
+    if kind == "task":
+        if args.json:
+            render.print_json(render.task_as_of_json(task))
+        else:
+            c.print(render.task_as_of_table(task))
+    elif args.json:
+        render.print_json(render.scan_as_of_json(scan))
+    else:
+        for table in render.scan_as_of_tables(scan):
+            c.print(table)
+    return EXIT_OK
+
+
+async def _verify_chain(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.integrity import verify_log
+
+    async with await _connect(args) as conn:
+        total = await _estimated_events(conn)
+        with render.progress_bar("verify-chain", total, not args.no_progress) as update:
+            report = await verify_log(conn, progress=update)
+    latest = report.latest
+    if args.json:
+        render.print_json({
+            "ok": report.ok, "streams": report.streams, "events": report.events,
+            "checkpoints": len(report.checkpoints), "seconds": round(report.seconds, 3),
+            "latest_checkpoint": None if latest is None else {
+                "id": latest.id, "created_at": latest.created_at.isoformat(), "seal": latest.seal.hex(),
+                "head_count": latest.head_count, "event_count": latest.event_count},
+            "problems": [{"source": p.source, "stream": str(p.originator_id) if p.originator_id else None,
+                          "version": p.version, "checkpoint_id": p.checkpoint_id, "problem": p.message}
+                         for p in report.problems]})
+    else:
+        _out(*(str(p) for p in report.problems))
+        sealed = (f"; latest checkpoint {latest.id} at {latest.created_at.isoformat()} seals {latest.head_count}"
+                  f" streams, seal {latest.seal.hex()}" if latest else "; no checkpoint yet (run: replay checkpoint)")
+        verdict = "OK" if report.ok else _n(len(report.problems), "problem").upper()
+        _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')},"
+             f" {_n(len(report.checkpoints), 'checkpoint')}"
+             f" checked in {report.seconds:.2f}s{sealed}")
+    return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+async def _checkpoint(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.checkpoints import write_checkpoint
+
+    async with await _connect(args) as conn:
+        cp = await write_checkpoint(conn)
+    if args.json:
+        render.print_json({"id": cp.id, "created_at": cp.created_at.isoformat(), "head_count": cp.head_count,
+                           "changed_count": cp.changed_count, "event_count": cp.event_count,
+                           "prev_seal": cp.prev_seal.hex(), "seal": cp.seal.hex()})
+    else:
+        _out(f"checkpoint {cp.id} at {cp.created_at.isoformat()}: {cp.head_count} streams, {cp.event_count} events"
+             f" ({cp.changed_count} heads changed)",
+             f"seal {cp.seal.hex()}",
+             "keep a copy of this seal off this machine: it is the evidence against a rewrite of the database")
+    return EXIT_OK
+
+
+async def _export(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.bundle import export_bundle
+    from replay.snapshot import snapshot
+
+    subject, kind = _subject(args)
+    async with await _connect(args) as conn, snapshot(conn):
+        result = await export_bundle(conn, subject, kind, args.out)
+    if args.json:
+        render.print_json({"directory": str(result.directory), "streams": result.streams, "events": result.events,
+                           "batches": result.batches, "manifest_sha256": result.manifest_sha256,
+                           "chain_problems": result.chain_problems})
+    else:
+        _out(f"exported {result.events} events of {result.streams} streams and {result.batches} batches"
+             f" to {result.directory}", f"manifest.json sha256 {result.manifest_sha256}",
+             *(f"WARNING: {p}" for p in result.chain_problems))
+    return EXIT_FAILURE if result.chain_problems else EXIT_OK
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    from replay import render
+    from replay.bundle import verify_bundle
+
+    summary, problems = verify_bundle(args.out)
+    if args.json:
+        render.print_json({"ok": not problems, **summary, "problems": problems})
+    else:
+        _out(*problems)
+        verdict = "OK" if not problems else _n(len(problems), "problem").upper()
+        _out(f"{verdict}: {_n(summary.get('events', 0), 'event')} in {_n(summary.get('streams', 0), 'stream')},"
+             f" {_n(summary.get('batches', 0), 'batch')}".replace("batchs", "batches"))
+    return EXIT_OK if not problems else EXIT_FAILURE

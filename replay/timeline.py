@@ -1,0 +1,190 @@
+"""``replay timeline``: every event of a task (or of a scan and all its tasks), in order.
+
+Each entry says when (the event's own time, which the Gateway took from the database clock and
+which the hash chain covers), who (``actor``), what (event type), the task's state before and
+after (folded with :func:`domain.task.evolve`), which attempt it concerns, and a one-line
+summary. Rejected worker writes (``WriteRejected``) are included: they change no state, so
+their "transition" stays put and they are flagged ``rejected``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+
+from domain import events as ev
+from domain.task import TaskState, evolve
+from replay.log import StoredRow, require_stream, rows_of_streams, scan_task_ids, stream_rows
+
+_BASE_FIELDS = frozenset({"originator_id", "originator_version", "timestamp", "actor"})
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of a timeline."""
+
+    notification_id: int
+    stream_id: UUID
+    stream: str  # "task" or "scan"
+    version: int
+    time: datetime
+    recorded_at: datetime
+    actor: str
+    event_type: str
+    state_before: str | None
+    state_after: str | None
+    attempt: int | None
+    attempt_id: UUID | None
+    rejected: bool
+    summary: str
+    event: ev.DomainEvent
+
+    @property
+    def transition(self) -> str:
+        if self.state_before == self.state_after:
+            return self.state_after or ""
+        return f"{self.state_before or '∅'} → {self.state_after or '∅'}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "notification_id": self.notification_id, "stream": self.stream, "stream_id": str(self.stream_id),
+            "version": self.version, "time": self.time.isoformat(), "recorded_at": self.recorded_at.isoformat(),
+            "actor": self.actor, "event": self.event_type, "state_before": self.state_before,
+            "state_after": self.state_after, "attempt": self.attempt,
+            "attempt_id": str(self.attempt_id) if self.attempt_id else None, "rejected": self.rejected,
+            "summary": self.summary,
+            "data": self.event.model_dump(mode="json", exclude=set(_BASE_FIELDS)),
+        }
+
+
+async def task_timeline(conn: AsyncConnection[Any], task_id: UUID) -> list[Entry]:
+    """The task's events in version order."""
+    await require_stream(conn, task_id, "TaskCreated")
+    return _task_entries(await stream_rows(conn, task_id))
+
+
+async def scan_timeline(conn: AsyncConnection[Any], scan_id: UUID) -> list[Entry]:
+    """The scan's events and all its tasks' events, merged by time (then log order)."""
+    await require_stream(conn, scan_id, "ScanCreated")
+    scan_rows = await stream_rows(conn, scan_id)
+    task_ids = await scan_task_ids(conn, scan_id, scan_rows)
+    by_stream: dict[UUID, list[StoredRow]] = {t: [] for t in task_ids}
+    for row in await rows_of_streams(conn, task_ids):
+        by_stream[row.originator_id].append(row)
+    entries = _scan_entries(scan_rows)
+    for rows in by_stream.values():
+        entries += _task_entries(sorted(rows, key=lambda r: r.originator_version))
+    entries.sort(key=lambda e: (e.time, e.notification_id))
+    return _with_scan_status(entries)
+
+
+def _with_scan_status(entries: list[Entry]) -> list[Entry]:
+    """Give the scan's own entries its status before and after, counting the first lease of any
+    of its tasks as the moment it started running (as the projection does)."""
+    status: str | None = None
+    out: list[Entry] = []
+    for entry in entries:
+        if entry.stream == "scan":
+            before = status
+            if isinstance(entry.event, ev.ScanCreated):
+                status = "pending"
+            elif isinstance(entry.event, ev.ScanFinished):
+                status = entry.event.status
+            entry = replace(entry, state_before=before, state_after=status)
+        elif isinstance(entry.event, ev.TaskLeased) and status == "pending":
+            status = "running"
+        out.append(entry)
+    return out
+
+
+def _task_entries(rows: list[StoredRow]) -> list[Entry]:
+    out: list[Entry] = []
+    task: TaskState | None = None
+    attempt_numbers: dict[UUID, int] = {}
+    for row in rows:
+        event = row.decode()
+        before = task.state if task is not None else None
+        task = evolve(event, task)
+        if isinstance(event, ev.TaskLeased):
+            attempt_numbers[event.attempt_id] = event.attempt_number
+        attempt_id: UUID | None = getattr(event, "attempt_id", None)
+        out.append(Entry(
+            row.notification_id, row.originator_id, "task", row.originator_version, event.timestamp,
+            row.recorded_at, event.actor, row.event_type, before, task.state,
+            attempt_numbers.get(attempt_id) if attempt_id is not None else None, attempt_id,
+            isinstance(event, ev.WriteRejected), summarize(event, attempt_numbers), event))
+    return out
+
+
+def _scan_entries(rows: list[StoredRow]) -> list[Entry]:
+    """The scan's own events (statuses are filled in by :func:`_with_scan_status`)."""
+    out: list[Entry] = []
+    for row in rows:
+        event = row.decode()
+        out.append(Entry(
+            row.notification_id, row.originator_id, "scan", row.originator_version, event.timestamp,
+            row.recorded_at, event.actor, row.event_type, None, None, None, None, False,
+            summarize(event, {}), event))
+    return out
+
+
+def _short(value: object) -> str:
+    return str(value)[:8]
+
+
+def _at(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
+    """One human line about the event's own facts."""
+    def attempt(aid: UUID) -> str:
+        number = attempts.get(aid)
+        return f"attempt #{number}" if number is not None else f"unknown attempt {_short(aid)}"
+
+    match event:
+        case ev.TaskCreated():
+            return (f"{event.task_type} priority={event.priority} max_attempts={event.max_attempts}"
+                    f" lease={event.lease_seconds}s timeout={event.execution_timeout_seconds}s")
+        case ev.TaskLeased():
+            request = f" request={event.request_id}" if event.request_id else ""
+            return (f"to worker {_short(event.worker_id)} lease until {_at(event.lease_expires_at)}"
+                    f" deadline {_at(event.deadline_at)}{request}")
+        case ev.LeaseReissued():
+            return f"{attempt(event.attempt_id)}: repeated acquire, fresh token issued"
+        case ev.TaskStarted():
+            return f"{attempt(event.attempt_id)} started"
+        case ev.LeaseRenewed():
+            return f"lease until {_at(event.lease_expires_at)}"
+        case ev.ResultBatchAccepted():
+            final = " final" if event.final else ""
+            return (f"batch #{event.sequence_number}{final}: {event.record_count} records"
+                    f" sha256 {event.payload_sha256[:12]}… key {event.idempotency_key}")
+        case ev.TaskCompleted():
+            return f"{attempt(event.attempt_id)} succeeded"
+        case ev.AttemptFailed():
+            retry = f", retry after {_at(event.available_at)}" if event.available_at else ""
+            return (f"{attempt(event.attempt_id)} failed ({event.reason}): {event.error[:80]}"
+                    f"{'' if event.retryable else ' [not retryable]'} -> {event.outcome}{retry}")
+        case ev.LeaseExpired():
+            retry = f", retry after {_at(event.available_at)}" if event.available_at else ""
+            return f"{attempt(event.attempt_id)} lease expired -> {event.outcome}{retry}"
+        case ev.CancelRequested():
+            return f"cancel requested: {event.reason}"
+        case ev.TaskCancelled():
+            which = f"{attempt(event.attempt_id)} " if event.attempt_id else ""
+            return f"{which}cancelled: {event.reason}"
+        case ev.WriteRejected():
+            return f"REJECTED {event.command} by {attempt(event.attempt_id)}: {event.reason}"
+        case ev.ScanCreated():
+            return f"{event.execution_mode} scan, targets {str(event.targets)[:80]}"
+        case ev.ScanJobQueued():
+            return f"job {event.position} ({_short(event.job_id)}) queued: {event.plugin}"
+        case ev.ScanFinished():
+            return f"finished: {event.status}"
+    fields = {k: v for k, v in event.__dict__.items() if k not in _BASE_FIELDS}
+    return " ".join(f"{k}={v}" for k, v in fields.items())[:160]
