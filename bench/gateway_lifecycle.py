@@ -144,6 +144,7 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
 
 
 async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]:
+    """Run ``loops`` worker loops until the queue is empty (204) or ``tasks`` completed here."""
     done = 0
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -174,12 +175,54 @@ async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]
             else:
                 errors[f"complete {status}"] = errors.get(f"complete {status}", 0) + 1
 
-    started = time.perf_counter()
     await asyncio.gather(*(loop(workers[i % len(workers)]) for i in range(loops)))
+    return {"tasks": done, "latencies": latencies, "errors": errors}
+
+
+def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int, start: Any, out: Any) -> None:
+    """One client process: its own event loop and sessions (the client is CPU-heavy too)."""
+
+    async def main() -> dict[str, Any]:
+        workers = [Worker(base, client_ssl_context(Path(ca), Path(c), Path(c).with_name(Path(c).stem + "-key.pem")),
+                          limit=max(1, loops // len(certs) + 1)) for c in certs]
+        try:
+            start.wait()
+            return await drain(workers, loops, tasks)
+        finally:
+            for w in workers:
+                await w.session.close()
+
+    out.put(asyncio.run(main()))
+
+
+def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks: int,
+                       processes: int) -> dict[str, Any]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_drain_process, args=(base, str(ca), [str(c) for c in certs[i::processes]],
+                                                      loops // processes, tasks, start, out))
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # let every client process import and build its sessions
+    started = time.perf_counter()
+    start.set()
+    parts = [out.get() for _ in procs]
     elapsed = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    done = sum(part["tasks"] for part in parts)
+    latencies = [x for part in parts for x in part["latencies"]]
+    errors: dict[str, int] = {}
+    for part in parts:
+        for k, v in part["errors"].items():
+            errors[k] = errors.get(k, 0) + v
     return {"tasks": done, "seconds": round(elapsed, 2), "tasks_per_s": round(done / elapsed),
             "acquire_p50_ms": round(percentile(latencies, 50) * 1000, 2),
-            "acquire_p99_ms": round(percentile(latencies, 99) * 1000, 2), "errors": errors}
+            "acquire_p99_ms": round(percentile(latencies, 99) * 1000, 2), "errors": errors,
+            "client_processes": processes}
 
 
 async def long_poll(worker: Worker, lifecycle: Lifecycle, registry: Registry, org: UUID,
@@ -231,9 +274,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           limit=max(1, args.loops // len(certs) + 1)) for c in certs]
         try:
             await gateway.ready(pki.ca_cert)
-            results["gateway"] = await drain(workers, args.loops, args.tasks)
+            results["gateway"] = await asyncio.to_thread(
+                drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes)
             g = results["gateway"]
             print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
+                  f"client_processes={args.client_processes} "
                   f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
                   f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}")
             for name in ("pg_limit", "procrastinate", "pgqueuer"):
@@ -263,7 +308,9 @@ def main() -> int:
     p.add_argument("--loops", type=int, default=24, help="concurrent worker loops")
     p.add_argument("--workers", type=int, default=8, help="worker certificates the loops share")
     p.add_argument("--scans", type=int, default=64, help="scans the queued tasks are spread over")
-    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--processes", type=int, default=2, help="Gateway processes")
+    p.add_argument("--client-processes", type=int, default=2,
+                   help="processes running the worker loops (one Python process cannot drive the Gateway)")
     p.add_argument("--long-poll-tries", type=int, default=100)
     p.add_argument("--limit-seconds", type=int, default=10)
     p.add_argument("--yardstick-dir", type=Path, default=DEFAULT_YARDSTICK_DIR)
