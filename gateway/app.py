@@ -87,6 +87,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                             name="leasehold-sweeper"),
         asyncio.create_task(_sample_live_leases(app), name="leasehold-sampler"),
     ]
+    if settings.checkpoint_interval_seconds > 0:
+        loops.append(asyncio.create_task(_checkpoints(app, settings.checkpoint_interval_seconds),
+                                         name="leasehold-checkpoints"))
     try:
         yield
     finally:
@@ -108,6 +111,22 @@ async def _sample_live_leases(app: web.Application, every: float = 5.0) -> None:
                 row = await cur.fetchone()
                 app[METRICS].live_leases.set(row[0] if row else 0)
         await asyncio.sleep(every)
+
+
+async def _checkpoints(app: web.Application, every: float) -> None:
+    """Seal the heads of all streams periodically, so a truncated stream is detectable."""
+    from replay.checkpoints import write_checkpoint
+
+    while True:
+        await asyncio.sleep(every)
+        try:
+            async with app[POOL].connection() as conn:
+                checkpoint = await write_checkpoint(conn)
+            log.info("checkpoint", extra={"checkpoint": checkpoint.id, "seal": checkpoint.seal.hex()})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("checkpoint failed; retrying at the next interval")
 
 
 def create_app(settings: GatewaySettings) -> web.Application:
