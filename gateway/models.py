@@ -23,6 +23,10 @@ class AcquireRequest(Body):
     request_id: str | None = Field(
         None, min_length=1, max_length=200,
         description="makes acquire retry-safe: repeating it returns the same lease (with a fresh token)")
+    known_cancels: list[UUID] = Field(
+        default_factory=list, max_length=1000,
+        description="attempts the worker already knows are being cancelled: not reported again, so "
+                    "the long-poll keeps waiting instead of answering them over and over")
 
 
 class WorkerWriteRequest(Body):

@@ -68,10 +68,12 @@ async def acquire(request: web.Request) -> web.StreamResponse:
     lifecycle, settings = request.app[LIFECYCLE], request.app[SETTINGS]
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     topics: list[str] | None = None
+    known = set(body.known_cancels)
     while True:
         polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor)
-        if polled.acquired is not None or polled.cancel_requested:
-            cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in polled.cancel_requested]
+        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+        if polled.acquired is not None or news:
+            cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
             return ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
                                       cancel_requested=cancels))
         remaining = deadline - time.monotonic()

@@ -203,6 +203,7 @@ class Agent:
 
             try:
                 answer = await client.acquire(request_id, wait_seconds=wait, stop=self._stopping,
+                                              known_cancels=self._known_cancels(),
                                               on_retry=on_retry)
             except Stopped:
                 raise asyncio.CancelledError from None
@@ -227,6 +228,10 @@ class Agent:
                 continue
             self.status.gateway_reachable()
             return answer, AcquireTiming(first_sent, time.monotonic(), retried, request_id), wait
+
+    def _known_cancels(self) -> list[UUID]:
+        """Attempts whose cancellation this process already acts on (the Gateway need not repeat them)."""
+        return [*(a for a, r in self.runners.items() if r.cancel_notified), *self._unknown_cancels]
 
     def _on_cancel_notices(self, notices: list[CancelNotice]) -> bool:
         """Tell the runners concerned; True when a notice was news to one of them."""

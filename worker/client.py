@@ -22,7 +22,7 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -248,12 +248,15 @@ class GatewayClient:
     # --- the worker API ---------------------------------------------------------------------
 
     async def acquire(self, request_id: str, *, wait_seconds: int, stop: asyncio.Event | None = None,
-                      on_retry: Callable[[str, float], None] | None = None) -> AcquireAnswer:
+                      on_retry: Callable[[str, float], None] | None = None,
+                      known_cancels: Iterable[UUID] = ()) -> AcquireAnswer:
         """Long-poll for one lease. Retried (same ``request_id``) until it succeeds or ``stop``.
 
         A ``204`` (nothing to do) is an answer with no lease and no cancellations.
         """
-        reply = await self.post("/v1/tasks/acquire", {"wait_seconds": wait_seconds, "request_id": request_id},
+        body = {"wait_seconds": wait_seconds, "request_id": request_id,
+                "known_cancels": [str(a) for a in list(known_cancels)[:1000]]}
+        reply = await self.post("/v1/tasks/acquire", body,
                                 seconds=self.settings.request_timeout_seconds + wait_seconds,
                                 stop=stop, on_retry=on_retry, attempt_write=False)
         if reply.status == 204 or reply.body is None:

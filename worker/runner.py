@@ -128,6 +128,10 @@ class TaskRunner:
 
     # --- signals from the agent ---------------------------------------------------------------
 
+    @property
+    def cancel_notified(self) -> bool:
+        return self._cancel_notified
+
     def request_cancel(self, source: str) -> bool:
         """The Gateway said (in an acquire answer) that this task is being cancelled; False when
         it had said so before."""

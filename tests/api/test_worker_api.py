@@ -66,3 +66,16 @@ def gateway_task_id(lease: dict) -> object:
     from uuid import UUID
 
     return UUID(lease["task"]["id"])
+
+
+async def test_known_cancellations_do_not_end_the_long_poll_again(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    await gateway.task()
+    lease = (await worker.acquire()).body["lease"]
+    await gateway.lifecycle.request_cancel(gateway_task_id(lease))
+    first = await worker.acquire()
+    assert first.status == 200 and first.body["cancel_requested"][0]["attempt_id"] == lease["attempt_id"]
+    # The worker says it already knows: the acquire waits (here: nothing else comes, so 204).
+    started = time.perf_counter()
+    again = await worker.acquire(wait=1, known_cancels=[lease["attempt_id"]])
+    assert again.status == 204 and time.perf_counter() - started >= 0.9
