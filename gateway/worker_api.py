@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 from uuid import UUID
 
 from aiohttp import web
 
 from domain.errors import NotFound
 from gateway import notify
-from gateway.auth import worker_identity
+from gateway.auth import WorkerIdentity, worker_identity
 from gateway.commands.lifecycle import Acquired
 from gateway.http import RouteTable, ok, read_json
 from gateway.keys import LIFECYCLE, NOTIFIER, POOL, SETTINGS
@@ -36,6 +38,7 @@ from gateway.models import (
 from gateway.sql import QUERIES
 
 routes = RouteTable()
+B = TypeVar("B", bound=WorkerWriteRequest)
 ATTEMPT_PATH = "/v1/tasks/{task_id}/attempts/{attempt_id}"
 
 
@@ -87,14 +90,30 @@ async def acquire(request: web.Request) -> web.StreamResponse:
             raise asyncio.CancelledError  # the worker went away; stop polling for it
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptWrite(Generic[B]):
+    """What every attempt write starts with: the worker, the ids from the path, the body."""
+
+    worker: WorkerIdentity
+    task_id: UUID
+    attempt_id: UUID
+    body: B
+
+    def args(self) -> tuple[UUID, UUID, UUID, str]:
+        return self.worker.id, self.task_id, self.attempt_id, self.body.lease_token
+
+
+async def _attempt_write(request: web.Request, model: type[B]) -> AttemptWrite[B]:
+    worker = await worker_identity(request)
+    task_id, attempt_id = _ids(request)
+    return AttemptWrite(worker, task_id, attempt_id, await read_json(request, model))
+
+
 @routes.route("POST", ATTEMPT_PATH + "/renew", summary="Extend the lease; says whether to stop (cancel)",
               auth="worker", request=WorkerWriteRequest, response=RenewResponse, tags=("worker",))
 async def renew(request: web.Request) -> web.StreamResponse:
-    worker = await worker_identity(request)
-    task_id, attempt_id = _ids(request)
-    body = await read_json(request, WorkerWriteRequest)
-    renewed = await request.app[LIFECYCLE].renew(worker.id, task_id, attempt_id, body.lease_token,
-                                                 actor=worker.actor)
+    w = await _attempt_write(request, WorkerWriteRequest)
+    renewed = await request.app[LIFECYCLE].renew(*w.args(), actor=w.worker.actor)
     status = TaskStatus.of(renewed.task)
     assert renewed.task.current_attempt is not None
     return ok(RenewResponse(task=status.task, attempt=status.attempt,
@@ -105,24 +124,18 @@ async def renew(request: web.Request) -> web.StreamResponse:
 @routes.route("POST", ATTEMPT_PATH + "/progress", summary="Report that the plugin runs (leased -> running)",
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def progress(request: web.Request) -> web.StreamResponse:
-    worker = await worker_identity(request)
-    task_id, attempt_id = _ids(request)
-    body = await read_json(request, WorkerWriteRequest)
-    task = await request.app[LIFECYCLE].mark_running(worker.id, task_id, attempt_id, body.lease_token,
-                                                     actor=worker.actor)
-    return ok(TaskStatus.of(task))
+    w = await _attempt_write(request, WorkerWriteRequest)
+    return ok(TaskStatus.of(await request.app[LIFECYCLE].mark_running(*w.args(), actor=w.worker.actor)))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/results", summary="Submit a result batch (idempotent by key)",
               auth="worker", request=ResultBatchRequest, response=BatchAck, tags=("worker",))
 async def results(request: web.Request) -> web.StreamResponse:
-    worker = await worker_identity(request)
-    task_id, attempt_id = _ids(request)
-    body = await read_json(request, ResultBatchRequest)
+    w = await _attempt_write(request, ResultBatchRequest)
+    body = w.body
     ack = await request.app[LIFECYCLE].submit_batch(
-        worker.id, task_id, attempt_id, body.lease_token, sequence_number=body.sequence_number,
-        idempotency_key=body.idempotency_key, payload_sha256=body.payload_sha256, records=body.payload,
-        final=body.final, actor=worker.actor)
+        *w.args(), sequence_number=body.sequence_number, idempotency_key=body.idempotency_key,
+        payload_sha256=body.payload_sha256, records=body.payload, final=body.final, actor=w.worker.actor)
     status = TaskStatus.of(ack.task)
     b = ack.batch
     return ok(BatchAck(task=status.task, attempt=status.attempt, batch_id=b.batch_id,
@@ -134,31 +147,21 @@ async def results(request: web.Request) -> web.StreamResponse:
 @routes.route("POST", ATTEMPT_PATH + "/complete", summary="Complete the task (needs an accepted final batch)",
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def complete(request: web.Request) -> web.StreamResponse:
-    worker = await worker_identity(request)
-    task_id, attempt_id = _ids(request)
-    body = await read_json(request, WorkerWriteRequest)
-    task = await request.app[LIFECYCLE].complete(worker.id, task_id, attempt_id, body.lease_token,
-                                                 actor=worker.actor)
-    return ok(TaskStatus.of(task))
+    w = await _attempt_write(request, WorkerWriteRequest)
+    return ok(TaskStatus.of(await request.app[LIFECYCLE].complete(*w.args(), actor=w.worker.actor)))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",
               auth="worker", request=FailRequest, response=TaskStatus, tags=("worker",))
 async def fail(request: web.Request) -> web.StreamResponse:
-    worker = await worker_identity(request)
-    task_id, attempt_id = _ids(request)
-    body = await read_json(request, FailRequest)
-    task = await request.app[LIFECYCLE].fail(worker.id, task_id, attempt_id, body.lease_token, error=body.error,
-                                             retryable=body.retryable, actor=worker.actor)
+    w = await _attempt_write(request, FailRequest)
+    task = await request.app[LIFECYCLE].fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
+                                             actor=w.worker.actor)
     return ok(TaskStatus.of(task))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/cancel-ack", summary="Acknowledge a cancellation (cancelling -> cancelled)",
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def cancel_ack(request: web.Request) -> web.StreamResponse:
-    worker = await worker_identity(request)
-    task_id, attempt_id = _ids(request)
-    body = await read_json(request, WorkerWriteRequest)
-    task = await request.app[LIFECYCLE].acknowledge_cancel(worker.id, task_id, attempt_id, body.lease_token,
-                                                           actor=worker.actor)
-    return ok(TaskStatus.of(task))
+    w = await _attempt_write(request, WorkerWriteRequest)
+    return ok(TaskStatus.of(await request.app[LIFECYCLE].acknowledge_cancel(*w.args(), actor=w.worker.actor)))
