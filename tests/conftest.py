@@ -28,19 +28,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
+from gateway.commands import Lifecycle, Registry
 from projections import migrate
+from projections.connection import create_pool
 from projections.database import EmbeddedPostgres, redact_url, with_database
+from support.core import ManualClock, World
 
 logger = logging.getLogger("tests.conftest")
 
@@ -275,3 +280,33 @@ def empty_database_url(_test_databases: TestDatabases) -> Iterator[str]:
     name, url = _test_databases.create(migrated=False)
     yield url
     _test_databases.drop(name)
+
+
+# --- the task core, for tests of every layer --------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock the test moves by hand; commands pass it to SQL as ``now``."""
+    return ManualClock()
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    """A connection pool (configured like the Gateway's) on this test's database."""
+    pool = create_pool(database_url, min_size=1, max_size=40)
+    await pool.open()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+async def world(pool: AsyncConnectionPool, clock: ManualClock) -> World:
+    """One organisation and scan, and factories for workers and tasks in any state."""
+    registry = Registry(pool, clock=clock)
+    lifecycle = Lifecycle(pool, clock=clock, rng=random.Random(7))
+    org = await registry.create_organization("acme")
+    scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
+    return World(registry, lifecycle, clock, org, scan)
