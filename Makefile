@@ -1,6 +1,7 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
 #   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite
 #   make lint                                   ruff + mypy
+#   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
 # Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
 
 PYTHON ?= python3
@@ -31,6 +32,5 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(MYPY_PACKAGES)
 
-demo:
-	@echo "make demo: the demo is not available yet." >&2
-	@exit 1
+demo: $(STAMP)
+	$(VENV)/bin/leasehold demo

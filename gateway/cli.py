@@ -29,6 +29,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gateway.serve",  # gateway serve
     "gateway.admin_cli",  # admin create-key
     "worker.cli",  # worker run
+    "gateway.demo",  # demo
 )
 
 EXIT_OK = 0

@@ -1,0 +1,232 @@
+"""``leasehold demo`` (``make demo``): the whole system on one machine, in under a minute.
+
+It starts (or reuses) the embedded PostgreSQL unless ``DATABASE_URL`` is set, recreates the
+database ``leasehold_demo`` on it (with ``DATABASE_URL`` it uses that database as it is), makes
+a development PKI, starts a Gateway and two real worker processes, starts a small HTTPS server
+on 127.0.0.1 so the scan finds something, and runs a scan of 127.0.0.1. One worker is killed
+(SIGKILL) in the middle of a task: its lease expires and the other worker retries the task.
+At the end it prints a summary and the audit checks, and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import ssl
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from gateway.commands import Lifecycle, Registry
+from gateway.commands.lifecycle import TaskSpec
+from gateway.pki import init_pki, issue_self_signed, issue_worker_certificate
+from gateway.serve import start
+from gateway.settings import GatewaySettings
+from projections import migrate
+from projections.database import database_url, with_database
+
+HOME = Path(os.environ.get("LEASEHOLD_HOME", ".")) / ".leasehold" / "demo"
+SLOW_PLUGIN = """#!/usr/bin/env python3
+# A demo plugin: warms up for a few seconds (long enough to be interrupted), then reports.
+import json, sys, time
+request = json.load(sys.stdin)
+time.sleep(float(request["parameters"].get("seconds", 4)))
+print(json.dumps({"type": "raw", "warmed_up": request["scope"].get("targets", [])}), flush=True)
+"""
+PAGE = b"<html><head><title>leasehold demo target</title></head><body>hello</body></html>"
+
+
+def say(message: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+async def https_target(directory: Path) -> tuple[asyncio.Server, int]:
+    """A tiny HTTPS server with a self-signed certificate: something for the plugins to find."""
+    cert = issue_self_signed(directory, "demo-target")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert.cert_path, cert.key_path)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            writer.write(b"HTTP/1.1 200 OK\r\nServer: leasehold-demo\r\nContent-Type: text/html\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(PAGE) + PAGE)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def prepare_database() -> str:
+    explicit = os.environ.get("DATABASE_URL")
+    if explicit:
+        say("using DATABASE_URL as it is")
+        url = explicit
+    else:
+        server = database_url()
+        say("embedded PostgreSQL is up (data in .leasehold/pgdata); recreating database leasehold_demo")
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("leasehold_demo")))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier("leasehold_demo")))
+        url = with_database(server, "leasehold_demo")
+    say(f"migrated to revision {migrate.upgrade(url)}")
+    return url
+
+
+async def start_worker(name: str, gateway_port: int, pki: Any, plugins: Path) -> asyncio.subprocess.Process:
+    cert = pki.directory / "workers" / f"{name}.pem"
+    key = pki.directory / "workers" / f"{name}-key.pem"
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "worker", "run", "--gateway", f"https://localhost:{gateway_port}",
+        "--cert", str(cert), "--key", str(key), "--ca", str(pki.ca_cert), "--plugins-dir", str(plugins),
+        "--max-concurrency", "2", "--log-format", "json", "--log-level", "WARNING",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+async def rows(pool: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with pool.connection() as conn:
+        cur = await conn.execute(query, params)
+        return list(await cur.fetchall())
+
+
+async def run_demo() -> int:
+    started = time.monotonic()
+    url = prepare_database()
+    HOME.mkdir(parents=True, exist_ok=True)
+    pki = init_pki(HOME / "pki", exist_ok=True)
+    plugins = HOME / "plugins"
+    plugins.mkdir(exist_ok=True)
+    (plugins / "warmup").write_text(SLOW_PLUGIN)
+    (plugins / "warmup").chmod(0o755)
+    target_dir = Path(tempfile.mkdtemp(prefix="leasehold-demo-"))
+    target, port = await https_target(target_dir)
+    say(f"HTTPS target listening on 127.0.0.1:{port} (self-signed certificate)")
+
+    settings = GatewaySettings(database_url=url, pki_dir=pki.directory, worker_port=0, operator_port=0,
+                               sweep_interval_seconds=0.5, log_level="ERROR", checkpoint_interval_seconds=0)
+    runner, (worker_port, _operator_port) = await start(settings)
+    from gateway.keys import LIFECYCLE, POOL, REGISTRY
+
+    app = runner.app
+    lifecycle: Lifecycle = app[LIFECYCLE]
+    registry: Registry = app[REGISTRY]
+    pool = app[POOL]
+    say(f"Gateway serving the worker API on https://localhost:{worker_port} (mTLS)")
+    workers: dict[str, asyncio.subprocess.Process] = {}
+    try:
+        org = await registry.create_organization(f"demo-{int(time.time())}")
+        types = ("warmup", "tcp-connect", "http-probe", "tls-inspect")
+        ids: dict[str, UUID] = {}
+        for name in ("worker-a", "worker-b"):
+            cert = issue_worker_certificate(pki.directory, name, force=True)
+            ids[name] = await registry.register_worker(name=name, fingerprint=cert.fingerprint, task_types=types,
+                                                       max_concurrent_tasks=2)
+            await registry.assign_worker(ids[name], org)
+        scan = await registry.create_scan(org, {"targets": ["127.0.0.1"], "ports": [port, 1]})
+        scope = {"targets": ["127.0.0.1"], "ports": [port, 1]}
+        service = {"targets": ["127.0.0.1"], "ports": [port],
+                   "assets": [{"kind": "service", "value": f"127.0.0.1:{port}/tcp"}]}
+        # worker-a starts alone, so it takes the warm-up task; it is then killed mid-task.
+        workers["worker-a"] = await start_worker("worker-a", worker_port, pki, plugins)
+        warmup = await lifecycle.create_task(scan, TaskSpec(task_type="warmup", scope=scope, parameters={"seconds": 4},
+                                                            lease_seconds=3, execution_timeout_seconds=60))
+        say("scan created; worker-a started")
+        while not await rows(pool, "SELECT 1 FROM worker_task_attempts WHERE task_id = %s AND status IN "  # noqa: ASYNC110
+                             "('leased','running')", warmup.id):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        workers["worker-a"].send_signal(signal.SIGKILL)
+        await workers["worker-a"].wait()
+        say("worker-a killed (SIGKILL) in the middle of the warm-up task; its lease will expire")
+        workers["worker-b"] = await start_worker("worker-b", worker_port, pki, plugins)
+        say("worker-b started")
+        for task_type, task_scope in (("tcp-connect", scope), ("http-probe", service), ("tls-inspect", service)):
+            await lifecycle.create_task(scan, TaskSpec(task_type=task_type, scope=task_scope, lease_seconds=10,
+                                                       execution_timeout_seconds=60))
+        last = ""
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline:
+            states = await rows(pool, "SELECT task_type, state, attempt_count FROM worker_tasks WHERE scan_id = %s "
+                                "ORDER BY created_at", scan)
+            line = "  ".join(f"{t}={s}({n})" for t, s, n in states)
+            if line != last:
+                say(line)
+                last = line
+            if all(s in ("completed", "failed_terminal", "cancelled") for _, s, _ in states):
+                break
+            await asyncio.sleep(0.3)
+        await summary(pool, scan, url)
+    finally:
+        for proc in workers.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in workers.values():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 15)
+            if proc.returncode is None:
+                proc.kill()
+        await runner.cleanup()
+        target.close()
+        shutil.rmtree(target_dir, ignore_errors=True)
+    say(f"done in {time.monotonic() - started:.1f} s; nothing left running")
+    return 0
+
+
+async def summary(pool: Any, scan: UUID, url: str) -> None:
+    import orjson
+
+    (scan_status,), = await rows(pool, "SELECT status FROM scans WHERE id = %s", scan)
+    counts = (await rows(pool, "SELECT (SELECT count(*) FROM worker_tasks WHERE scan_id = %s), "
+                         "(SELECT count(*) FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id "
+                         " WHERE t.scan_id = %s), (SELECT count(*) FROM events)", scan, scan))[0]
+    retried = await rows(pool, "SELECT t.task_type, a.attempt_number, a.status, w.name FROM worker_task_attempts a "
+                         "JOIN worker_tasks t ON t.id = a.task_id JOIN workers w ON w.id = a.worker_id "
+                         "WHERE t.scan_id = %s AND t.attempt_count > 1 ORDER BY a.attempt_number", scan)
+    payloads = await rows(pool, "SELECT p.body FROM worker_result_batches b JOIN result_payloads p "
+                          "ON p.sha256 = b.payload_sha256 JOIN worker_tasks t ON t.id = b.task_id WHERE t.scan_id = %s",
+                          scan)
+    records = [r for (body,) in payloads for r in orjson.loads(bytes(body))]
+    assets = sorted({f"{r.get('kind')}:{r.get('value')}" for r in records if r.get("type") == "asset"})
+    threats = sorted({str(r.get("external_id") or r.get("title")) for r in records if r.get("type") == "threat"})
+    print()
+    say(f"scan {scan}: {scan_status}")
+    say(f"tasks {counts[0]}, attempts {counts[1]}, events in the log {counts[2]}")
+    for task_type, number, status, worker in retried:
+        say(f"  {task_type} attempt {number}: {status} on {worker}")
+    say(f"assets found ({len(assets)}): {', '.join(assets[:8])}{' …' if len(assets) > 8 else ''}")
+    say(f"threats found ({len(threats)}): {', '.join(threats)}")
+    await audit(url)
+
+
+async def audit(url: str) -> None:
+    from projections.chain import verify_chains
+    from projections.connection import connect
+    from projections.rebuild import diff, fold_log, load_live
+
+    async with await connect(url) as conn, conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        differences = diff(await load_live(conn), (await fold_log(conn)).tables)
+        breaks = await verify_chains(conn)
+    say(f"audit: projections rebuilt from the log differ in {len(differences)} rows; "
+        f"hash chains: {'intact' if not breaks else f'{len(breaks)} broken'}")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("demo", help="run the end-to-end demo (what `make demo` runs)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return asyncio.run(run_demo())
