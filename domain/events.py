@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
+from pydantic.dataclasses import dataclass
 
 TaskStateName = Literal[
     "pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling", "cancelled"
@@ -105,6 +106,37 @@ class ScanJobQueued(DomainEvent):
 
 class ScanFinished(DomainEvent):
     status: ScanStatus
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class ProfileStep:
+    """One plugin step of a scan profile (issue 5): its task is created when the step is reached.
+
+    A (pydantic) dataclass, so the event codec's orjson serialises it natively.
+    """
+
+    task_type: str
+    required_capabilities: tuple[str, ...] = ()
+    execution_timeout_seconds: int = 3600
+    max_attempts: int = 3
+    priority: int = 0
+    stop_on_failure: bool = True
+
+
+class ScanProfileSet(DomainEvent):
+    """The scan's ordered plugin steps; appended right after ``ScanCreated`` (same transaction).
+
+    A separate event rather than a new ``ScanCreated`` field, so stored ``ScanCreated`` events
+    (and their chain hashes) are untouched.
+    """
+
+    steps: tuple[ProfileStep, ...]
+
+
+class ScanCancelRequested(DomainEvent):
+    """No further profile steps; the scan's tasks are cancelled one by one afterwards."""
+
+    reason: str
 
 
 # --- task stream ----------------------------------------------------------------------------

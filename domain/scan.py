@@ -7,7 +7,7 @@ anyone directly; the Gateway derives them from task transitions. This module say
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -19,9 +19,12 @@ from domain.events import (
     ExecutionMode,
     JobStatus,
     LeaseExpired,
+    ProfileStep,
+    ScanCancelRequested,
     ScanCreated,
     ScanFinished,
     ScanJobQueued,
+    ScanProfileSet,
     ScanStatus,
     TaskCancelled,
     TaskCompleted,
@@ -87,3 +90,54 @@ def finish_scan(scan_id: UUID, version: int, status: ScanStatus, *, now: datetim
                 actor: str) -> ScanFinished:
     return ScanFinished(originator_id=scan_id, originator_version=version + 1, timestamp=now,
                         actor=actor, status=status)
+
+
+MAX_PROFILE_STEPS = 50
+MAX_SCOPE_ASSETS = 10_000
+
+
+def set_profile(scan_id: UUID, version: int, steps: Sequence[ProfileStep], *, now: datetime,
+                actor: str) -> ScanProfileSet:
+    if not 1 <= len(steps) <= MAX_PROFILE_STEPS:
+        raise InvalidRequest(f"a profile has 1..{MAX_PROFILE_STEPS} steps")
+    for step in steps:
+        if not step.task_type:
+            raise InvalidRequest("task_type must not be empty")
+        if step.max_attempts < 1 or step.execution_timeout_seconds < 1:
+            raise InvalidRequest("max_attempts and execution_timeout_seconds must be positive")
+    return ScanProfileSet(originator_id=scan_id, originator_version=version + 1, timestamp=now,
+                          actor=actor, steps=tuple(steps))
+
+
+def request_cancel(scan_id: UUID, version: int, status: str, cancel_requested: bool, *, reason: str,
+                   now: datetime, actor: str) -> list[ScanCancelRequested]:
+    """Repeats, and cancelling a finished scan, are no-ops."""
+    if cancel_requested or status in TERMINAL_SCAN_STATUSES:
+        return []
+    return [ScanCancelRequested(originator_id=scan_id, originator_version=version + 1, timestamp=now,
+                                actor=actor, reason=reason)]
+
+
+def next_step(steps: Sequence[ProfileStep], jobs: Sequence[str], *, cancel_requested: bool) -> int | None:
+    """The index of the profile step to start now, or None.
+
+    ``jobs`` are the statuses of the scan's jobs in position order (job i runs step i). The next
+    step starts once the last one is terminal: after success, or after a failure of a step that
+    is not ``stop_on_failure``. A cancelled job, or a cancel request, stops the profile.
+    """
+    if cancel_requested or not jobs or len(jobs) >= len(steps):
+        return None
+    last = jobs[-1]
+    if last == "success" or (last in ("failed", "timeout") and not steps[len(jobs) - 1].stop_on_failure):
+        return len(jobs)
+    return None
+
+
+def enrich_scope(scope: dict[str, Any], assets: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """``scope`` plus the assets found so far under ``"assets"``: deduplicated by (kind, value),
+    at most :data:`MAX_SCOPE_ASSETS`."""
+    seen: dict[tuple[str, str], None] = {}
+    for item in [*scope.get("assets", ()), *({"kind": k, "value": v} for k, v in assets)]:
+        if isinstance(item, dict) and len(seen) < MAX_SCOPE_ASSETS:
+            seen.setdefault((str(item.get("kind", "")), str(item.get("value", ""))), None)
+    return {**scope, "assets": [{"kind": k, "value": v} for k, v in seen]}

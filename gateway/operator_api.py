@@ -27,6 +27,7 @@ from eventsourcing.persistence import StoredEvent
 from psycopg import AsyncConnection
 
 from domain.errors import InvalidRequest, NotFound
+from domain.events import ProfileStep
 from gateway.auth import Operator, operator_identity
 from gateway.commands.lifecycle import TaskSpec
 from gateway.commands.rows import task_from_row
@@ -35,8 +36,11 @@ from gateway.keys import LIFECYCLE, POOL, REGISTRY
 from gateway.operator_models import (
     AddAssignment,
     ApiKeyCreated,
+    Asset,
+    AssetList,
     AssignmentView,
     Attempt,
+    CancelScan,
     CancelTask,
     CreateApiKey,
     CreateOrganization,
@@ -45,6 +49,7 @@ from gateway.operator_models import (
     Event,
     EventPage,
     EventsQuery,
+    FindingsQuery,
     Organization,
     OrganizationPage,
     PageQuery,
@@ -54,7 +59,10 @@ from gateway.operator_models import (
     RevokeAssignment,
     RevokeWorker,
     Scan,
+    ScanCancellation,
     Task,
+    Threat,
+    ThreatList,
     UpdateWorker,
     Worker,
     WorkerPage,
@@ -355,7 +363,12 @@ async def create_scan(request: web.Request) -> web.StreamResponse:
     if org_id is None:
         raise InvalidRequest("organization_id is required with an administrator key")
     _see_organization(operator, org_id)
-    scan_id = await request.app[REGISTRY].create_scan(org_id, body.targets, actor=operator.actor)
+    profile = [ProfileStep(task_type=step.task_type, required_capabilities=tuple(step.required_capabilities),
+                           execution_timeout_seconds=step.execution_timeout_seconds,
+                           max_attempts=step.max_attempts, priority=step.priority,
+                           stop_on_failure=step.stop_on_failure) for step in body.profile]
+    scan_id = await request.app[REGISTRY].create_scan(org_id, body.targets, profile=profile,
+                                                      actor=operator.actor)
     return ok(await _scan(request, operator, scan_id), status=201)
 
 
@@ -378,6 +391,58 @@ async def create_task(request: web.Request) -> web.StreamResponse:
         lease_seconds=body.lease_seconds, execution_timeout_seconds=body.execution_timeout_seconds),
         actor=operator.actor)
     return ok(Task.of(task, []), status=201)
+
+
+@routes.route("POST", "/v1/scans/{scan_id}/cancel",
+              summary="Cancel a scan: no further profile steps; each unfinished task is cancelled",
+              auth="operator", request=CancelScan, response=ScanCancellation, tags=TAGS)
+async def cancel_scan(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    scan_id = _path_id(request, "scan_id", "scan")
+    await _scan(request, operator, scan_id)
+    body = await read_json(request, CancelScan)
+    tasks = await request.app[LIFECYCLE].cancel_scan(scan_id, reason=body.reason, actor=operator.actor)
+    return ok(ScanCancellation(scan_id=scan_id, tasks=[{"id": str(t.id), "state": t.state} for t in tasks]))
+
+
+@routes.route("GET", "/v1/scans/{scan_id}/assets", summary="The assets a scan found", auth="operator",
+              query=FindingsQuery, response=AssetList, tags=TAGS)
+async def scan_assets(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    scan_id = _path_id(request, "scan_id", "scan")
+    await _scan(request, operator, scan_id)
+    query = read_query(request, FindingsQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["scan_assets"], {"scan_id": scan_id, "limit": query.limit})
+        rows = await cur.fetchall()
+    return ok(AssetList(items=[Asset.of(r) for r in rows]))
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}/assets", summary="An organisation's assets",
+              auth="operator", query=FindingsQuery, response=AssetList, tags=TAGS)
+async def organization_assets(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    _see_organization(operator, org_id)
+    query = read_query(request, FindingsQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["organization_assets"], {"organization_id": org_id, "limit": query.limit})
+        rows = await cur.fetchall()
+    return ok(AssetList(items=[Asset.of(r) for r in rows]))
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}/threats", summary="An organisation's threats",
+              auth="operator", query=FindingsQuery, response=ThreatList, tags=TAGS)
+async def organization_threats(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    _see_organization(operator, org_id)
+    query = read_query(request, FindingsQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES["organization_threats"], {"organization_id": org_id,
+                                                                    "limit": query.limit})
+        rows = await cur.fetchall()
+    return ok(ThreatList(items=[Threat.of(r) for r in rows]))
 
 
 @routes.route("GET", TASK_PATH, summary="Read a task with all its attempts", auth="operator", response=Task,

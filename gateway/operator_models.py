@@ -177,10 +177,72 @@ class Revocation(Body):
 # --- scans and tasks ------------------------------------------------------------------------
 
 
+class ProfileStepBody(Body):
+    task_type: Label
+    required_capabilities: Labels = []
+    execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800)] = 3600
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 3
+    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000)] = 0
+    stop_on_failure: bool = True
+
+
 class CreateScan(Body):
     organization_id: UUID | None = Field(
         None, description="required with an administrator key; an organisation key may only name its own")
     targets: dict[str, Any] = Field(default_factory=dict)
+    profile: list[ProfileStepBody] = Field(
+        default_factory=list, max_length=50,
+        description="ordered plugin steps; each step's task is created when the previous one ends")
+
+
+class CancelScan(Body):
+    reason: Reason = "scan cancelled by an operator"
+
+
+class ScanCancellation(Body):
+    scan_id: UUID
+    tasks: list[dict[str, Any]] = Field(description="each unfinished task's id and state after the cancel")
+
+
+class Asset(Body):
+    id: UUID
+    kind: str
+    value: str
+    attributes: dict[str, Any]
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Asset:
+        return cls(id=row[0], kind=row[1], value=row[2], attributes=row[3], first_seen_at=row[4],
+                   last_seen_at=row[5])
+
+
+class AssetList(Body):
+    items: list[Asset]
+
+
+class Threat(Body):
+    id: UUID
+    external_id: str
+    title: str
+    severity: str
+    data: dict[str, Any]
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Threat:
+        return cls(id=row[0], external_id=row[1], title=row[2], severity=row[3], data=row[4],
+                   first_seen_at=row[5], last_seen_at=row[6])
+
+
+class ThreatList(Body):
+    items: list[Threat]
+
+
+class FindingsQuery(Query):
+    limit: int = Field(500, ge=1, le=5000, description="at most this many items")
 
 
 class Scan(Body):

@@ -103,7 +103,7 @@ def _(e: ev.AssignmentChanged, hash: bytes) -> list[RowOp]:
 def _(e: ev.ScanCreated, hash: bytes) -> list[RowOp]:
     return [Insert("scans", {
         "id": e.originator_id, "organization_id": e.organization_id, "status": "pending",
-        "execution_mode": e.execution_mode, "targets": e.targets, "cancel_requested_at": None,
+        "execution_mode": e.execution_mode, "targets": e.targets, "profile": None, "cancel_requested_at": None,
         "created_at": e.timestamp, "updated_at": e.timestamp, "finished_at": None,
         "version": e.originator_version, "head_hash": hash,
     })]
@@ -119,6 +119,19 @@ def _(e: ev.ScanJobQueued, hash: bytes) -> list[RowOp]:
         }),
         _head("scans", e, hash),
     ]
+
+
+@project.register
+def _(e: ev.ScanProfileSet, hash: bytes) -> list[RowOp]:
+    steps = [{"task_type": s.task_type, "required_capabilities": list(s.required_capabilities),
+              "execution_timeout_seconds": s.execution_timeout_seconds, "max_attempts": s.max_attempts,
+              "priority": s.priority, "stop_on_failure": s.stop_on_failure} for s in e.steps]
+    return [_head("scans", e, hash, profile={"steps": steps})]
+
+
+@project.register
+def _(e: ev.ScanCancelRequested, hash: bytes) -> list[RowOp]:
+    return [_head("scans", e, hash, cancel_requested_at=e.timestamp)]
 
 
 @project.register

@@ -23,12 +23,13 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import orjson
 from psycopg import AsyncCursor
 from psycopg_pool import AsyncConnectionPool
 
 from domain import scan as scan_rules
 from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
-from domain.events import DomainEvent, WriteRejected
+from domain.events import DomainEvent, ProfileStep, ResultBatchAccepted, ScanStatus, WriteRejected
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from domain.task import (
@@ -149,10 +150,12 @@ class Lifecycle:
                 row = await lock_cur.fetchone()
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, org_id, status, mode, _ = row
+            _, version, head_hash, org_id, status, mode, _, has_profile = row
             next_position, now = await _fetch_one(cur)
             if mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
+            if has_profile:
+                raise InvalidTransition("a profile scan's tasks are created by its profile")
             queued = scan_rules.queue_job(
                 scan_id, version, status, organization_id=org_id, job_id=job_id, position=next_position,
                 plugin=spec.plugin or spec.task_type, execution_mode="gateway", now=now, actor=actor)
@@ -327,6 +330,10 @@ class Lifecycle:
             elif payload is not None and events:
                 await cur.execute(QUERIES["payload_store"], {"sha256": payload[0], "body": payload[1]})
             after = await self._commit(cur, task, head, events, now)
+            if payload is not None and rejection is None:
+                for event in events:  # only a newly accepted batch: a duplicate has no events
+                    if isinstance(event, ResultBatchAccepted):
+                        await ingest_batch(cur, task, event.batch_id, orjson.loads(payload[1]), now)
         self.observe(events)
         if rejection is not None:
             raise rejection_error(rejection)
@@ -411,25 +418,75 @@ class Lifecycle:
         return after
 
     async def _settle_scan(self, cur: AsyncCursor[Any], scan_id: UUID, now: datetime) -> None:
-        """Lock the scan (lock order: task, then scan) and finish it once every job is terminal.
+        """Lock the scan (lock order: task, then scan); start the next profile step if one is due,
+        else finish the scan once every job is terminal.
 
-        The job statuses are read by a second statement after the lock is granted, so under READ
+        The jobs are read by a second statement after the lock is granted, so under READ
         COMMITTED they include every job change committed by earlier holders of the scan lock
         (and this transaction's own, already applied).
         """
         async with cur.connection.cursor() as lock_cur:
-            await lock_cur.execute(QUERIES["scan_lock_for_outcome"], {"scan_id": scan_id})
-            await cur.execute(QUERIES["scan_job_statuses"], {"scan_id": scan_id})
+            await lock_cur.execute(QUERIES["scan_lock_for_orchestration"], {"scan_id": scan_id})
+            await cur.execute(QUERIES["scan_jobs_in_order"], {"scan_id": scan_id})
             scan_row = await lock_cur.fetchone()
-        statuses = [status for _, status in await cur.fetchall()]
+        jobs = await cur.fetchall()
         assert scan_row is not None, "the foreign key guarantees the scan"
-        _, version, head_hash, scan_status, cancel_requested = scan_row
+        _, version, head_hash, scan_status, cancel_requested, org_id, profile, _targets = scan_row
         if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
+            return
+        head = StreamHead(scan_id, version, bytes(head_hash))
+        statuses = [status for _, status, _ in jobs]
+        steps = profile_steps(profile)
+        step = scan_rules.next_step(steps, statuses, cancel_requested=cancel_requested)
+        if step is not None:
+            await cur.execute(QUERIES["scan_found_assets"], {"scan_id": scan_id})
+            found = [(kind, value) for kind, value in await cur.fetchall()]
+            scope = scan_rules.enrich_scope(dict(jobs[-1][2] or {}), found)
+            events = await queue_step(cur, head, org_id, step, steps[step], scope, now=now, actor="system",
+                                      new_id=self.new_id, status=scan_status)
+            self.observe(events)
             return
         outcome = scan_rules.scan_outcome(statuses, cancel_requested=cancel_requested)
         if outcome is not None:
             finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
-            await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [finished])
+            await append(cur, head, [finished])
+
+    # --- scans (issue 5) ------------------------------------------------------------------
+
+    async def cancel_scan(self, scan_id: UUID, *, reason: str = "scan cancelled", actor: str = "system",
+                          organization_id: UUID | None = None) -> list[TaskState]:
+        """Record the scan's cancel request (no further profile steps), then cancel each of its
+        unfinished tasks in a transaction of its own (task lock only: the scan lock is never held
+        while waiting for a task lock). The scan ends ``cancelled`` when its last job ends (pending
+        tasks at once, running ones on the worker's acknowledgement or the sweeper's grace).
+        Safe to repeat. The tasks' states after the call.
+        """
+        async with transaction(self.pool) as cur:
+            async with cur.connection.cursor() as lock_cur:
+                await lock_cur.execute(QUERIES["scan_lock_for_orchestration"], {"scan_id": scan_id})
+                await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
+                row = await lock_cur.fetchone()
+            (now,) = await _fetch_one(cur)
+            if row is None or (organization_id is not None and row[5] != organization_id):
+                raise NotFound("no such scan", scan_id=str(scan_id))
+            _, version, head_hash, status, cancel_requested, *_ = row
+            events: list[DomainEvent] = [*scan_rules.request_cancel(
+                scan_id, version, status, cancel_requested, reason=reason, now=now, actor=actor)]
+            head = await append(cur, StreamHead(scan_id, version, bytes(head_hash)), events)
+            if events and await self._open_task_count(cur, scan_id) == 0:
+                # Nothing left to end (no job yet, or every job ended): the scan ends now.
+                finished = scan_rules.finish_scan(scan_id, head.version, "cancelled", now=now, actor=actor)
+                await append(cur, head, [finished])
+                events = [*events, finished]
+        self.observe(events)
+        async with self.pool.connection() as conn:
+            listed = await conn.execute(QUERIES["scan_open_tasks"], {"scan_id": scan_id})
+            task_ids = [task_id for (task_id,) in await listed.fetchall()]
+        return [await self.request_cancel(task_id, reason=reason, actor=actor) for task_id in task_ids]
+
+    async def _open_task_count(self, cur: AsyncCursor[Any], scan_id: UUID) -> int:
+        await cur.execute(QUERIES["scan_open_tasks"], {"scan_id": scan_id})
+        return len(await cur.fetchall())
 
     # --- revocation (operator API) --------------------------------------------------------
 
@@ -499,3 +556,81 @@ async def _fetch_one(cur: AsyncCursor[Any]) -> tuple[Any, ...]:
     row = await cur.fetchone()
     assert row is not None, "aggregate queries always return a row"
     return tuple(row)
+
+
+# --- profiles (issue 5) -----------------------------------------------------------------------
+
+PROFILE_LEASE_SECONDS = 60
+
+
+def profile_steps(profile: dict[str, Any] | None) -> list[ProfileStep]:
+    """The steps of a scan's stored profile (``scans.profile``); none for an ad-hoc scan."""
+    if not profile:
+        return []
+    return [ProfileStep(**{**step, "required_capabilities": tuple(step["required_capabilities"])})
+            for step in profile["steps"]]
+
+
+async def queue_step(cur: AsyncCursor[Any], scan: StreamHead, organization_id: UUID, index: int,
+                     step: ProfileStep, scope: dict[str, Any], *, now: datetime, actor: str,
+                     new_id: Callable[[], UUID], status: ScanStatus = "pending") -> list[DomainEvent]:
+    """Queue profile step ``index`` as job ``index`` of the scan and create its task, inside the
+    caller's transaction, which holds the scan lock (``scan`` is its head)."""
+    job_id, task_id = new_id(), new_id()
+    queued = scan_rules.queue_job(
+        scan.id, scan.version, status, organization_id=organization_id,
+        job_id=job_id, position=index, plugin=step.task_type, execution_mode="gateway", now=now, actor=actor)
+    created = decide(None, CreateTask(
+        task_id=task_id, scan_id=scan.id, scan_job_id=job_id, organization_id=organization_id,
+        task_type=step.task_type, required_capabilities=step.required_capabilities, priority=step.priority,
+        scope=scope, parameters={"profile_step": index}, max_attempts=step.max_attempts,
+        lease_seconds=PROFILE_LEASE_SECONDS, execution_timeout_seconds=step.execution_timeout_seconds),
+        now=now, actor=actor)
+    await append(cur, scan, [queued])
+    await append(cur, StreamHead(task_id), created)
+    await notify.send(cur, notify.available(organization_id))
+    return [queued, *created]
+
+
+# --- centralized ingestion (issue 5) ----------------------------------------------------------
+
+
+
+async def ingest_batch(cur: AsyncCursor[Any], task: TaskState, batch_id: UUID, records: list[Any],
+                       now: datetime) -> None:
+    """Persist a newly accepted batch's records into the ingestion tables.
+
+    Not a projection: it reads the payload, which events only name by sha256. It runs in the
+    acceptance transaction, and every statement is idempotent for (batch_id, record index) —
+    assets by (organisation, kind, value), threats by external id (or, without one, by batch and
+    index), detections by (threat, scan job) — so running it twice for one batch adds nothing.
+    ``replay rebuild`` does not rebuild these tables.
+    """
+    base = {"organization_id": task.organization_id, "scan_id": task.scan_id, "scan_job_id": task.scan_job_id,
+            "batch_id": batch_id, "now": now}
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            continue
+        kind = record.get("type")
+        params = {**base, "record_index": index, "data": record}
+        if kind == "asset":
+            if record.get("kind") is None or record.get("value") is None:
+                continue
+            attributes = record.get("attributes")
+            await cur.execute(QUERIES["ingest_asset"], {
+                **base, "id": uuid4(), "kind": str(record["kind"]), "value": str(record["value"]),
+                "attributes": attributes if isinstance(attributes, dict) else {}})
+        elif kind == "threat":
+            external_id = str(record.get("external_id") or "")
+            threat = {**params, "id": uuid4(), "external_id": external_id,
+                      "title": str(record.get("title") or ""), "severity": str(record.get("severity") or "")}
+            await cur.execute(QUERIES["ingest_threat_external" if external_id else "ingest_threat_anonymous"],
+                              threat)
+            (threat_id,) = await _fetch_one(cur)
+            await cur.execute(QUERIES["ingest_detection"], {**base, "threat_id": threat_id})
+        elif kind == "file":
+            await cur.execute(QUERIES["ingest_file_record"], params)
+        elif kind == "exposure_change":
+            await cur.execute(QUERIES["ingest_exposure_change"], params)
+        elif kind == "raw_output":
+            await cur.execute(QUERIES["ingest_raw_output"], params)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -28,8 +28,9 @@ from psycopg_pool import AsyncConnectionPool
 from domain import registry as rules
 from domain import scan as scan_rules
 from domain.errors import InvalidRequest, NotFound
-from domain.events import DomainEvent, ExecutionMode
+from domain.events import DomainEvent, ExecutionMode, ProfileStep
 from domain.registry import Assignment, WorkerState
+from gateway.commands.lifecycle import queue_step
 from gateway.commands.unit_of_work import Clock, system_clock, transaction
 from gateway.sql import QUERIES
 from projections.store import StreamHead, append
@@ -146,7 +147,13 @@ class Registry:
     # --- scans ----------------------------------------------------------------------------
 
     async def create_scan(self, organization_id: UUID, targets: dict[str, Any], *,
-                          execution_mode: ExecutionMode = "gateway", actor: str = "system") -> UUID:
+                          execution_mode: ExecutionMode = "gateway", profile: Sequence[ProfileStep] = (),
+                          actor: str = "system") -> UUID:
+        """A scan; with a ``profile`` (ordered plugin steps), also its first step's job and task in
+        the same transaction, scoped to ``targets``. Later steps are created as earlier ones end
+        (see :meth:`gateway.commands.lifecycle.Lifecycle._settle_scan`)."""
+        if profile and execution_mode != "gateway":
+            raise InvalidRequest("profiles run only on Gateway-executed scans")
         scan_id = self.new_id()
         async with transaction(self.pool) as cur:
             await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
@@ -154,9 +161,16 @@ class Registry:
             row = await cur.fetchone()
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
+            now = row[1]
             event = scan_rules.create_scan(scan_id, organization_id, targets, execution_mode,
-                                           now=row[1], actor=actor)
-            await append(cur, StreamHead(scan_id), [event])
+                                           now=now, actor=actor)
+            events: list[DomainEvent] = [event]
+            if profile:
+                events.append(scan_rules.set_profile(scan_id, 1, profile, now=now, actor=actor))
+            head = await append(cur, StreamHead(scan_id), events)
+            if profile:
+                await queue_step(cur, head, organization_id, 0, profile[0], dict(targets), now=now,
+                                 actor=actor, new_id=self.new_id)
         return scan_id
 
 

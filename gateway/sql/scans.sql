@@ -1,6 +1,6 @@
 -- name: scan_lock
 SELECT s.id, s.version, s.head_hash, s.organization_id, s.status, s.execution_mode,
-       s.cancel_requested_at IS NOT NULL
+       s.cancel_requested_at IS NOT NULL, s.profile IS NOT NULL
 FROM scans s
 WHERE s.id = %(scan_id)s
 FOR UPDATE
@@ -27,3 +27,35 @@ SELECT s.id, s.organization_id, s.status, s.execution_mode, s.targets, s.created
        s.finished_at
 FROM scans s
 WHERE s.id = %(scan_id)s
+
+-- name: scan_lock_for_orchestration
+-- Like scan_lock_for_outcome, with what creating the next profile step needs.
+SELECT s.id, s.version, s.head_hash, s.status, s.cancel_requested_at IS NOT NULL, s.organization_id,
+       s.profile, s.targets
+FROM scans s
+WHERE s.id = %(scan_id)s
+FOR UPDATE
+
+-- name: scan_jobs_in_order
+-- A separate statement after the scan lock (see scan_job_statuses); job i runs profile step i.
+SELECT j.id, j.status, t.scope
+FROM scan_jobs j LEFT JOIN worker_tasks t ON t.scan_job_id = j.id
+WHERE j.scan_id = %(scan_id)s
+ORDER BY j.position
+
+-- name: scan_found_assets
+-- Assets in the accepted result batches of the scan's tasks (bounded; deduplicated).
+SELECT DISTINCT r ->> 'kind', r ->> 'value'
+FROM worker_tasks t
+JOIN worker_result_batches b ON b.task_id = t.id
+JOIN result_payloads p ON p.sha256 = b.payload_sha256
+CROSS JOIN LATERAL jsonb_array_elements(convert_from(p.body, 'UTF8')::jsonb) AS r
+WHERE t.scan_id = %(scan_id)s AND jsonb_typeof(r) = 'object' AND r ->> 'type' = 'asset'
+  AND r ->> 'kind' IS NOT NULL AND r ->> 'value' IS NOT NULL
+LIMIT 10000
+
+-- name: scan_open_tasks
+SELECT t.id FROM worker_tasks t
+WHERE t.scan_id = %(scan_id)s AND t.state NOT IN ('completed', 'failed_terminal', 'cancelled')
+ORDER BY t.created_at, t.id
+

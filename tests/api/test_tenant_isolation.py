@@ -121,6 +121,10 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("GET", TASK_PATH): (NOT_FOUND, None),
     ("POST", TASK_PATH + "/cancel"): (NOT_FOUND, {}),
     ("GET", TASK_PATH + "/events"): (NOT_FOUND, None),
+    ("POST", "/v1/scans/{scan_id}/cancel"): (NOT_FOUND, {}),
+    ("GET", "/v1/scans/{scan_id}/assets"): (NOT_FOUND, None),
+    ("GET", "/v1/organizations/{organization_id}/assets"): (NOT_FOUND, None),
+    ("GET", "/v1/organizations/{organization_id}/threats"): (NOT_FOUND, None),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -142,7 +142,7 @@ async def test_sigterm_lets_running_plugins_finish_within_the_grace_then_fails_t
             kill_group(endless_pid)
 
     assert code == 0, agent.log_text()
-    assert 2.5 <= took < 7, took
+    assert 2.5 <= took < 12, took  # the grace is waited out; generous upper bound for a loaded CI box
     assert not pid_alive(endless_pid)
     assert (await task_state(gateway, brief))[0] == "completed"
     state, attempt_count, error = await task_state(gateway, endless)
