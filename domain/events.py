@@ -110,7 +110,7 @@ class ScanFinished(DomainEvent):
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class ProfileStep:
-    """One plugin step of a scan profile (issue 5): its task is created when the step is reached.
+    """One plugin step of a scan profile: its task is created when the step is reached.
 
     A (pydantic) dataclass, so the event codec's orjson serialises it natively.
     """
@@ -121,6 +121,7 @@ class ProfileStep:
     max_attempts: int = 3
     priority: int = 0
     stop_on_failure: bool = True
+    lease_seconds: int = 60
 
 
 class ScanProfileSet(DomainEvent):

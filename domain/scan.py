@@ -103,8 +103,9 @@ def set_profile(scan_id: UUID, version: int, steps: Sequence[ProfileStep], *, no
     for step in steps:
         if not step.task_type:
             raise InvalidRequest("task_type must not be empty")
-        if step.max_attempts < 1 or step.execution_timeout_seconds < 1:
-            raise InvalidRequest("max_attempts and execution_timeout_seconds must be positive")
+        if step.max_attempts < 1 or step.execution_timeout_seconds < 1 or not 1 <= step.lease_seconds <= 3600:
+            raise InvalidRequest("max_attempts and execution_timeout_seconds must be positive, "
+                                 "lease_seconds 1..3600")
     return ScanProfileSet(originator_id=scan_id, originator_version=version + 1, timestamp=now,
                           actor=actor, steps=tuple(steps))
 

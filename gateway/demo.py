@@ -27,8 +27,8 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from gateway.commands import Lifecycle, Registry
-from gateway.commands.lifecycle import TaskSpec
+from domain.events import ProfileStep
+from gateway.commands import Registry
 from gateway.pki import init_pki, issue_self_signed, issue_worker_certificate
 from gateway.serve import start
 from gateway.settings import GatewaySettings
@@ -117,10 +117,9 @@ async def run_demo() -> int:
     settings = GatewaySettings(database_url=url, pki_dir=pki.directory, worker_port=0, operator_port=0,
                                sweep_interval_seconds=0.5, log_level="ERROR", checkpoint_interval_seconds=0)
     runner, (worker_port, _operator_port) = await start(settings)
-    from gateway.keys import LIFECYCLE, POOL, REGISTRY
+    from gateway.keys import POOL, REGISTRY
 
     app = runner.app
-    lifecycle: Lifecycle = app[LIFECYCLE]
     registry: Registry = app[REGISTRY]
     pool = app[POOL]
     say(f"Gateway serving the worker API on https://localhost:{worker_port} (mTLS)")
@@ -134,17 +133,18 @@ async def run_demo() -> int:
             ids[name] = await registry.register_worker(name=name, fingerprint=cert.fingerprint, task_types=types,
                                                        max_concurrent_tasks=2)
             await registry.assign_worker(ids[name], org)
-        scan = await registry.create_scan(org, {"targets": ["127.0.0.1"], "ports": [port, 1]})
-        scope = {"targets": ["127.0.0.1"], "ports": [port, 1]}
-        service = {"targets": ["127.0.0.1"], "ports": [port],
-                   "assets": [{"kind": "service", "value": f"127.0.0.1:{port}/tcp"}]}
+        # The default profile: a slow warm-up step (long enough to be interrupted), then the
+        # built-in plugins in order; each step's scope is enriched with what the earlier found.
+        profile = [ProfileStep(task_type="warmup", lease_seconds=3, execution_timeout_seconds=60),
+                   ProfileStep(task_type="tcp-connect", lease_seconds=10, execution_timeout_seconds=60),
+                   ProfileStep(task_type="http-probe", lease_seconds=10, execution_timeout_seconds=60),
+                   ProfileStep(task_type="tls-inspect", lease_seconds=10, execution_timeout_seconds=60)]
         # worker-a starts alone, so it takes the warm-up task; it is then killed mid-task.
         workers["worker-a"] = await start_worker("worker-a", worker_port, pki, plugins)
-        warmup = await lifecycle.create_task(scan, TaskSpec(task_type="warmup", scope=scope, parameters={"seconds": 4},
-                                                            lease_seconds=3, execution_timeout_seconds=60))
-        say("scan created; worker-a started")
-        while not await rows(pool, "SELECT 1 FROM worker_task_attempts WHERE task_id = %s AND status IN "  # noqa: ASYNC110
-                             "('leased','running')", warmup.id):
+        scan = await registry.create_scan(org, {"targets": ["127.0.0.1"], "ports": [port, 1]}, profile=profile)
+        say("scan created with the default profile: " + " -> ".join(step.task_type for step in profile))
+        while not await rows(pool, "SELECT 1 FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id "  # noqa: ASYNC110
+                             "WHERE t.scan_id = %s AND a.status IN ('leased','running')", scan):
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)
         workers["worker-a"].send_signal(signal.SIGKILL)
@@ -152,9 +152,6 @@ async def run_demo() -> int:
         say("worker-a killed (SIGKILL) in the middle of the warm-up task; its lease will expire")
         workers["worker-b"] = await start_worker("worker-b", worker_port, pki, plugins)
         say("worker-b started")
-        for task_type, task_scope in (("tcp-connect", scope), ("http-probe", service), ("tls-inspect", service)):
-            await lifecycle.create_task(scan, TaskSpec(task_type=task_type, scope=task_scope, lease_seconds=10,
-                                                       execution_timeout_seconds=60))
         last = ""
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline:
@@ -164,7 +161,8 @@ async def run_demo() -> int:
             if line != last:
                 say(line)
                 last = line
-            if all(s in ("completed", "failed_terminal", "cancelled") for _, s, _ in states):
+            (status,), = await rows(pool, "SELECT status FROM scans WHERE id = %s", scan)
+            if status in ("success", "failed", "cancelled"):
                 break
             await asyncio.sleep(0.3)
         await summary(pool, scan, url)

@@ -366,7 +366,8 @@ async def create_scan(request: web.Request) -> web.StreamResponse:
     profile = [ProfileStep(task_type=step.task_type, required_capabilities=tuple(step.required_capabilities),
                            execution_timeout_seconds=step.execution_timeout_seconds,
                            max_attempts=step.max_attempts, priority=step.priority,
-                           stop_on_failure=step.stop_on_failure) for step in body.profile]
+                           stop_on_failure=step.stop_on_failure, lease_seconds=step.lease_seconds)
+               for step in body.profile]
     scan_id = await request.app[REGISTRY].create_scan(org_id, body.targets, profile=profile,
                                                       actor=operator.actor)
     return ok(await _scan(request, operator, scan_id), status=201)

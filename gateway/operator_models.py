@@ -184,6 +184,7 @@ class ProfileStepBody(Body):
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 3
     priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000)] = 0
     stop_on_failure: bool = True
+    lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600)] = 60
 
 
 class CreateScan(Body):

@@ -451,7 +451,7 @@ class Lifecycle:
             finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
             await append(cur, head, [finished])
 
-    # --- scans (issue 5) ------------------------------------------------------------------
+    # --- scans --------------------------------------------------------------------------
 
     async def cancel_scan(self, scan_id: UUID, *, reason: str = "scan cancelled", actor: str = "system",
                           organization_id: UUID | None = None) -> list[TaskState]:
@@ -558,9 +558,8 @@ async def _fetch_one(cur: AsyncCursor[Any]) -> tuple[Any, ...]:
     return tuple(row)
 
 
-# --- profiles (issue 5) -----------------------------------------------------------------------
+# --- profiles -------------------------------------------------------------------------------
 
-PROFILE_LEASE_SECONDS = 60
 
 
 def profile_steps(profile: dict[str, Any] | None) -> list[ProfileStep]:
@@ -584,7 +583,7 @@ async def queue_step(cur: AsyncCursor[Any], scan: StreamHead, organization_id: U
         task_id=task_id, scan_id=scan.id, scan_job_id=job_id, organization_id=organization_id,
         task_type=step.task_type, required_capabilities=step.required_capabilities, priority=step.priority,
         scope=scope, parameters={"profile_step": index}, max_attempts=step.max_attempts,
-        lease_seconds=PROFILE_LEASE_SECONDS, execution_timeout_seconds=step.execution_timeout_seconds),
+        lease_seconds=step.lease_seconds, execution_timeout_seconds=step.execution_timeout_seconds),
         now=now, actor=actor)
     await append(cur, scan, [queued])
     await append(cur, StreamHead(task_id), created)
@@ -592,7 +591,7 @@ async def queue_step(cur: AsyncCursor[Any], scan: StreamHead, organization_id: U
     return [queued, *created]
 
 
-# --- centralized ingestion (issue 5) ----------------------------------------------------------
+# --- centralized ingestion ----------------------------------------------------------
 
 
 

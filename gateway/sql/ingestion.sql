@@ -1,4 +1,4 @@
--- Centralized ingestion (issue 5): run in the batch acceptance transaction, once per newly
+-- Centralized ingestion: run in the batch acceptance transaction, once per newly
 -- accepted batch. Every statement is idempotent for a given (batch_id, record_index).
 
 -- name: ingest_asset

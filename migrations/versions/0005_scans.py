@@ -1,4 +1,4 @@
-"""Scan profiles and centralized result ingestion (issue 5).
+"""Scan profiles and centralized result ingestion.
 
 ``scans.profile`` is a projection of ``ScanProfileSet``. The ingestion tables (``assets``,
 ``threats``, ``threat_detections``, ``file_records``, ``exposure_changes``, ``raw_outputs``) are
