@@ -53,6 +53,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from common import recreate_database, resolve_server_url
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -63,12 +64,11 @@ from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
 from projections import migrate
 from projections.connection import connect, create_pool
-from projections.database import EmbeddedPostgres, redact_url, with_database
+from projections.database import redact_url
 from projections.store import read_stream
 
 BENCH_DB = "leasehold_bench"
 LIMIT_DB = "leasehold_bench_limit"
-MACHINE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_YARDSTICK_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench"
 TASK_TYPE = "probe"
 SPEC = TaskSpec(task_type=TASK_TYPE, scope={"host": "bench.example.test"}, lease_seconds=60,
@@ -151,31 +151,6 @@ class CpuWindow:
 
 
 # --------------------------------------------------------------------------- server and databases
-
-
-def resolve_server_url(explicit: str | None) -> tuple[str, str]:
-    """The maintenance-database URL of the server to use, and where it came from."""
-    if explicit:
-        return explicit, "--database-url"
-    env = os.environ.get("BENCH_DATABASE_URL")
-    if env:
-        return env, "BENCH_DATABASE_URL"
-    try:
-        psycopg.connect(MACHINE_URL, connect_timeout=3).close()
-        return MACHINE_URL, "machine server on 127.0.0.1:5432"
-    except psycopg.Error:
-        pass
-    server = EmbeddedPostgres(stop_at_exit=True)
-    server.start()
-    return server.url(), f"embedded server ({server.data_dir})"
-
-
-def recreate_database(server_url: str, name: str) -> str:
-    """Drop (forcefully) and create the scratch database ``name``; its URL."""
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return with_database(server_url, name)
 
 
 def fresh_bench_database(server_url: str) -> str:

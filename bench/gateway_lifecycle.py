@@ -35,13 +35,8 @@ from uuid import UUID
 
 import aiohttp
 import orjson
-from core_lifecycle import (
-    DEFAULT_YARDSTICK_DIR,
-    percentile,
-    recreate_database,
-    resolve_server_url,
-    run_pg_limit,
-)
+from common import recreate_database, resolve_server_url
+from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
 
 from domain.results import payload_sha256
 from gateway.commands import Lifecycle, Registry

@@ -35,7 +35,6 @@ import asyncio
 import cProfile
 import hashlib
 import io
-import os
 import pstats
 import random
 import re
@@ -54,6 +53,8 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import recreate_database, resolve_server_url  # noqa: E402
+
 from domain.errors import LeaseholdError  # noqa: E402
 from domain.results import payload_sha256  # noqa: E402
 from gateway.commands import Lifecycle, Registry  # noqa: E402
@@ -61,12 +62,11 @@ from gateway.commands.lifecycle import TaskSpec  # noqa: E402
 from projections import migrate  # noqa: E402
 from projections.chain import GENESIS, chain_hash  # noqa: E402
 from projections.connection import connect, create_pool  # noqa: E402
-from projections.database import EmbeddedPostgres, redact_url, with_database  # noqa: E402
+from projections.database import redact_url, with_database  # noqa: E402
 from projections.rebuild import fold_log  # noqa: E402
 from projections.rows import TABLE_ORDER  # noqa: E402
 
 BENCH_DB = "leasehold_replay_bench"
-MACHINE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SHAPES = ("success", "retry", "expire", "cancel", "stale", "success", "terminal", "cancel_pending")
 UUID_RE = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 UUID_STR_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -76,28 +76,8 @@ def log(message: str) -> None:
     print(f"# {message}", file=sys.stderr, flush=True)
 
 
-def resolve_server_url(explicit: str | None) -> tuple[str, str]:
-    """The maintenance-database URL of the server to use, and where it came from."""
-    if explicit:
-        return explicit, "--database-url"
-    env = os.environ.get("BENCH_DATABASE_URL")
-    if env:
-        return env, "BENCH_DATABASE_URL"
-    try:
-        psycopg.connect(MACHINE_URL, connect_timeout=3).close()
-        return MACHINE_URL, "machine server on 127.0.0.1:5432"
-    except psycopg.Error:
-        pass
-    server = EmbeddedPostgres(stop_at_exit=True)
-    server.start()
-    return server.url(), f"embedded server ({server.data_dir})"
-
-
-def recreate_database(server_url: str, name: str) -> str:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(server_url, name)
+def recreate_migrated_database(server_url: str, name: str) -> str:
+    url = recreate_database(server_url, name)
     migrate.upgrade(url, "head")
     return url
 
@@ -421,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sample_tasks {tasks}")
         print(f"sample_events {len(sample.events)}")
         print(f"sample_s {time.perf_counter() - t0:.2f}")
-        recreate_database(server_url, BENCH_DB)
+        recreate_migrated_database(server_url, BENCH_DB)
         t0 = time.perf_counter()
         copies = copies_needed(sample, args.events)
         loaded = replicate_and_load(sample, url, copies,
