@@ -56,6 +56,7 @@ from domain.task import (
     rejection_error,
 )
 from gateway import notify
+from gateway.commands.ingestion import ingest_batch
 from gateway.commands.rows import (
     ATTEMPT_COLUMNS,
     TASK_COLUMNS,
@@ -589,47 +590,3 @@ async def queue_step(cur: AsyncCursor[Any], scan: StreamHead, organization_id: U
     await append(cur, StreamHead(task_id), created)
     await notify.send(cur, notify.available(organization_id))
     return [queued, *created]
-
-
-# --- centralized ingestion ----------------------------------------------------------
-
-
-
-async def ingest_batch(cur: AsyncCursor[Any], task: TaskState, batch_id: UUID, records: list[Any],
-                       now: datetime) -> None:
-    """Persist a newly accepted batch's records into the ingestion tables.
-
-    Not a projection: it reads the payload, which events only name by sha256. It runs in the
-    acceptance transaction, and every statement is idempotent for (batch_id, record index) —
-    assets by (organisation, kind, value), threats by external id (or, without one, by batch and
-    index), detections by (threat, scan job) — so running it twice for one batch adds nothing.
-    ``replay rebuild`` does not rebuild these tables.
-    """
-    base = {"organization_id": task.organization_id, "scan_id": task.scan_id, "scan_job_id": task.scan_job_id,
-            "batch_id": batch_id, "now": now}
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            continue
-        kind = record.get("type")
-        params = {**base, "record_index": index, "data": record}
-        if kind == "asset":
-            if record.get("kind") is None or record.get("value") is None:
-                continue
-            attributes = record.get("attributes")
-            await cur.execute(QUERIES["ingest_asset"], {
-                **base, "id": uuid4(), "kind": str(record["kind"]), "value": str(record["value"]),
-                "attributes": attributes if isinstance(attributes, dict) else {}})
-        elif kind == "threat":
-            external_id = str(record.get("external_id") or "")
-            threat = {**params, "id": uuid4(), "external_id": external_id,
-                      "title": str(record.get("title") or ""), "severity": str(record.get("severity") or "")}
-            await cur.execute(QUERIES["ingest_threat_external" if external_id else "ingest_threat_anonymous"],
-                              threat)
-            (threat_id,) = await _fetch_one(cur)
-            await cur.execute(QUERIES["ingest_detection"], {**base, "threat_id": threat_id})
-        elif kind == "file":
-            await cur.execute(QUERIES["ingest_file_record"], params)
-        elif kind == "exposure_change":
-            await cur.execute(QUERIES["ingest_exposure_change"], params)
-        elif kind == "raw_output":
-            await cur.execute(QUERIES["ingest_raw_output"], params)

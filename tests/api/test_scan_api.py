@@ -1,4 +1,4 @@
-"""Issue 5 over HTTP: a profile scan runs step by step, its findings are readable (org-scoped),
+"""Scans over HTTP: a profile scan runs step by step, its findings are readable (org-scoped),
 and a scan can be cancelled."""
 
 from __future__ import annotations

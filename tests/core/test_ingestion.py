@@ -1,4 +1,4 @@
-"""Issue 5: centralized ingestion in the batch acceptance transaction is retry-safe: a batch
+"""Centralized ingestion in the batch acceptance transaction is retry-safe: a batch
 delivered twice, or a whole scan's batches replayed, never adds rows."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import orjson
 from domain.errors import LeaseholdError
 from domain.events import ProfileStep
 from domain.results import payload_sha256
-from gateway.commands.lifecycle import ingest_batch
+from gateway.commands.ingestion import ingest_batch
 from gateway.commands.rows import task_from_row
 from gateway.commands.unit_of_work import transaction
 from gateway.sql import QUERIES
@@ -28,6 +28,9 @@ RECORDS: list[Any] = [
     {"type": "file", "path": "/etc/passwd", "sha256": "00" * 32},
     {"type": "exposure_change", "asset": "10.0.0.1", "port": 22, "change": "opened"},
     {"type": "raw_output", "text": "nmap says hi"},
+    # The plugin protocol's own names for the last two (what the built-in plugins write).
+    {"type": "exposure", "asset": {"kind": "service", "value": "10.0.0.1:22/tcp"}, "change": "opened"},
+    {"type": "raw", "text": "tls handshake failed"},
     "not a record",
 ]
 
@@ -72,10 +75,10 @@ async def test_batches_delivered_twice_and_replayed_ingest_once(world: World) ->
 
     counts = await _counts(world)
     assert after_first_task == {"assets": 1, "asset_sightings": 1, "threats": 2, "threat_detections": 2,
-                                "file_records": 1, "exposure_changes": 1, "raw_outputs": 1}
+                                "file_records": 1, "exposure_changes": 2, "raw_outputs": 2}
     # The second task: same asset and external threat (upserted), its own detections and rows.
     assert counts == {"assets": 1, "asset_sightings": 2, "threats": 3, "threat_detections": 4,
-                      "file_records": 2, "exposure_changes": 2, "raw_outputs": 2}
+                      "file_records": 2, "exposure_changes": 4, "raw_outputs": 4}
     async with world.lifecycle.pool.connection() as conn:
         cur = await conn.execute("SELECT attributes FROM assets")
         assert await cur.fetchall() == [({"os": "linux"},)]

@@ -1,4 +1,4 @@
-"""Issue 5: scan profiles run step by step (tasks created lazily, scope enriched with what the
+"""Scan profiles run step by step (tasks created lazily, scope enriched with what the
 previous steps found), stop_on_failure, and cancelling a whole scan."""
 
 from __future__ import annotations
