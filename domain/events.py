@@ -259,3 +259,50 @@ TASK_EVENTS: tuple[type[DomainEvent], ...] = (
     TaskCreated, TaskLeased, LeaseReissued, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
     AttemptFailed, LeaseExpired, CancelRequested, TaskCancelled, WriteRejected,
 )
+
+
+# --- schedule stream (scheduled scans) --------------------------------------------------------
+
+MisfirePolicy = Literal["run_once", "skip"]
+
+
+class ScheduleCreated(DomainEvent):
+    """A recurring scan: ``cron`` (in ``timezone``) or a fixed ``interval_seconds``, never both."""
+
+    organization_id: UUID
+    name: str
+    cron: str | None
+    interval_seconds: int | None
+    timezone: str
+    targets: dict[str, Any]
+    profile: tuple[ProfileStep, ...]
+    misfire_policy: MisfirePolicy
+    next_run_at: datetime
+
+
+class ScheduleEnabledChanged(DomainEvent):
+    """Paused (``enabled`` False) or resumed; resuming moves ``next_run_at`` past the present."""
+
+    enabled: bool
+    next_run_at: datetime
+
+
+class ScheduleDeleted(DomainEvent):
+    """Permanent; the schedule never fires again."""
+
+
+class ScheduleFired(DomainEvent):
+    """One scan created for ``slot`` (``manual``: run-now, which leaves ``next_run_at`` as is)."""
+
+    scan_id: UUID
+    slot: datetime
+    next_run_at: datetime
+    manual: bool = False
+
+
+class ScheduleSkipped(DomainEvent):
+    """``slots`` missed slots dropped without a scan (misfire policy ``skip``)."""
+
+    slots: int
+    first_slot: datetime
+    next_run_at: datetime

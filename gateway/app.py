@@ -17,9 +17,10 @@ from datetime import timedelta
 from aiohttp import web
 
 from domain.errors import Unavailable
-from gateway import operator_api, sweeper, worker_api
+from gateway import operator_api, scheduler, sweeper, worker_api
 from gateway.auth import BUCKETS, TokenBuckets, ensure_bootstrap_admin_key
 from gateway.commands import Lifecycle, Registry
+from gateway.commands.schedules import Schedules
 from gateway.http import OBSERVE_REQUEST, Route, RouteTable, error_middleware, ok, request_log_middleware
 from gateway.keys import LIFECYCLE, NOTIFIER, POOL, REGISTRY, SETTINGS
 from gateway.metrics import Metrics
@@ -90,6 +91,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     if settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(_checkpoints(app, settings.checkpoint_interval_seconds),
                                          name="leasehold-checkpoints"))
+    if settings.schedule_interval_seconds > 0:
+        loops.append(asyncio.create_task(scheduler.run(Schedules(pool), settings.schedule_interval_seconds),
+                                         name="leasehold-scheduler"))
     try:
         yield
     finally:

@@ -31,6 +31,7 @@ from domain.events import ProfileStep
 from gateway.auth import Operator, operator_identity
 from gateway.commands.lifecycle import TaskSpec
 from gateway.commands.rows import task_from_row
+from gateway.commands.schedules import Schedules
 from gateway.http import RouteTable, ok, read_json, read_query
 from gateway.keys import LIFECYCLE, POOL, REGISTRY
 from gateway.operator_models import (
@@ -45,6 +46,7 @@ from gateway.operator_models import (
     CreateApiKey,
     CreateOrganization,
     CreateScan,
+    CreateSchedule,
     CreateTask,
     Event,
     EventPage,
@@ -60,6 +62,10 @@ from gateway.operator_models import (
     RevokeWorker,
     Scan,
     ScanCancellation,
+    Schedule,
+    ScheduleDeletion,
+    SchedulePage,
+    ScheduleRun,
     Task,
     Threat,
     ThreatList,
@@ -485,3 +491,92 @@ async def task_events(request: web.Request) -> web.StreamResponse:
                            payload=redact(event.model_dump(mode="json", exclude=_EVENT_POSITION))))
     more = len(rows) > page.limit
     return ok(EventPage(items=items, next_after_version=items[-1].version if more else None))
+
+
+# --- scheduled scans ---------------------------------------------------------------------------
+
+SCHEDULE_PATH = "/v1/schedules/{schedule_id}"
+
+
+async def _schedule(request: web.Request, operator: Operator, schedule_id: UUID) -> Schedule:
+    row = await Schedules(request.app[POOL]).get(schedule_id, organization_id=operator.organization_id)
+    return Schedule(**row)
+
+
+@routes.route("POST", "/v1/schedules", summary="Create a scheduled scan (an organisation key: its own)",
+              auth="operator", request=CreateSchedule, response=Schedule, statuses=(201,), tags=TAGS)
+async def create_schedule(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    body = await read_json(request, CreateSchedule)
+    org_id = body.organization_id or operator.organization_id
+    if org_id is None:
+        raise InvalidRequest("organization_id is required with an administrator key")
+    _see_organization(operator, org_id)
+    profile = [ProfileStep(task_type=step.task_type, required_capabilities=tuple(step.required_capabilities),
+                           execution_timeout_seconds=step.execution_timeout_seconds,
+                           max_attempts=step.max_attempts, priority=step.priority,
+                           stop_on_failure=step.stop_on_failure, lease_seconds=step.lease_seconds)
+               for step in body.profile]
+    schedule_id = await Schedules(request.app[POOL]).create(
+        org_id, name=body.name, targets=body.targets, profile=profile, cron=body.cron,
+        interval_seconds=body.interval_seconds, timezone=body.timezone, misfire_policy=body.misfire_policy,
+        actor=operator.actor)
+    return ok(await _schedule(request, operator, schedule_id), status=201)
+
+
+@routes.route("GET", "/v1/schedules", summary="The scheduled scans the key can see", auth="operator",
+              response=SchedulePage, tags=TAGS)
+async def list_schedules(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    rows = await Schedules(request.app[POOL]).list(organization_id=operator.organization_id)
+    return ok(SchedulePage(items=[Schedule(**row) for row in rows]))
+
+
+@routes.route("GET", SCHEDULE_PATH, summary="Read a scheduled scan", auth="operator", response=Schedule,
+              tags=TAGS)
+async def get_schedule(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    return ok(await _schedule(request, operator, _path_id(request, "schedule_id", "schedule")))
+
+
+@routes.route("DELETE", SCHEDULE_PATH, summary="Delete a scheduled scan (its scans are kept)",
+              auth="operator", response=ScheduleDeletion, tags=TAGS)
+async def delete_schedule(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    schedule_id = _path_id(request, "schedule_id", "schedule")
+    await Schedules(request.app[POOL]).delete(schedule_id, organization_id=operator.organization_id,
+                                              actor=operator.actor)
+    return ok(ScheduleDeletion(schedule_id=schedule_id))
+
+
+async def _set_schedule_enabled(request: web.Request, enabled: bool) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    schedule_id = _path_id(request, "schedule_id", "schedule")
+    schedules = Schedules(request.app[POOL])
+    if enabled:
+        await schedules.resume(schedule_id, organization_id=operator.organization_id, actor=operator.actor)
+    else:
+        await schedules.pause(schedule_id, organization_id=operator.organization_id, actor=operator.actor)
+    return ok(await _schedule(request, operator, schedule_id))
+
+
+@routes.route("POST", SCHEDULE_PATH + "/pause", summary="Pause a scheduled scan", auth="operator",
+              response=Schedule, tags=TAGS)
+async def pause_schedule(request: web.Request) -> web.StreamResponse:
+    return await _set_schedule_enabled(request, False)
+
+
+@routes.route("POST", SCHEDULE_PATH + "/resume", summary="Resume a scheduled scan (missed slots are not run)",
+              auth="operator", response=Schedule, tags=TAGS)
+async def resume_schedule(request: web.Request) -> web.StreamResponse:
+    return await _set_schedule_enabled(request, True)
+
+
+@routes.route("POST", SCHEDULE_PATH + "/run-now", summary="Start one scan of the schedule now",
+              auth="operator", response=ScheduleRun, statuses=(201,), tags=TAGS)
+async def run_schedule_now(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    schedule_id = _path_id(request, "schedule_id", "schedule")
+    scan_id = await Schedules(request.app[POOL]).run_now(schedule_id, organization_id=operator.organization_id,
+                                                         actor=operator.actor)
+    return ok(ScheduleRun(schedule_id=schedule_id, scan_id=scan_id), status=201)

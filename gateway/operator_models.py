@@ -365,3 +365,52 @@ def redact(value: Any) -> Any:
         return [redact(v) for v in value]
     return value
 
+
+
+# --- scheduled scans --------------------------------------------------------------------------
+
+
+class CreateSchedule(Body):
+    organization_id: UUID | None = Field(
+        None, description="required with an administrator key; an organisation key may only name its own")
+    name: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    cron: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="cron expression, in `timezone` wall-clock time (exactly one of cron, interval_seconds)")
+    interval_seconds: Annotated[StrictInt, Field(ge=1, le=366 * 86400)] | None = None
+    timezone: Annotated[StrictStr, Field(min_length=1, max_length=100)] = "UTC"
+    targets: dict[str, Any] = Field(default_factory=dict)
+    profile: list[ProfileStepBody] = Field(min_length=1, max_length=50)
+    misfire_policy: Literal["run_once", "skip"] = Field(
+        "run_once", description="run_once: one scan for any number of missed slots; skip: none when late by "
+                                "a full period or more")
+
+
+class Schedule(Body):
+    id: UUID
+    organization_id: UUID
+    name: str
+    cron: str | None
+    interval_seconds: int | None
+    timezone: str
+    targets: dict[str, Any]
+    profile: dict[str, Any]
+    enabled: bool
+    misfire_policy: str
+    next_run_at: datetime
+    last_run_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class SchedulePage(Body):
+    items: list[Schedule]
+
+
+class ScheduleRun(Body):
+    schedule_id: UUID
+    scan_id: UUID
+
+
+class ScheduleDeletion(Body):
+    schedule_id: UUID
+    deleted: bool = True

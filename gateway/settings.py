@@ -32,6 +32,8 @@ class GatewaySettings(BaseSettings):
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
     checkpoint_interval_seconds: float = Field(
         300.0, ge=0, description="how often to seal the stream heads (replay checkpoint); 0 disables")
+    schedule_interval_seconds: float = Field(
+        1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
                                       description="how long a cancelling task waits for the worker's ack")
     admin_api_key: str | None = Field(None, description="bootstrap administrator API key (stored hashed)")

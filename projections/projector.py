@@ -279,3 +279,44 @@ def _(e: ev.TaskCancelled, hash: bytes) -> list[RowOp]:
 @project.register
 def _(e: ev.WriteRejected, hash: bytes) -> list[RowOp]:
     return [_head("worker_tasks", e, hash, touch=False)]
+
+
+# scheduled scans (each row written by its own schedule stream) ------------------------------
+
+
+def _profile_json(steps: tuple[ev.ProfileStep, ...]) -> list[dict[str, Any]]:
+    return [{"task_type": s.task_type, "required_capabilities": list(s.required_capabilities),
+             "execution_timeout_seconds": s.execution_timeout_seconds, "max_attempts": s.max_attempts,
+             "priority": s.priority, "stop_on_failure": s.stop_on_failure, "lease_seconds": s.lease_seconds}
+            for s in steps]
+
+
+@project.register
+def _(e: ev.ScheduleCreated, hash: bytes) -> list[RowOp]:
+    return [Insert("scheduled_scans", {
+        "id": e.originator_id, "organization_id": e.organization_id, "name": e.name, "cron": e.cron,
+        "interval_seconds": e.interval_seconds, "timezone": e.timezone, "targets": e.targets,
+        "profile": {"steps": _profile_json(e.profile)}, "enabled": True, "misfire_policy": e.misfire_policy,
+        "next_run_at": e.next_run_at, "last_run_at": None, "deleted_at": None,
+        "created_at": e.timestamp, "updated_at": e.timestamp, "version": e.originator_version, "head_hash": hash,
+    })]
+
+
+@project.register
+def _(e: ev.ScheduleEnabledChanged, hash: bytes) -> list[RowOp]:
+    return [_head("scheduled_scans", e, hash, enabled=e.enabled, next_run_at=e.next_run_at)]
+
+
+@project.register
+def _(e: ev.ScheduleDeleted, hash: bytes) -> list[RowOp]:
+    return [_head("scheduled_scans", e, hash, enabled=False, deleted_at=e.timestamp)]
+
+
+@project.register
+def _(e: ev.ScheduleFired, hash: bytes) -> list[RowOp]:
+    return [_head("scheduled_scans", e, hash, next_run_at=e.next_run_at, last_run_at=e.timestamp)]
+
+
+@project.register
+def _(e: ev.ScheduleSkipped, hash: bytes) -> list[RowOp]:
+    return [_head("scheduled_scans", e, hash, next_run_at=e.next_run_at)]

@@ -52,6 +52,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "worker_tasks": ("id",),
     "worker_task_attempts": ("id",),
     "worker_result_batches": ("id",),
+    "scheduled_scans": ("id",),
 }
 
 # Insertion order that satisfies foreign keys when projections are bulk-loaded.

@@ -21,7 +21,7 @@ import pytest
 from test_operator_api import Tenant, assert_problem, changes, make_tenant
 
 from gateway import operator_api
-from gateway.operator_api import ASSIGNMENT_PATH, TASK_PATH, WORKER_PATH
+from gateway.operator_api import ASSIGNMENT_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
 from support.gateway import RunningGateway, WorkerClient
 
 WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")
@@ -125,6 +125,14 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("GET", "/v1/scans/{scan_id}/assets"): (NOT_FOUND, None),
     ("GET", "/v1/organizations/{organization_id}/assets"): (NOT_FOUND, None),
     ("GET", "/v1/organizations/{organization_id}/threats"): (NOT_FOUND, None),
+    ("POST", "/v1/schedules"): (NOT_FOUND, {"organization_id": "{organization_id}", "name": "intruder",
+                                            "interval_seconds": 3600, "profile": [{"task_type": "probe"}]}),
+    ("GET", "/v1/schedules"): (OWN_ONLY, None),
+    ("GET", SCHEDULE_PATH): (NOT_FOUND, None),
+    ("DELETE", SCHEDULE_PATH): (NOT_FOUND, None),
+    ("POST", SCHEDULE_PATH + "/pause"): (NOT_FOUND, None),
+    ("POST", SCHEDULE_PATH + "/resume"): (NOT_FOUND, None),
+    ("POST", SCHEDULE_PATH + "/run-now"): (NOT_FOUND, None),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -134,9 +142,20 @@ def test_every_operator_route_has_an_isolation_case() -> None:
     assert sorted(CASES) == sorted(ROUTES)
 
 
+#: Each tenant's scheduled scan (made for the schedule routes' cases), by organisation.
+SCHEDULES: dict[UUID, UUID] = {}
+
+
+async def add_schedule(gateway: RunningGateway, t: Tenant) -> None:
+    r = await gateway.operator("POST", "/v1/schedules", {"name": "nightly", "interval_seconds": 86400,
+                                                         "profile": [{"task_type": "probe"}]}, key=t.key)
+    assert r.status == 201, r.body
+    SCHEDULES[t.org] = UUID(r.body["id"])
+
+
 def ids_of(t: Tenant) -> dict[str, str]:
     return {"organization_id": str(t.org), "worker_id": str(t.worker_id), "scan_id": str(t.scan),
-            "task_id": str(t.task)}
+            "task_id": str(t.task), "schedule_id": str(SCHEDULES.get(t.org, uuid4()))}
 
 
 def fill(template: str, ids: dict[str, str]) -> str:
@@ -164,6 +183,9 @@ async def test_organisation_keys_never_cross_organisations(gateway: RunningGatew
                                                            path: str) -> None:
     expected, body = CASES[(method, path)]
     a, b = await make_tenant(gateway), await make_tenant(gateway)
+    if "schedule" in path:
+        for t in (a, b):
+            await add_schedule(gateway, t)
     for caller, victim in ((a, b), (b, a)):
         before = await changes(gateway)
         foreign = await gateway.operator(method, fill(path, ids_of(victim)), fill_body(body, ids_of(victim)),
