@@ -8,14 +8,10 @@ the schedule's advance.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
 
-from domain.errors import LeaseholdError
 from gateway.commands.schedules import Schedules
-
-log = logging.getLogger("leasehold.scheduler")
+from gateway.loops import every
 
 
 async def schedule_once(schedules: Schedules, *, batch: int = 50) -> int:
@@ -29,16 +25,5 @@ async def schedule_once(schedules: Schedules, *, batch: int = 50) -> int:
 
 
 async def run(schedules: Schedules, interval: float, on_pass: Callable[[int], None] | None = None) -> None:
-    """Schedule forever, every ``interval`` seconds; database outages are logged and retried."""
-    while True:
-        try:
-            handled = await schedule_once(schedules)
-            if on_pass is not None:
-                on_pass(handled)
-        except asyncio.CancelledError:
-            raise
-        except (LeaseholdError, OSError) as exc:
-            log.warning("scheduling failed; retrying", extra={"error": str(exc)})
-        except Exception:
-            log.exception("scheduler crashed; retrying")
-        await asyncio.sleep(interval)
+    """Run :func:`schedule_once` every ``interval`` seconds, forever (see :func:`gateway.loops.every`)."""
+    await every(interval, lambda: schedule_once(schedules), name="scheduler", on_pass=on_pass)

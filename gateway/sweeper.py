@@ -8,14 +8,10 @@ replicas can sweep at once without stepping on each other or on live commands.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
 
-from domain.errors import LeaseholdError
 from gateway.commands import Lifecycle
-
-log = logging.getLogger("leasehold.sweeper")
+from gateway.loops import every
 
 
 async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:
@@ -31,16 +27,5 @@ async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:
 
 
 async def run(lifecycle: Lifecycle, interval: float, on_pass: Callable[[int], None] | None = None) -> None:
-    """Sweep forever, every ``interval`` seconds; database outages are logged and retried."""
-    while True:
-        try:
-            changed = await sweep_once(lifecycle)
-            if on_pass is not None:
-                on_pass(changed)
-        except asyncio.CancelledError:
-            raise
-        except (LeaseholdError, OSError) as exc:
-            log.warning("sweep failed; retrying", extra={"error": str(exc)})
-        except Exception:
-            log.exception("sweep crashed; retrying")
-        await asyncio.sleep(interval)
+    """Run :func:`sweep_once` every ``interval`` seconds, forever (see :func:`gateway.loops.every`)."""
+    await every(interval, lambda: sweep_once(lifecycle), name="sweeper", on_pass=on_pass)

@@ -1,0 +1,29 @@
+"""Background loops of a Gateway process: run a step every interval, forever, surviving outages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from domain.errors import LeaseholdError
+
+log = logging.getLogger("leasehold.loops")
+
+
+async def every(interval: float, step: Callable[[], Awaitable[int]], *, name: str,
+                on_pass: Callable[[int], None] | None = None) -> None:
+    """Run ``step`` every ``interval`` seconds until cancelled. A failing pass (the database
+    went away, a conflict) is logged and the next pass runs as usual."""
+    while True:
+        try:
+            result = await step()
+            if on_pass is not None:
+                on_pass(result)
+        except asyncio.CancelledError:
+            raise
+        except (LeaseholdError, OSError) as exc:
+            log.warning("%s pass failed; retrying", name, extra={"loop": name, "error": str(exc)})
+        except Exception:
+            log.exception("%s pass crashed; retrying", name, extra={"loop": name})
+        await asyncio.sleep(interval)
