@@ -412,16 +412,21 @@ async def cancel_scan(request: web.Request) -> web.StreamResponse:
     return ok(ScanCancellation(scan_id=scan_id, tasks=[{"id": str(t.id), "state": t.state} for t in tasks]))
 
 
+async def _findings(request: web.Request, query_name: str, **params: Any) -> list[Any]:
+    """Rows of a findings query (assets, threats), limited by the request's ``?limit=``."""
+    query = read_query(request, FindingsQuery)
+    async with request.app[POOL].connection() as conn:
+        cur = await conn.execute(QUERIES[query_name], {**params, "limit": query.limit})
+        return list(await cur.fetchall())
+
+
 @routes.route("GET", "/v1/scans/{scan_id}/assets", summary="The assets a scan found", auth="operator",
               query=FindingsQuery, response=AssetList, tags=TAGS)
 async def scan_assets(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     scan_id = _path_id(request, "scan_id", "scan")
     await _scan(request, operator, scan_id)
-    query = read_query(request, FindingsQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["scan_assets"], {"scan_id": scan_id, "limit": query.limit})
-        rows = await cur.fetchall()
+    rows = await _findings(request, "scan_assets", scan_id=scan_id)
     return ok(AssetList(items=[Asset.of(r) for r in rows]))
 
 
@@ -431,10 +436,7 @@ async def organization_assets(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     org_id = _path_id(request, "organization_id", "organisation")
     _see_organization(operator, org_id)
-    query = read_query(request, FindingsQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["organization_assets"], {"organization_id": org_id, "limit": query.limit})
-        rows = await cur.fetchall()
+    rows = await _findings(request, "organization_assets", organization_id=org_id)
     return ok(AssetList(items=[Asset.of(r) for r in rows]))
 
 
@@ -444,11 +446,7 @@ async def organization_threats(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     org_id = _path_id(request, "organization_id", "organisation")
     _see_organization(operator, org_id)
-    query = read_query(request, FindingsQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["organization_threats"], {"organization_id": org_id,
-                                                                    "limit": query.limit})
-        rows = await cur.fetchall()
+    rows = await _findings(request, "organization_threats", organization_id=org_id)
     return ok(ThreatList(items=[Threat.of(r) for r in rows]))
 
 
