@@ -20,7 +20,10 @@ Fixtures for tests:
 * ``pg_server_url`` (session) -> ``str``: URL of the maintenance database of the test server.
 * ``template_database`` (session) -> ``str``: name of the migrated template database.
 * ``embedded_pg_server`` (session) -> ``EmbeddedPostgres``: the embedded test server (started on
-  demand even when ``$TEST_DATABASE_URL`` is set), for tests that must stop/crash/restart a server.
+  demand even when ``$TEST_DATABASE_URL`` is set).
+* ``owned_pg_server`` (module) -> ``OwnedServer``: a PostgreSQL server of the test module's own
+  (its own data directory and port), for tests that stop, crash (``restart("immediate")``) or
+  restart a server; ``owned.database()`` gives the URL of a fresh migrated database on it.
 """
 
 from __future__ import annotations
@@ -221,6 +224,43 @@ def embedded_pg_server() -> EmbeddedPostgres:
     server = EmbeddedPostgres(_project_root() / ".leasehold" / "test-pgdata", stop_at_exit=True)
     server.start()
     return server
+
+
+class OwnedServer:
+    """An embedded server no other test uses; a test may crash and restart it at will."""
+
+    def __init__(self, server: EmbeddedPostgres) -> None:
+        self.server = server
+        self._count = 0
+
+    def url(self, dbname: str = "postgres") -> str:
+        return self.server.url(dbname)
+
+    def database(self) -> str:
+        """Create a fresh database on this server, migrate it to head, return its URL."""
+        self._count += 1
+        name = f"owned_{self._count}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        url = self.url(name)
+        migrate.upgrade(url)
+        return url
+
+    def restart(self, mode: str = "immediate") -> None:
+        """``pg_ctl restart -m MODE`` (``immediate``: no shutdown checkpoint, crash recovery)."""
+        self.server.restart(mode)
+
+
+@pytest.fixture(scope="module")
+def owned_pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnedServer]:
+    """A private embedded PostgreSQL for this module, stopped (immediately) afterwards."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("owned-pg") / "pgdata")
+    server.start()
+    try:
+        yield OwnedServer(server)
+    finally:
+        server.stop("immediate")
 
 
 @pytest.fixture(scope="session")
