@@ -194,6 +194,50 @@ def run_pg_limit(yardstick_dir: Path, url: str, clients: int, seconds: int) -> i
     return int(match.group(1))
 
 
+def yardstick_statements(yardstick_dir: Path) -> list[tuple[str, bool]]:
+    """The yardstick lifecycle as (statement, returns the task id) pairs, psql variables turned
+    into psycopg placeholders; read from the script so the two never drift apart."""
+    out, pending = [], []
+    for line in (yardstick_dir / "pg_limit_lifecycle.sql").read_text().splitlines():
+        pending.append(line.strip())
+        gset = line.rstrip().endswith("\\gset")
+        if not (gset or line.rstrip().endswith(";")):
+            continue  # a statement continues on the next line
+        text = " ".join(pending).removesuffix("\\gset").strip().rstrip(";")
+        pending = []
+        out.append((text.replace(":client_id", "%(client_id)s").replace(":tid", "%(tid)s"), gset))
+    return out
+
+
+def pg_limit_backend_cpu(yardstick_dir: Path, url: str, lifecycles: int) -> float | None:
+    """CPU ms of the one PostgreSQL backend running the yardstick lifecycle ``lifecycles`` times,
+    sequentially on one connection, statements prepared: the same measurement as ours (cost
+    section), so the two divide. None when the backend's /proc is not readable."""
+    schema = (yardstick_dir / "pg_limit_schema.sql").read_text()
+    steps = yardstick_statements(yardstick_dir)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(schema)
+        conn.execute("INSERT INTO tasks(payload) SELECT '{}' FROM generate_series(1, %s)", (lifecycles,))
+        conn.execute("VACUUM ANALYZE tasks")
+        pid = conn.info.backend_pid
+        if not Path(f"/proc/{pid}/stat").exists():
+            return None
+        params: dict[str, Any] = {"client_id": 1, "tid": None}
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                for statement, gset in steps:
+                    cur = conn.execute(statement, params, prepare=True)
+                    if gset:
+                        row = cur.fetchone()
+                        params["tid"] = row[0] if row else None
+
+        run(20)
+        cpu0 = backend_cpu(pid)
+        run(lifecycles)
+        return round((backend_cpu(pid) - cpu0) / lifecycles * 1e3, 3)
+
+
 # --------------------------------------------------------------------------- 2. throughput
 
 
@@ -1126,6 +1170,15 @@ def main(argv: list[str] | None = None) -> int:
                      f"tup_updated={db['tup_updated']} wal_bytes={db['wal_bytes']} "
                      f"(pg_stat_database of {BENCH_DB}; WAL is server-wide)")
         lines.append("cost_statement_tags " + " ".join(f"{k}={v}" for k, v in w["by_tag"].items()))
+        limit_cpu = pg_limit_backend_cpu(args.yardstick_dir, recreate_database(server_url, LIMIT_DB),
+                                         args.cost_lifecycles * 10)
+        out["cost"]["pg_limit_backend_cpu_ms"] = limit_cpu
+        if limit_cpu and cost["backend_cpu_ms"]:
+            # PostgreSQL's own work bounds the ratio even if the client side cost nothing.
+            lines.append(f"ceiling backend_cpu_ms leasehold={cost['backend_cpu_ms']} pg_limit={limit_cpu} "
+                         f"backend_cpu_ratio={cost['backend_cpu_ms'] / limit_cpu:.1f} "
+                         f"ratio_ceiling_if_client_free={limit_cpu / cost['backend_cpu_ms']:.2f} "
+                         f"(the yardstick's lifecycle, sequential on one connection, same /proc reading)")
         for name, c in cost["per_command"].items():
             lines.append(f"cost_per_command {name} round_trips={c['round_trips']} statements={c['statements']} "
                          f"syncs={c['syncs']} commits={c['commits']} backend_cpu_ms={c['backend_cpu_ms']} "
