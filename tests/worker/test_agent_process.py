@@ -1,5 +1,6 @@
-"""The worker agent as a real process (`leasehold worker run`): killed with SIGKILL mid-task,
-shut down gracefully with SIGTERM, and made to exit at once by a second signal."""
+"""The worker agent as a real process (`leasehold worker run`): shut down gracefully with SIGTERM,
+and made to exit at once by a second signal. (Killed with SIGKILL mid-task: see
+``tests/failures/test_worker_crash.py``.)"""
 
 from __future__ import annotations
 
@@ -7,107 +8,19 @@ import asyncio
 import signal
 import time
 from pathlib import Path
-from typing import Any
-from uuid import UUID
 
-from domain.results import payload_sha256
 from support.agent import (
-    AgentProcess,
     agent_process,
-    attempts,
-    batches,
     eventually,
     kill_group,
     pid_alive,
     pid_in,
     read_pid,
-    records,
     register_worker,
-    rows,
-    running_agent,
     task_state,
-    wait_state,
     write_plugin,
 )
 from support.gateway import RunningGateway
-
-
-async def _acquired(agent: AgentProcess, task_id: UUID) -> dict[str, Any] | None:
-    """The agent's "task acquired" log line for ``task_id`` (JSON logs), once there is one."""
-    for line in agent.log_lines():
-        if line.get("msg") == "task acquired" and line.get("task_id") == str(task_id):
-            return line
-    return None
-
-
-async def test_sigkilled_worker_loses_its_lease_the_task_completes_once_elsewhere_and_late_writes_fail(
-        gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
-    marker, pid_file = tmp_path / "first-attempt-ran", tmp_path / "plugin.pid"
-    write_plugin(plugins_dir, "sleepy", f"""
-        #!/bin/sh
-        if [ -e {marker} ]; then
-            echo '{{"type": "raw", "attempt": "'$LEASEHOLD_ATTEMPT_NUMBER'"}}'
-            exit 0
-        fi
-        touch {marker}
-        echo $$ > {pid_file}
-        exec sleep 60
-    """)
-    doomed = await register_worker(gateway, ("sleepy",))
-    survivor = await register_worker(gateway, ("sleepy",))
-    task_id = await gateway.task(task_type="sleepy", lease_seconds=2, max_attempts=3)
-
-    async with agent_process(doomed.argv(gateway, plugins_dir=plugins_dir), tmp_path / "doomed.log") as agent:
-        plugin_pid = await read_pid(pid_file)
-        try:
-            acquired = await eventually(lambda: _acquired(agent, task_id), what="the doomed agent's lease")
-            await wait_state(gateway, task_id, "running")
-            agent.process.kill()  # SIGKILL: no goodbye, no fail, no cancel-ack
-            await agent.process.wait()
-            killed_at = time.monotonic()
-            # Recover the killed attempt's credentials the only way there is: its identity (the
-            # certificate) and the request id it acquired with, which re-issues a token while
-            # the lease lives. Its writes below stand for the late writes of a revived process.
-            reissued = await doomed.client.acquire(request_id=acquired["request_id"])
-            assert reissued.status == 200, reissued.body
-            stale = reissued.body["lease"]
-            assert stale["attempt_id"] == acquired["attempt_id"]
-
-            async def plugin_gone() -> bool:
-                return not pid_alive(plugin_pid)
-
-            await eventually(plugin_gone, within=3, what="the orphaned plugin to die with its worker")
-        finally:
-            kill_group(plugin_pid)
-
-    async with running_agent(survivor.settings(gateway, plugins_dir=plugins_dir)):
-        await wait_state(gateway, task_id, "completed", within=15)
-    recovered_after = time.monotonic() - killed_at
-
-    first, second = await attempts(gateway, task_id)
-    assert (first["status"], first["worker_id"]) == ("expired", doomed.client.id)
-    assert (second["status"], second["worker_id"]) == ("succeeded", survivor.client.id)
-    assert (await task_state(gateway, task_id))[:2] == ("completed", 2)
-    assert recovered_after < 10
-    [batch] = await batches(gateway, task_id)
-    assert batch["attempt_id"] == second["id"] and batch["final"]
-    assert await records(gateway, task_id) == [{"type": "raw", "attempt": "2"}]
-
-    late = [{"type": "raw", "late": True}]
-    for action, body in [
-        ("renew", {}), ("progress", {}), ("complete", {}), ("fail", {"error": "late", "retryable": True}),
-        ("results", {"sequence_number": 1, "idempotency_key": "late-1", "payload_sha256": payload_sha256(late),
-                     "payload": late, "final": True}),
-    ]:
-        reply = await doomed.client.write(stale, action, **body)
-        assert reply.status == 409, (action, reply.body)
-        assert reply.headers["Content-Type"].startswith("application/problem+json")
-        assert reply.body["type"].endswith("lease-lost"), reply.body
-    [(rejected,)] = await rows(gateway, "SELECT count(*) FROM events WHERE originator_id = %s "
-                                        "AND topic LIKE '%%WriteRejected'", task_id)
-    assert rejected == 5
-    assert (await task_state(gateway, task_id))[:2] == ("completed", 2)
-    assert len(await batches(gateway, task_id)) == 1
 
 
 async def test_sigterm_lets_running_plugins_finish_within_the_grace_then_fails_the_rest_and_exits_0(
