@@ -8,21 +8,29 @@ SKIP LOCKED`` and, in that same transaction, creates each one's scan (``ScanCrea
 does) and appends ``ScheduleFired`` (or ``ScheduleSkipped``) moving ``next_run_at`` on. So any
 number of Gateway processes can run the loop: a slot's scan and the schedule's advance commit
 together or not at all, and a locked schedule is skipped by the other claimers.
+
+Each claimed schedule runs in a savepoint of its own: one whose scan cannot be created (its row
+cannot be read, the domain refuses it, the database raises) is rolled back alone, logged, and
+left out of this process's claims for a while (:class:`FailureBackoff`); the rest of the batch
+commits. The failing schedule stays enabled and due, so it fires as soon as its cause is gone.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 from psycopg import AsyncCursor
 from psycopg_pool import AsyncConnectionPool
 
 from domain import scan as scan_rules
 from domain import schedule as rules
-from domain.errors import InvalidRequest, NotFound
+from domain.errors import InvalidRequest, LeaseholdError, NotFound
 from domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
 from domain.schedule import ScheduleState, Timing
 from gateway.commands.lifecycle import queue_step
@@ -32,13 +40,47 @@ from projections.store import StreamHead, append
 
 SCHEDULER_ACTOR = "scheduler"
 
+log = logging.getLogger("leasehold.scheduler")
+
+
+class FailureBackoff:
+    """Schedules whose scan could not be created, left out of this process's claims for a while:
+    ``initial_seconds`` after the first failure, doubling with each further one up to
+    ``max_seconds``; forgotten at the first success (or once long expired)."""
+
+    def __init__(self, *, initial_seconds: float = 2.0, max_seconds: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.initial, self.max, self.clock = initial_seconds, max_seconds, clock
+        self._failures: dict[UUID, tuple[int, float]] = {}  # id -> (consecutive failures, retry at)
+
+    def skipped(self) -> list[UUID]:
+        """The schedules to leave out of a claim now."""
+        now = self.clock()
+        for sid, (_, retry_at) in list(self._failures.items()):
+            if retry_at + self.max < now:  # not claimed again for long (paused, deleted, fixed elsewhere)
+                del self._failures[sid]
+        return [sid for sid, (_, retry_at) in self._failures.items() if retry_at > now]
+
+    def failed(self, schedule_id: UUID) -> tuple[int, float]:
+        """Record a failure; returns (consecutive failures, seconds until the next try)."""
+        count = self._failures.get(schedule_id, (0, 0.0))[0] + 1
+        delay = min(self.max, self.initial * 2 ** (count - 1))
+        self._failures[schedule_id] = (count, self.clock() + delay)
+        return count, delay
+
+    def succeeded(self, schedule_id: UUID) -> None:
+        self._failures.pop(schedule_id, None)
+
 
 class Schedules:
     """Scheduled-scan commands. ``organization_id`` None means an administrator (any org)."""
 
     def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
-                 new_id: Callable[[], UUID] = uuid4) -> None:
+                 new_id: Callable[[], UUID] = uuid4, backoff: FailureBackoff | None = None,
+                 on_failure: Callable[[UUID], None] | None = None) -> None:
         self.pool, self.clock, self.new_id = pool, clock, new_id
+        self.backoff = backoff if backoff is not None else FailureBackoff()
+        self.on_failure = on_failure
 
     async def create(self, organization_id: UUID, *, name: str, targets: dict[str, Any],
                      profile: Sequence[ProfileStep], cron: str | None = None, interval_seconds: int | None = None,
@@ -104,25 +146,54 @@ class Schedules:
         return scan_id
 
     async def claim_due(self, limit: int = 100) -> int:
-        """Handle up to ``limit`` due schedules in ONE transaction; returns how many were handled."""
+        """Handle up to ``limit`` due schedules in one transaction, each in a savepoint of its
+        own; returns how many were handled (fired or skipped). A schedule that fails is rolled
+        back alone, logged and backed off (:class:`FailureBackoff`); it does not count."""
         async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["schedule_claim_due"], {"now": self.clock(), "limit": limit})
+            await cur.execute(QUERIES["schedule_claim_due"], {"now": self.clock(), "limit": limit,
+                                                              "skip": self.backoff.skipped()})
             locked = await cur.fetchall()
             if not locked:
                 return 0
             now = locked[0][1]
-            schedules = await _read(cur, [r[0] for r in locked])
+            ids = [r[0] for r in locked]
+            await cur.execute(QUERIES["schedule_read_many"], {"ids": ids})
+            rows = {r[0]: r for r in await cur.fetchall()}
             handled = 0
-            for s, head in schedules:
-                scan_id = self.new_id()
-                event = rules.on_due(s, scan_id=scan_id, now=now, actor=SCHEDULER_ACTOR)
-                if event is None:
-                    continue
-                if isinstance(event, ScheduleFired):
-                    await create_scan_in(cur, scan_id, s, now=now, actor=SCHEDULER_ACTOR, new_id=self.new_id)
-                await append(cur, head, [event])
-                handled += 1
+            for sid in ids:
+                try:
+                    # A savepoint: an exception (or an error the server raised) undoes this schedule
+                    # only. In pipeline mode a server error may surface only when the block ends.
+                    async with cur.connection.transaction():
+                        n = await self._handle_due(cur, rows[sid], now)
+                except Exception as exc:
+                    if cur.connection.broken or cur.connection.closed:
+                        raise  # the connection itself failed: the whole pass fails and is retried
+                    self._failed(rows[sid], exc)
+                else:
+                    handled += n
+                    self.backoff.succeeded(sid)
         return handled
+
+    async def _handle_due(self, cur: AsyncCursor[Any], row: tuple[Any, ...], now: datetime) -> int:
+        s, head = _state(row)
+        scan_id = self.new_id()
+        event = rules.on_due(s, scan_id=scan_id, now=now, actor=SCHEDULER_ACTOR)
+        if event is None:
+            return 0
+        if isinstance(event, ScheduleFired):
+            await create_scan_in(cur, scan_id, s, now=now, actor=SCHEDULER_ACTOR, new_id=self.new_id)
+        await append(cur, head, [event])
+        return 1
+
+    def _failed(self, row: tuple[Any, ...], exc: Exception) -> None:
+        schedule_id, organization_id = row[0], row[2]
+        failures, delay = self.backoff.failed(schedule_id)
+        log.warning("scheduled scan could not be created; schedule backed off",
+                    extra={"schedule_id": str(schedule_id), "organization_id": str(organization_id),
+                           "error": describe_error(exc), "failures": failures, "retry_in_seconds": delay})
+        if self.on_failure is not None:
+            self.on_failure(schedule_id)
 
     async def _on_schedule(self, schedule_id: UUID, organization_id: UUID | None, decide: Any) -> None:
         async with transaction(self.pool) as cur:
@@ -146,16 +217,30 @@ async def _read(cur: AsyncCursor[Any], ids: list[UUID]) -> list[tuple[ScheduleSt
     """The locked schedules, read by a statement of their own after the lock, in lock order."""
     await cur.execute(QUERIES["schedule_read_many"], {"ids": ids})
     rows = {r[0]: r for r in await cur.fetchall()}
-    out = []
-    for sid in ids:
-        (id_, version, org, name, cron, interval, tz, targets, profile, enabled, policy, next_run_at, deleted,
-         head_hash) = rows[sid]
-        state = ScheduleState(
-            id=id_, version=version, organization_id=org, name=name, timing=Timing(cron, interval, tz),
-            targets=targets, profile=tuple(ProfileStep(**step) for step in profile["steps"]), enabled=enabled,
-            misfire_policy=policy, next_run_at=next_run_at, deleted=deleted)
-        out.append((state, StreamHead(id_, version, bytes(head_hash))))
-    return out
+    return [_state(rows[sid]) for sid in ids]
+
+
+def _state(row: tuple[Any, ...]) -> tuple[ScheduleState, StreamHead]:
+    """A ``schedule_read_many`` row as the domain's state and the stream's head."""
+    (id_, version, org, name, cron, interval, tz, targets, profile, enabled, policy, next_run_at, deleted,
+     head_hash) = row
+    state = ScheduleState(
+        id=id_, version=version, organization_id=org, name=name, timing=Timing(cron, interval, tz),
+        targets=targets, profile=tuple(ProfileStep(**step) for step in profile["steps"]), enabled=enabled,
+        misfire_policy=policy, next_run_at=next_run_at, deleted=deleted)
+    return state, StreamHead(id_, version, bytes(head_hash))
+
+
+def describe_error(exc: BaseException, limit: int = 300) -> str:
+    """A short, log-safe description: the error's kind and its primary message (a server
+    error's DETAIL, which may quote row values, is left out)."""
+    if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
+        text = f"{type(exc).__name__}: {exc.diag.message_primary}"
+    elif isinstance(exc, LeaseholdError):
+        text = f"{type(exc).__name__}: {exc}"
+    else:
+        text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return text[:limit]
 
 
 async def create_scan_in(cur: AsyncCursor[Any], scan_id: UUID, s: ScheduleState, *, now: datetime, actor: str,

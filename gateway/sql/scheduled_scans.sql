@@ -1,9 +1,11 @@
 -- name: schedule_claim_due
 -- Lock due schedules; read them with schedule_read_many afterwards (its own statement, so it
--- sees what the previous lock holder committed).
+-- sees what the previous lock holder committed). %(skip)s: schedules this process backs off
+-- from after a failure (an empty array skips none).
 SELECT s.id, coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM scheduled_scans s
 WHERE s.enabled AND s.next_run_at <= coalesce(%(now)s::timestamptz, clock_timestamp())
+  AND s.id <> ALL(%(skip)s::uuid[])
 ORDER BY s.next_run_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED

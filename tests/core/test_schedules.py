@@ -1,9 +1,11 @@
 """Scheduled scans: exactly one scan per due slot under racing claimers, misfire policies, cron
-in a timezone across DST, the operator commands, and projections rebuilt from the log."""
+in a timezone across DST, the operator commands, a failing schedule that must not block the
+others, and projections rebuilt from the log."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
 from domain.schedule import Timing
-from gateway.commands.schedules import Schedules
+from gateway.commands.schedules import FailureBackoff, Schedules
 from projections.chain import verify_chains
 from projections.connection import connect
 from projections.rebuild import diff, fold_log, load_live
@@ -169,3 +171,98 @@ async def test_pause_resume_delete_and_run_now(world: World, pool: AsyncConnecti
     with pytest.raises(InvalidRequest):
         await schedules.create(world.org, name="bad", targets=TARGETS, profile=(), interval_seconds=60)
     await assert_log_rebuilds_live(database_url)
+
+
+POISON_TRIGGER = """
+CREATE FUNCTION refuse_poisoned_scan() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'scan refused for targets %', NEW.targets;
+END $$;
+CREATE TRIGGER refuse_poisoned_scan BEFORE INSERT ON scans FOR EACH ROW
+WHEN (NEW.targets @> '{"targets": ["10.6.6.6"]}') EXECUTE FUNCTION refuse_poisoned_scan();
+"""
+
+
+async def test_a_failing_schedule_does_not_block_the_others(world: World, pool: AsyncConnectionPool,
+                                                             clock: ManualClock, database_url: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    backoff_now = [0.0]
+    failures: list[UUID] = []
+    schedules = Schedules(pool, clock=clock, on_failure=failures.append,
+                          backoff=FailureBackoff(initial_seconds=10, max_seconds=40, clock=lambda: backoff_now[0]))
+    # The two poisoned schedules come first in the claim (earliest next_run_at), the good ones after.
+    refused = await schedules.create(world.org, name="refused by the database", targets={"targets": ["10.6.6.6"]},
+                                     profile=PROFILE, interval_seconds=60)
+    clock.advance(1)
+    unreadable = await schedules.create(world.org, name="unreadable profile", targets=TARGETS, profile=PROFILE,
+                                        interval_seconds=60)
+    clock.advance(1)
+    good = [await schedules.create(world.org, name=f"good {i}", targets=TARGETS, profile=PROFILE,
+                                   interval_seconds=60) for i in range(3)]
+    slots = {sid: await next_run_at(pool, sid) for sid in (refused, unreadable, *good)}
+    async with pool.connection() as conn:
+        # Poison 1: the server raises inside the claim's transaction, after the scan's events
+        # were appended (projections are applied after the append). Poison 2: the stored
+        # profile no longer parses, so the schedule cannot even be read.
+        await conn.execute(POISON_TRIGGER)
+        profile = await scalar(pool, "SELECT profile FROM scheduled_scans WHERE id = %s", (unreadable,))
+        await conn.execute("UPDATE scheduled_scans SET profile = %s WHERE id = %s",
+                           ({"steps": [{"task_type": "probe", "no_such_field": 1}]}, unreadable))
+    events_before = await scalar(pool, "SELECT count(*) FROM events")
+
+    clock.advance(60)
+    with caplog.at_level(logging.WARNING, logger="leasehold.scheduler"):
+        assert await schedules.claim_due(limit=10) == 3
+    assert failures == [refused, unreadable]
+    for sid in good:
+        assert [datetime.fromisoformat(e["slot"]) for e in await fired(pool, sid)] == [slots[sid]]
+    for sid in (refused, unreadable):
+        assert await fired(pool, sid) == []
+        assert await next_run_at(pool, sid) == slots[sid]  # still due: nothing of it committed
+    # Exactly the three good scans' events were added (3 x ScanCreated, ScanProfileSet,
+    # ScanJobQueued, TaskCreated, ScheduleFired): the refused scan's appended events were undone.
+    assert await scalar(pool, "SELECT count(*) FROM events") == events_before + 3 * 5
+    assert await scalar(pool, "SELECT count(*) FROM scans WHERE targets @> %s",
+                        ({"targets": ["10.6.6.6"]},)) == 0
+    warnings = {r.schedule_id: r for r in caplog.records if hasattr(r, "schedule_id")}  # type: ignore[attr-defined]
+    assert set(warnings) == {str(refused), str(unreadable)}
+    assert "scan refused for targets" in warnings[str(refused)].error  # type: ignore[attr-defined]
+    assert "no_such_field" in warnings[str(unreadable)].error  # type: ignore[attr-defined]
+    assert warnings[str(refused)].retry_in_seconds == 10  # type: ignore[attr-defined]
+    await assert_log_rebuilds_live_except_poison(database_url, unreadable)
+
+    # Backed off: the next passes leave them alone until the backoff ends, then try again (and
+    # the delay doubles while they keep failing).
+    assert await schedules.claim_due(limit=10) == 0
+    assert failures == [refused, unreadable]
+    backoff_now[0] += 10
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="leasehold.scheduler"):
+        assert await schedules.claim_due(limit=10) == 0
+    assert failures == [refused, unreadable] * 2
+    assert {r.retry_in_seconds for r in caplog.records if hasattr(r, "schedule_id")} == {20}  # type: ignore[attr-defined]
+
+    # Cured: both fire for the slot they missed, once.
+    async with pool.connection() as conn:
+        await conn.execute("DROP TRIGGER refuse_poisoned_scan ON scans")
+        await conn.execute("UPDATE scheduled_scans SET profile = %s WHERE id = %s", (profile, unreadable))
+    backoff_now[0] += 19
+    assert await schedules.claim_due(limit=10) == 0
+    backoff_now[0] += 1
+    assert await schedules.claim_due(limit=10) == 2
+    for sid in (refused, unreadable):
+        assert [datetime.fromisoformat(e["slot"]) for e in await fired(pool, sid)] == [slots[sid]]
+    assert schedules.backoff.skipped() == []
+    await assert_log_rebuilds_live(database_url)
+
+
+async def assert_log_rebuilds_live_except_poison(database_url: str, unreadable: UUID) -> None:
+    """Rebuild = live, but for the profile the test corrupted by hand in the projection."""
+    async with await connect(database_url) as conn:
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            rebuilt = await fold_log(conn)
+            live = await load_live(conn)
+        differences = diff(live, rebuilt.tables)
+        assert differences and all(str(unreadable) in str(d) for d in differences), differences
+        assert await verify_chains(conn) == []
