@@ -6,14 +6,18 @@ worker's client certificate. Faults:
 
 * ``PASS`` — forward both ways;
 * ``BLACKHOLE`` — accept, but never forward (the client waits until its own timeout);
+* ``PARTITION`` — nothing moves either way, and nothing is lost: bytes wait (as TCP keeps
+  retransmitting them) until the partition heals (``proxy.mode = Fault.PASS``), then flow on,
+  late. New connections wait too. A request sent during the partition reaches the upstream
+  after it, even when the client has given up meanwhile;
 * ``RESET`` — close the client's connection with a TCP reset;
 * ``DROP_RESPONSE`` — forward the request, let the upstream answer, then close the client's
   connection without passing the answer on (the request *was* processed; the client cannot know).
 
 Two ways to apply them:
 
-* ``proxy.mode = Fault.BLACKHOLE`` (or ``RESET``): an outage for every connection, new and
-  open, until ``proxy.mode = Fault.PASS``;
+* ``proxy.mode = Fault.BLACKHOLE`` (or ``RESET``, ``PARTITION``): an outage for every
+  connection, new and open, until ``proxy.mode = Fault.PASS``;
 * rules for single requests: ``proxy.add_rule(Fault.DROP_RESPONSE, nth=1)`` — the first request
   from now on; ``when=flag.is_set`` — requests while a flag is set; ``times=1`` — at most once.
   The conditions combine; ``nth`` counts the requests that pass ``when``.
@@ -47,6 +51,7 @@ _TLS13_FINISHED_RECORD_LENGTHS = frozenset({53, 69})
 class Fault(enum.Enum):
     PASS = "pass"
     BLACKHOLE = "blackhole"
+    PARTITION = "partition"
     RESET = "reset"
     DROP_RESPONSE = "drop_response"
 
@@ -142,6 +147,7 @@ class FaultProxy:
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1", *, settle_seconds: float = 0.2) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.settle_seconds = settle_seconds
+        self._flowing = asyncio.Event()  # clear while partitioned
         self.mode = Fault.PASS
         self.rules: list[Rule] = []
         self.requests: list[ProxiedRequest] = []
@@ -150,6 +156,19 @@ class FaultProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+
+    @property
+    def mode(self) -> Fault:
+        """The outage applied to every connection (``PASS``: none)."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, fault: Fault) -> None:
+        self._mode = fault
+        if fault is Fault.PARTITION:
+            self._flowing.clear()
+        else:
+            self._flowing.set()
 
     def url(self, host: str = "localhost") -> str:
         return f"https://{host}:{self.port}"
@@ -204,6 +223,7 @@ class FaultProxy:
                 while await reader.read(65536):
                     pass
                 return
+            await self._flowing.wait()  # a partition holds new connections until it heals
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
             self._writers.add(upstream_writer)
             pumps = [asyncio.create_task(self._client_to_server(conn, reader, upstream_writer, writer)),
@@ -229,6 +249,7 @@ class FaultProxy:
     async def _client_to_server(self, conn: _Connection, reader: asyncio.StreamReader,
                                 upstream: asyncio.StreamWriter, client: asyncio.StreamWriter) -> None:
         while data := await reader.read(65536):
+            await self._flowing.wait()
             if self._outage(conn, client, upstream):
                 continue
             out = bytearray()
@@ -280,6 +301,7 @@ class FaultProxy:
     async def _server_to_client(self, conn: _Connection, reader: asyncio.StreamReader,
                                 client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         while data := await reader.read(65536):
+            await self._flowing.wait()
             if self._outage(conn, client, upstream) or conn.dead:
                 continue
             request = conn.request
