@@ -48,6 +48,14 @@ class OrganizationCreated(DomainEvent):
     name: str
 
 
+class OrganizationGatewayExecutionSet(DomainEvent):
+    """Whether the organisation's new scans are Gateway-executed (an organisation starts with
+    ``True``); see :func:`domain.profiles.execution_mode` for how it combines with a stored
+    profile's own flag. Scans already created keep their mode."""
+
+    enabled: bool
+
+
 # --- worker stream --------------------------------------------------------------------------
 
 
@@ -132,6 +140,34 @@ class ScanProfileSet(DomainEvent):
     """
 
     steps: tuple[ProfileStep, ...]
+
+
+class ScanOriginRecorded(DomainEvent):
+    """Where the scan came from, appended right after ``ScanCreated``/``ScanProfileSet`` (same
+    transaction) when it has an origin: the stored profile its steps were copied from (the copy in
+    ``ScanProfileSet`` is what runs; editing the stored profile later changes nothing here), and
+    the legacy scan it stands for, with the sha256 of the legacy queue message it was drained
+    from."""
+
+    stored_profile_id: UUID | None = None
+    legacy_scan_id: str | None = None
+    legacy_message_sha256: str | None = None
+
+
+class LegacyScanStatusRecorded(DomainEvent):
+    """Progress of a legacy-executed scan as the legacy side reports it (the Gateway runs none
+    of it): ``running`` once a legacy worker took it, then its outcome."""
+
+    status: ScanStatus
+
+
+class ScanHandedOver(DomainEvent):
+    """A queued legacy scan moved to Gateway execution as scan ``gateway_scan_id`` (the legacy
+    queue drain): this legacy record and its jobs end ``cancelled``, so the scan never runs in
+    both modes."""
+
+    gateway_scan_id: UUID
+    job_ids: tuple[UUID, ...]
 
 
 class ScanCancelRequested(DomainEvent):
@@ -306,3 +342,32 @@ class ScheduleSkipped(DomainEvent):
     slots: int
     first_slot: datetime
     next_run_at: datetime
+
+
+# --- stored profile stream (named, reusable scan profiles) ----------------------------------
+
+
+class ProfileStored(DomainEvent):
+    """A named profile of an organisation (``organization_id`` None: a global one, visible to
+    every organisation), with the flag that lets its scans be Gateway-executed."""
+
+    organization_id: UUID | None
+    name: str
+    steps: tuple[ProfileStep, ...]
+    gateway_execution: bool
+
+
+class ProfileReplaced(DomainEvent):
+    """New steps for scans created from now on; existing scans keep the steps they copied."""
+
+    steps: tuple[ProfileStep, ...]
+
+
+class ProfileGatewayExecutionSet(DomainEvent):
+    """``False`` makes the profile's new scans legacy-executed whatever the organisation's flag."""
+
+    enabled: bool
+
+
+class ProfileDeleted(DomainEvent):
+    """The name is free again; scans created from the profile keep their steps."""

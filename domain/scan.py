@@ -19,11 +19,14 @@ from domain.events import (
     ExecutionMode,
     JobStatus,
     LeaseExpired,
+    LegacyScanStatusRecorded,
     ProfileStep,
     ScanCancelRequested,
     ScanCreated,
     ScanFinished,
+    ScanHandedOver,
     ScanJobQueued,
+    ScanOriginRecorded,
     ScanProfileSet,
     ScanStatus,
     TaskCancelled,
@@ -94,10 +97,11 @@ def finish_scan(scan_id: UUID, version: int, status: ScanStatus, *, now: datetim
 
 MAX_PROFILE_STEPS = 50
 MAX_SCOPE_ASSETS = 10_000
+MAX_LEGACY_SCAN_ID = 200
 
 
-def set_profile(scan_id: UUID, version: int, steps: Sequence[ProfileStep], *, now: datetime,
-                actor: str) -> ScanProfileSet:
+def validate_steps(steps: Sequence[ProfileStep]) -> None:
+    """The rules every profile's steps follow (a scan's, a schedule's, a stored profile's)."""
     if not 1 <= len(steps) <= MAX_PROFILE_STEPS:
         raise InvalidRequest(f"a profile has 1..{MAX_PROFILE_STEPS} steps")
     for step in steps:
@@ -106,8 +110,53 @@ def set_profile(scan_id: UUID, version: int, steps: Sequence[ProfileStep], *, no
         if step.max_attempts < 1 or step.execution_timeout_seconds < 1 or not 1 <= step.lease_seconds <= 3600:
             raise InvalidRequest("max_attempts and execution_timeout_seconds must be positive, "
                                  "lease_seconds 1..3600")
+
+
+def set_profile(scan_id: UUID, version: int, steps: Sequence[ProfileStep], *, now: datetime,
+                actor: str) -> ScanProfileSet:
+    validate_steps(steps)
     return ScanProfileSet(originator_id=scan_id, originator_version=version + 1, timestamp=now,
                           actor=actor, steps=tuple(steps))
+
+
+def record_origin(scan_id: UUID, version: int, *, stored_profile_id: UUID | None, legacy_scan_id: str | None,
+                  legacy_message_sha256: str | None, now: datetime, actor: str) -> list[ScanOriginRecorded]:
+    """The scan's origin, when it has one (none for an inline profile or no profile)."""
+    if stored_profile_id is None and legacy_scan_id is None:
+        return []
+    if legacy_scan_id is not None and not 1 <= len(legacy_scan_id) <= MAX_LEGACY_SCAN_ID:
+        raise InvalidRequest(f"a legacy scan id has 1..{MAX_LEGACY_SCAN_ID} characters")
+    return [ScanOriginRecorded(originator_id=scan_id, originator_version=version + 1, timestamp=now, actor=actor,
+                               stored_profile_id=stored_profile_id, legacy_scan_id=legacy_scan_id,
+                               legacy_message_sha256=legacy_message_sha256)]
+
+
+def record_legacy_status(scan_id: UUID, version: int, mode: ExecutionMode, status: str, new_status: ScanStatus, *,
+                         now: datetime, actor: str) -> list[LegacyScanStatusRecorded]:
+    """The legacy side's report on a legacy-executed scan: ``pending`` -> ``running`` ->
+    ``success``/``failed``/``cancelled`` (straight to an outcome too). Repeating the current status
+    is a no-op; going back, or changing an outcome, is refused."""
+    if mode != "legacy":
+        raise InvalidTransition("only a legacy-executed scan takes progress reports from the legacy side")
+    if new_status == status:
+        return []
+    if status in TERMINAL_SCAN_STATUSES:
+        raise InvalidTransition(f"the scan is already {status}")
+    if new_status == "pending":
+        raise InvalidTransition(f"the scan is already {status}")
+    return [LegacyScanStatusRecorded(originator_id=scan_id, originator_version=version + 1, timestamp=now,
+                                     actor=actor, status=new_status)]
+
+
+def hand_over(scan_id: UUID, version: int, mode: ExecutionMode, status: str, *, gateway_scan_id: UUID,
+              job_ids: Sequence[UUID], now: datetime, actor: str) -> ScanHandedOver:
+    """Retire a legacy record that never started, because the Gateway runs it (as another scan)."""
+    if mode != "legacy":
+        raise InvalidTransition("only a legacy-executed scan can be handed over to the Gateway")
+    if status != "pending":
+        raise InvalidTransition(f"the legacy scan is already {status}")
+    return ScanHandedOver(originator_id=scan_id, originator_version=version + 1, timestamp=now, actor=actor,
+                          gateway_scan_id=gateway_scan_id, job_ids=tuple(job_ids))
 
 
 def request_cancel(scan_id: UUID, version: int, status: str, cancel_requested: bool, *, reason: str,

@@ -43,8 +43,13 @@ def _head(table: str, e: ev.DomainEvent, hash: bytes, touch: bool = True, **valu
 def _(e: ev.OrganizationCreated, hash: bytes) -> list[RowOp]:
     return [Insert("organizations", {
         "id": e.originator_id, "name": e.name, "created_at": e.timestamp, "updated_at": e.timestamp,
-        "version": e.originator_version, "head_hash": hash,
+        "version": e.originator_version, "head_hash": hash, "gateway_execution": True,
     })]
+
+
+@project.register
+def _(e: ev.OrganizationGatewayExecutionSet, hash: bytes) -> list[RowOp]:
+    return [_head("organizations", e, hash, gateway_execution=e.enabled)]
 
 
 @project.register
@@ -106,6 +111,7 @@ def _(e: ev.ScanCreated, hash: bytes) -> list[RowOp]:
         "execution_mode": e.execution_mode, "targets": e.targets, "profile": None, "cancel_requested_at": None,
         "created_at": e.timestamp, "updated_at": e.timestamp, "finished_at": None,
         "version": e.originator_version, "head_hash": hash,
+        "stored_profile_id": None, "legacy_scan_id": None, "legacy_message_sha256": None, "handed_over_to": None,
     })]
 
 
@@ -123,10 +129,28 @@ def _(e: ev.ScanJobQueued, hash: bytes) -> list[RowOp]:
 
 @project.register
 def _(e: ev.ScanProfileSet, hash: bytes) -> list[RowOp]:
-    steps = [{"task_type": s.task_type, "required_capabilities": list(s.required_capabilities),
-              "execution_timeout_seconds": s.execution_timeout_seconds, "max_attempts": s.max_attempts,
-              "priority": s.priority, "stop_on_failure": s.stop_on_failure} for s in e.steps]
-    return [_head("scans", e, hash, profile={"steps": steps})]
+    # Every field of every step, lease_seconds included: later steps are created from this row.
+    return [_head("scans", e, hash, profile={"steps": _profile_json(e.steps)})]
+
+
+@project.register
+def _(e: ev.ScanOriginRecorded, hash: bytes) -> list[RowOp]:
+    return [_head("scans", e, hash, stored_profile_id=e.stored_profile_id, legacy_scan_id=e.legacy_scan_id,
+                  legacy_message_sha256=e.legacy_message_sha256)]
+
+
+@project.register
+def _(e: ev.LegacyScanStatusRecorded, hash: bytes) -> list[RowOp]:
+    if e.status in ("success", "failed", "cancelled"):
+        return [_head("scans", e, hash, status=e.status, finished_at=e.timestamp)]
+    return [_head("scans", e, hash, status=e.status)]
+
+
+@project.register
+def _(e: ev.ScanHandedOver, hash: bytes) -> list[RowOp]:
+    # The legacy record's own jobs (queued by this same stream), so no other stream writes them.
+    return [_head("scans", e, hash, status="cancelled", finished_at=e.timestamp, handed_over_to=e.gateway_scan_id),
+            *(_job(job_id, e, "cancelled") for job_id in e.job_ids)]
 
 
 @project.register
@@ -320,3 +344,31 @@ def _(e: ev.ScheduleFired, hash: bytes) -> list[RowOp]:
 @project.register
 def _(e: ev.ScheduleSkipped, hash: bytes) -> list[RowOp]:
     return [_head("scheduled_scans", e, hash, next_run_at=e.next_run_at)]
+
+
+# stored profiles (each row written by its own profile stream) --------------------------------
+
+
+@project.register
+def _(e: ev.ProfileStored, hash: bytes) -> list[RowOp]:
+    return [Insert("stored_profiles", {
+        "id": e.originator_id, "organization_id": e.organization_id, "name": e.name,
+        "profile": {"steps": _profile_json(e.steps)}, "gateway_execution": e.gateway_execution,
+        "deleted_at": None, "created_at": e.timestamp, "updated_at": e.timestamp,
+        "version": e.originator_version, "head_hash": hash,
+    })]
+
+
+@project.register
+def _(e: ev.ProfileReplaced, hash: bytes) -> list[RowOp]:
+    return [_head("stored_profiles", e, hash, profile={"steps": _profile_json(e.steps)})]
+
+
+@project.register
+def _(e: ev.ProfileGatewayExecutionSet, hash: bytes) -> list[RowOp]:
+    return [_head("stored_profiles", e, hash, gateway_execution=e.enabled)]
+
+
+@project.register
+def _(e: ev.ProfileDeleted, hash: bytes) -> list[RowOp]:
+    return [_head("stored_profiles", e, hash, deleted_at=e.timestamp)]

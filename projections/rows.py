@@ -47,6 +47,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "organizations": ("id",),
     "workers": ("id",),
     "organization_workers": ("organization_id", "worker_id"),
+    "stored_profiles": ("id",),
     "scans": ("id",),
     "scan_jobs": ("id",),
     "worker_tasks": ("id",),
