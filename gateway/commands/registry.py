@@ -25,12 +25,12 @@ from uuid import UUID, uuid4
 from psycopg import AsyncCursor
 from psycopg_pool import AsyncConnectionPool
 
+from domain import profiles as profile_rules
 from domain import registry as rules
-from domain import scan as scan_rules
 from domain.errors import InvalidRequest, NotFound
 from domain.events import DomainEvent, ExecutionMode, ProfileStep
 from domain.registry import Assignment, WorkerState
-from gateway.commands.lifecycle import queue_step
+from gateway.commands.modes import open_scan
 from gateway.commands.unit_of_work import Clock, system_clock, transaction
 from gateway.sql import QUERIES
 from projections.store import StreamHead, append
@@ -147,31 +147,38 @@ class Registry:
     # --- scans ----------------------------------------------------------------------------
 
     async def create_scan(self, organization_id: UUID, targets: dict[str, Any], *,
-                          execution_mode: ExecutionMode = "gateway", profile: Sequence[ProfileStep] = (),
+                          execution_mode: ExecutionMode | None = None, profile: Sequence[ProfileStep] = (),
+                          profile_name: str | None = None, legacy_scan_id: str | None = None,
                           actor: str = "system") -> UUID:
-        """A scan; with a ``profile`` (ordered plugin steps), also its first step's job and task in
-        the same transaction, scoped to ``targets``. Later steps are created as earlier ones end
-        (see :meth:`gateway.commands.lifecycle.Lifecycle._settle_scan`)."""
-        if profile and execution_mode != "gateway":
-            raise InvalidRequest("profiles run only on Gateway-executed scans")
+        """A scan, with an inline ``profile`` (ordered plugin steps) or the steps of the stored
+        profile ``profile_name`` (copied: later edits of the stored profile do not change it).
+
+        Its mode comes from the flags (:mod:`domain.profiles`) unless ``execution_mode`` is given
+        (``"gateway"`` against the flags raises :class:`domain.profiles.LegacyExecuted`). A
+        Gateway-executed scan gets its first step's job and task in the same transaction, scoped
+        to ``targets``; later steps are created as earlier ones end (see
+        :meth:`gateway.commands.lifecycle.Lifecycle._settle_scan`). A legacy-executed one gets a
+        ``legacy`` job per step and no task (see :mod:`gateway.commands.modes`).
+        """
         scan_id = self.new_id()
         async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
-                                                               "now": self.clock()})
+            await open_scan(cur, scan_id, organization_id, targets, clock=self.clock(), actor=actor,
+                            new_id=self.new_id, execution_mode_wanted=execution_mode, steps=profile,
+                            profile_name=profile_name, legacy_scan_id=legacy_scan_id)
+        return scan_id
+
+    async def set_gateway_execution(self, organization_id: UUID, enabled: bool, *, actor: str = "system") -> None:
+        """The organisation's ``gateway_execution`` flag: off, its new scans are legacy-executed
+        (running scans are not touched). Setting the current value again records nothing."""
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES["organization_lock"], {"organization_id": organization_id, "now": self.clock()})
             row = await cur.fetchone()
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
-            now = row[1]
-            event = scan_rules.create_scan(scan_id, organization_id, targets, execution_mode,
-                                           now=now, actor=actor)
-            events: list[DomainEvent] = [event]
-            if profile:
-                events.append(scan_rules.set_profile(scan_id, 1, profile, now=now, actor=actor))
-            head = await append(cur, StreamHead(scan_id), events)
-            if profile:
-                await queue_step(cur, head, organization_id, 0, profile[0], dict(targets), now=now,
-                                 actor=actor, new_id=self.new_id)
-        return scan_id
+            _, version, head_hash, current, now = row
+            events = profile_rules.set_organization_gateway_execution(organization_id, version, current, enabled,
+                                                                      now=now, actor=actor)
+            await append(cur, StreamHead(organization_id, version, bytes(head_hash)), events)
 
 
 async def _lock_worker_and_read(cur: AsyncCursor[Any], worker_id: UUID, now: datetime | None,

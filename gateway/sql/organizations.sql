@@ -5,14 +5,31 @@ SELECT o.id, coalesce(%(now)s::timestamptz, clock_timestamp()) FROM organization
 SELECT coalesce(%(now)s::timestamptz, clock_timestamp())
 
 -- name: organization_get
-SELECT o.id, o.name, o.created_at, o.updated_at FROM organizations o WHERE o.id = %(organization_id)s
+SELECT o.id, o.name, o.created_at, o.updated_at, o.gateway_execution
+FROM organizations o WHERE o.id = %(organization_id)s
 
 -- name: organizations_page
 -- Operator API: organisations in id order after a cursor; an organisation key sees only its own
 -- (visible_to NULL: administrator).
-SELECT o.id, o.name, o.created_at, o.updated_at
+SELECT o.id, o.name, o.created_at, o.updated_at, o.gateway_execution
 FROM organizations o
 WHERE (%(after)s::uuid IS NULL OR o.id > %(after)s::uuid)
   AND (%(visible_to)s::uuid IS NULL OR o.id = %(visible_to)s::uuid)
 ORDER BY o.id
 LIMIT %(limit)s
+
+-- name: organization_lock
+-- The organisation's own stream head and flag, for its commands (the flag is a column of the
+-- locked row itself, so the locking statement sees the latest committed value).
+SELECT o.id, o.version, o.head_hash, o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp())
+FROM organizations o
+WHERE o.id = %(organization_id)s
+FOR UPDATE
+
+-- name: organization_mode_for_scan
+-- Creating a scan shares the organisation's row lock: a flag change waits for scans being
+-- created, and every scan created after it commits sees the new flag.
+SELECT o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp())
+FROM organizations o
+WHERE o.id = %(organization_id)s
+FOR SHARE

@@ -24,7 +24,7 @@ SELECT j.id, j.status FROM scan_jobs j WHERE j.scan_id = %(scan_id)s
 
 -- name: scan_get
 SELECT s.id, s.organization_id, s.status, s.execution_mode, s.targets, s.created_at, s.updated_at,
-       s.finished_at
+       s.finished_at, s.profile, s.stored_profile_id, s.legacy_scan_id, s.handed_over_to
 FROM scans s
 WHERE s.id = %(scan_id)s
 
@@ -59,3 +59,14 @@ SELECT t.id FROM worker_tasks t
 WHERE t.scan_id = %(scan_id)s AND t.state NOT IN ('completed', 'failed_terminal', 'cancelled')
 ORDER BY t.created_at, t.id
 
+-- name: scans_lock_by_legacy_id
+-- The Gateway scan and/or the legacy record of one legacy scan id (at most one of each).
+SELECT s.id, s.execution_mode, s.status, s.legacy_message_sha256, s.version, s.head_hash
+FROM scans s
+WHERE s.legacy_scan_id = %(legacy_scan_id)s
+ORDER BY s.id
+FOR UPDATE
+
+-- name: scan_job_ids
+-- A separate statement after the scan's lock: every job the scan's stream queued.
+SELECT j.id FROM scan_jobs j WHERE j.scan_id = %(scan_id)s ORDER BY j.position

@@ -11,9 +11,12 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
 from domain.errors import LeaseholdError
+from domain.events import ProfileStep
 from domain.results import payload_sha256
 from domain.task import project_task
 from gateway.commands import Acquired, Lifecycle, Registry
+from gateway.commands.legacy import LegacyScans
+from gateway.commands.profiles import Profiles
 from gateway.commands.rows import task_from_row
 from gateway.sql import QUERIES
 from projections.chain import verify_chains
@@ -26,7 +29,8 @@ STEPS = st.lists(
     st.tuples(
         st.sampled_from(["task", "task", "acquire", "acquire", "acquire", "progress", "renew", "batch",
                          "final", "final", "complete", "complete", "fail", "fail_terminal", "cancel", "ack",
-                         "stale", "time", "expire", "deadline", "terminate"]),
+                         "stale", "time", "expire", "deadline", "terminate",
+                         "org_flag", "profile", "profile_change", "scan_by_profile", "legacy_status"]),
         st.integers(0, 1_000_000),
     ),
     min_size=10, max_size=60,
@@ -63,6 +67,8 @@ async def run_program(world: World, workers: list[Any], steps: list[tuple[str, i
                 await lc.terminate_cancelling()
             elif op == "cancel":
                 await lc.request_cancel(rng.choice(tasks))
+            elif op in ("org_flag", "profile", "profile_change", "scan_by_profile", "legacy_status"):
+                await _mode_step(world, op, n, rng)
             elif lease is not None:
                 worker, a = lease
                 args = (worker, a.task.id, a.attempt.id, a.lease_token)
@@ -92,6 +98,37 @@ async def run_program(world: World, workers: list[Any], steps: list[tuple[str, i
             pass  # refusals are part of the program; they must leave the log consistent too
 
 
+async def _mode_step(world: World, op: str, n: int, rng: random.Random) -> None:
+    """Execution modes and stored profiles, mixed into the task programs."""
+    profiles = Profiles(world.lifecycle.pool, clock=world.clock)
+    if op == "org_flag":
+        await world.registry.set_gateway_execution(world.org, rng.random() < 0.7)
+    elif op == "profile":
+        steps = tuple(ProfileStep(task_type="probe", lease_seconds=rng.choice([5, 30])) for _ in range(rng.randint(1, 2)))
+        await profiles.create(world.org if rng.random() < 0.7 else None, name=f"p{n % 3}", steps=steps,
+                              gateway_execution=rng.random() < 0.7)
+    elif op == "profile_change":
+        live = await profiles.list()
+        if live:
+            profile = rng.choice(live)["id"]
+            change = rng.choice(["replace", "flag", "delete"])
+            if change == "replace":
+                await profiles.replace(profile, (ProfileStep(task_type="probe", max_attempts=rng.randint(1, 3)),))
+            elif change == "flag":
+                await profiles.set_gateway_execution(profile, rng.random() < 0.5)
+            else:
+                await profiles.delete(profile)
+    elif op == "scan_by_profile":
+        await world.registry.create_scan(world.org, {"targets": [f"10.2.0.{n % 250}"]}, profile_name=f"p{n % 3}")
+    else:
+        async with world.lifecycle.pool.connection() as conn:
+            cur = await conn.execute("SELECT id FROM scans WHERE execution_mode = 'legacy' ORDER BY id")
+            legacy = [r[0] for r in await cur.fetchall()]
+        if legacy:
+            await LegacyScans(world.lifecycle.pool, clock=world.clock).record_status(
+                rng.choice(legacy), rng.choice(["running", "running", "success", "failed", "cancelled"]))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=STEPS)
 async def test_rebuild_from_the_log_equals_live_projections(pool: Any, database_url: str,
@@ -119,6 +156,8 @@ async def test_rebuild_from_the_log_equals_live_projections(pool: Any, database_
             states.add(row_state.state)
     # Not a correctness check: it keeps the generator honest about reaching deep states.
     event("reached: " + ",".join(sorted(states)))
+    event("scan modes: " + ",".join(sorted({row["execution_mode"] for row in live["scans"].values()}))
+          + f"; stored profiles: {bool(live['stored_profiles'])}")
 
 
 async def test_rebuild_reports_an_edited_projection_row(world: World, pool: Any, database_url: str) -> None:

@@ -1,0 +1,142 @@
+"""Legacy-executed scans: their progress as the legacy side reports it, and moving a queued
+legacy scan to the Gateway (what ``leasehold legacy drain`` does with each queue message).
+
+RFC "Data migration and compatibility": a scan runs in one mode only. A legacy scan id keys at
+most one Gateway scan and at most one legacy record (partial unique indexes on
+``scans.legacy_scan_id``). :meth:`LegacyScans.convert` turns one legacy message into a Gateway
+scan in one transaction, and refuses when the scan has already started in either mode:
+
+* a Gateway scan made from the same message (same sha256) and still ``pending`` (or, when the
+  message is re-handled after a crash, in any state): already converted, nothing to do;
+* any other Gateway scan for that legacy id: refused (it runs, ran, or came from another message);
+* a legacy record that is not ``pending`` (the legacy side reported it running or finished):
+  refused; a ``pending`` one is handed over (``ScanHandedOver``: it and its jobs end
+  ``cancelled``, pointing at the new Gateway scan) in the same transaction;
+* flags that make the scan legacy-executed: refused (turn the organisation's or the profile's
+  ``gateway_execution`` on first).
+
+An unknown organisation or profile, or bad steps, raise :class:`domain.errors.NotFound` /
+:class:`domain.errors.InvalidRequest`: the message is invalid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+from uuid import UUID, uuid4
+
+from psycopg_pool import AsyncConnectionPool
+
+from domain import scan as scan_rules
+from domain.errors import Conflict, NotFound
+from domain.events import ScanStatus
+from domain.legacy import LegacyMessage
+from domain.profiles import LegacyExecuted
+from gateway.commands.modes import open_scan
+from gateway.commands.unit_of_work import Clock, system_clock, transaction
+from gateway.sql import QUERIES
+from projections.store import StreamHead, append
+
+DRAIN_ACTOR = "legacy-drain"
+
+Outcome = Literal["converted", "already_converted", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class Conversion:
+    """What became of one legacy message (``scan_id``: the Gateway scan, when there is one)."""
+
+    outcome: Outcome
+    reason: str
+    scan_id: UUID | None = None
+    handed_over: UUID | None = None  # the legacy record retired in favour of ``scan_id``
+
+
+class _RolledBack(Exception):
+    """Ends a dry run's transaction (rolled back) carrying what it would have done."""
+
+    def __init__(self, conversion: Conversion) -> None:
+        super().__init__(conversion.reason)
+        self.conversion = conversion
+
+
+class LegacyScans:
+    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+                 new_id: Callable[[], UUID] = uuid4) -> None:
+        self.pool, self.clock, self.new_id = pool, clock, new_id
+
+    async def record_status(self, scan_id: UUID, status: ScanStatus, *, organization_id: UUID | None = None,
+                            actor: str = "system") -> None:
+        """The legacy side says how its scan is doing (``running``, then its outcome)."""
+        async with transaction(self.pool) as cur:
+            async with cur.connection.cursor() as lock_cur:
+                await lock_cur.execute(QUERIES["scan_lock"], {"scan_id": scan_id})
+                await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
+                row = await lock_cur.fetchone()
+            clock_row = await cur.fetchone()
+            assert clock_row is not None
+            if row is None or (organization_id is not None and row[3] != organization_id):
+                raise NotFound("no such scan", scan_id=str(scan_id))
+            _, version, head_hash, _, current, mode, *_ = row
+            events = scan_rules.record_legacy_status(scan_id, version, mode, current, status, now=clock_row[0],
+                                                     actor=actor)
+            await append(cur, StreamHead(scan_id, version, bytes(head_hash)), events)
+
+    async def convert(self, message: LegacyMessage, *, recovering: bool = False, dry_run: bool = False,
+                      actor: str = DRAIN_ACTOR) -> Conversion:
+        """Make the Gateway scan of ``message`` (or say why not); ``recovering``: the message was
+        found in the processing list, so a previous run may have converted it already. A dry run
+        decides the same way and rolls back."""
+        try:
+            try:
+                return await self._convert(message, recovering, dry_run, actor)
+            except Conflict as exc:
+                if isinstance(exc, LegacyExecuted) or exc.details.get("constraint") != "scans_legacy_gateway_idx":
+                    raise
+                # Another transaction made a Gateway scan for this legacy id meanwhile: look again.
+                return await self._convert(message, recovering, dry_run, actor)
+        except LegacyExecuted as exc:
+            return Conversion("refused", exc.message)
+        except _RolledBack as done:
+            return done.conversion
+
+    async def _convert(self, m: LegacyMessage, recovering: bool, dry_run: bool, actor: str) -> Conversion:
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES["scans_lock_by_legacy_id"], {"legacy_scan_id": m.legacy_scan_id})
+            found = {row[1]: row for row in await cur.fetchall()}
+            if "gateway" in found:
+                scan_id, _, status, sha256, *_ = found["gateway"]
+                if sha256 == m.sha256 and (recovering or status == "pending"):
+                    return Conversion("already_converted", f"already converted to Gateway scan {scan_id}", scan_id)
+                if status == "pending":
+                    return Conversion("refused", f"Gateway scan {scan_id} was already made for it (from another "
+                                                 "message or request)", scan_id)
+                return Conversion("refused", _started(status, "Gateway", scan_id), scan_id)
+            legacy = found.get("legacy")
+            if legacy is not None and legacy[2] != "pending":
+                return Conversion("refused", _started(legacy[2], "legacy", legacy[0]))
+            opened = await open_scan(
+                cur, self.new_id(), m.organization_id, m.targets, clock=self.clock(), actor=actor,
+                new_id=self.new_id, execution_mode_wanted="gateway", steps=m.steps, profile_name=m.profile_name,
+                legacy_scan_id=m.legacy_scan_id, legacy_message_sha256=m.sha256)
+            handed_over = None
+            if legacy is not None:
+                handed_over, _, status, _, version, head_hash = legacy
+                await cur.execute(QUERIES["scan_job_ids"], {"scan_id": handed_over})
+                job_ids = [job_id for (job_id,) in await cur.fetchall()]
+                event = scan_rules.hand_over(handed_over, version, "legacy", status, gateway_scan_id=opened.id,
+                                             job_ids=job_ids, now=opened.now, actor=actor)
+                await append(cur, StreamHead(handed_over, version, bytes(head_hash)), [event])
+            done = Conversion("converted", f"Gateway scan {opened.id}"
+                              + (f" (legacy record {handed_over} handed over)" if handed_over else ""),
+                              opened.id, handed_over)
+            if dry_run:
+                raise _RolledBack(done)
+        return done
+
+
+def _started(status: str, mode: str, scan_id: UUID) -> str:
+    if status == "running":
+        return f"already running in {mode} mode (scan {scan_id})"
+    return f"already {status} in {mode} mode (scan {scan_id})"

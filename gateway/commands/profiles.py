@@ -1,0 +1,106 @@
+"""Stored profiles: store, read, list, replace, switch Gateway execution, delete.
+
+Each change is one transaction on the profile's own stream: lock its row
+(``stored_profile_lock``, which also reads it: the columns of the locked row itself are current
+under READ COMMITTED), decide with :mod:`domain.profiles`, append, commit. ``owner`` None is an
+administrator (any profile); an organisation id restricts a change to that organisation's
+profiles (global profiles belong to administrators). Reads take ``visible_to``: an organisation
+sees its own profiles and the global ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg_pool import AsyncConnectionPool
+
+from domain import profiles as rules
+from domain.errors import Conflict, NotFound
+from domain.events import DomainEvent, ProfileStep
+from domain.profiles import StoredProfileState
+from gateway.commands.lifecycle import profile_steps
+from gateway.commands.unit_of_work import Clock, system_clock, transaction
+from gateway.sql import QUERIES
+from projections.store import StreamHead, append
+
+_NAME_INDEX = "stored_profiles_name_idx"
+
+
+class Profiles:
+    """Stored-profile commands and reads; ids may be supplied or are generated."""
+
+    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+                 new_id: Callable[[], UUID] = uuid4) -> None:
+        self.pool, self.clock, self.new_id = pool, clock, new_id
+
+    async def create(self, organization_id: UUID | None, *, name: str, steps: Sequence[ProfileStep],
+                     gateway_execution: bool = True, actor: str = "system") -> UUID:
+        """A profile of the organisation, or a global one (``organization_id`` None)."""
+        profile_id = self.new_id()
+        try:
+            async with transaction(self.pool) as cur:
+                if organization_id is None:
+                    await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
+                    row = await cur.fetchone()
+                else:
+                    await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
+                                                                       "now": self.clock()})
+                    found = await cur.fetchone()
+                    if found is None:
+                        raise NotFound("no such organisation", organization_id=str(organization_id))
+                    row = (found[1],)
+                assert row is not None
+                event = rules.store(profile_id, organization_id, name=name, steps=steps,
+                                    gateway_execution=gateway_execution, now=row[0], actor=actor)
+                await append(cur, StreamHead(profile_id), [event])
+        except Conflict as exc:
+            if exc.details.get("constraint") == _NAME_INDEX:
+                raise Conflict(f"a profile named {name!r} already exists there", name=name) from exc
+            raise
+        return profile_id
+
+    async def get(self, profile_id: UUID, *, visible_to: UUID | None = None) -> dict[str, Any]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QUERIES["stored_profile_get"], {"profile_id": profile_id,
+                                                                     "visible_to": visible_to})
+            row = await cur.fetchone()
+            names = [c.name for c in cur.description or ()]
+        if row is None:
+            raise NotFound("no such profile", profile_id=str(profile_id))
+        return dict(zip(names, row, strict=True))
+
+    async def list(self, *, visible_to: UUID | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QUERIES["stored_profiles_list"], {"visible_to": visible_to, "limit": limit})
+            rows = await cur.fetchall()
+            names = [c.name for c in cur.description or ()]
+        return [dict(zip(names, r, strict=True)) for r in rows]
+
+    async def replace(self, profile_id: UUID, steps: Sequence[ProfileStep], *, owner: UUID | None = None,
+                      actor: str = "system") -> None:
+        """New steps for the scans created from now on (existing scans keep theirs)."""
+        await self._on_profile(profile_id, owner, lambda p, now: rules.replace(p, steps, now=now, actor=actor))
+
+    async def set_gateway_execution(self, profile_id: UUID, enabled: bool, *, owner: UUID | None = None,
+                                    actor: str = "system") -> None:
+        await self._on_profile(profile_id, owner, lambda p, now: rules.set_gateway_execution(
+            p, enabled, now=now, actor=actor))
+
+    async def delete(self, profile_id: UUID, *, owner: UUID | None = None, actor: str = "system") -> None:
+        await self._on_profile(profile_id, owner, lambda p, now: rules.delete(p, now=now, actor=actor))
+
+    async def _on_profile(self, profile_id: UUID, owner: UUID | None,
+                          decide: Callable[[StoredProfileState, datetime], Sequence[DomainEvent]]) -> None:
+        async with transaction(self.pool) as cur:
+            await cur.execute(QUERIES["stored_profile_lock"], {"profile_id": profile_id, "owner": owner,
+                                                               "now": self.clock()})
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound("no such profile", profile_id=str(profile_id))
+            id_, version, head_hash, org, name, profile, gateway_execution, now = row
+            state = StoredProfileState(id=id_, version=version, organization_id=org, name=name,
+                                       steps=tuple(profile_steps(profile)), gateway_execution=gateway_execution)
+            await append(cur, StreamHead(id_, version, bytes(head_hash)), decide(state, now))
