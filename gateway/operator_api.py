@@ -19,6 +19,7 @@ revocation that was interrupted midway. A routine removal cancels them too unles
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -29,7 +30,9 @@ from psycopg import AsyncConnection
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
 from gateway.auth import Operator, operator_identity
+from gateway.commands.legacy import LegacyScans
 from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.profiles import Profiles
 from gateway.commands.rows import task_from_row
 from gateway.commands.schedules import Schedules
 from gateway.http import RouteTable, ok, read_json, read_query
@@ -45,6 +48,7 @@ from gateway.operator_models import (
     CancelTask,
     CreateApiKey,
     CreateOrganization,
+    CreateProfile,
     CreateScan,
     CreateSchedule,
     CreateTask,
@@ -52,11 +56,16 @@ from gateway.operator_models import (
     EventPage,
     EventsQuery,
     FindingsQuery,
+    GatewayExecution,
+    LegacyStatus,
     Organization,
     OrganizationPage,
     PageQuery,
+    ProfileDeletion,
+    ProfileStepBody,
     RegisterWorker,
     RemoveAssignmentQuery,
+    ReplaceProfile,
     Revocation,
     RevokeAssignment,
     RevokeWorker,
@@ -66,6 +75,8 @@ from gateway.operator_models import (
     ScheduleDeletion,
     SchedulePage,
     ScheduleRun,
+    StoredProfile,
+    StoredProfilePage,
     Task,
     Threat,
     ThreatList,
@@ -369,13 +380,10 @@ async def create_scan(request: web.Request) -> web.StreamResponse:
     if org_id is None:
         raise InvalidRequest("organization_id is required with an administrator key")
     _see_organization(operator, org_id)
-    profile = [ProfileStep(task_type=step.task_type, required_capabilities=tuple(step.required_capabilities),
-                           execution_timeout_seconds=step.execution_timeout_seconds,
-                           max_attempts=step.max_attempts, priority=step.priority,
-                           stop_on_failure=step.stop_on_failure, lease_seconds=step.lease_seconds)
-               for step in body.profile]
-    scan_id = await request.app[REGISTRY].create_scan(org_id, body.targets, profile=profile,
-                                                      actor=operator.actor)
+    scan_id = await request.app[REGISTRY].create_scan(
+        org_id, body.targets, profile=() if isinstance(body.profile, str) else _steps(body.profile),
+        profile_name=body.profile if isinstance(body.profile, str) else None,
+        legacy_scan_id=body.legacy_scan_id, actor=operator.actor)
     return ok(await _scan(request, operator, scan_id), status=201)
 
 
@@ -578,3 +586,127 @@ async def run_schedule_now(request: web.Request) -> web.StreamResponse:
     scan_id = await Schedules(request.app[POOL]).run_now(schedule_id, organization_id=operator.organization_id,
                                                          actor=operator.actor)
     return ok(ScheduleRun(schedule_id=schedule_id, scan_id=scan_id), status=201)
+
+
+# --- stored profiles and execution modes ------------------------------------------------------
+#
+# A stored profile is read by the organisation that owns it and, for a global one, by every
+# organisation; it is changed by its owner (a global one: administrators). The organisation's
+# gateway_execution flag is an administrator's switch; precedence: domain/profiles.py.
+
+PROFILE_PATH = "/v1/profiles/{profile_id}"
+
+
+def _steps(steps: Sequence[ProfileStepBody]) -> tuple[ProfileStep, ...]:
+    return tuple(ProfileStep(task_type=step.task_type, required_capabilities=tuple(step.required_capabilities),
+                             execution_timeout_seconds=step.execution_timeout_seconds,
+                             max_attempts=step.max_attempts, priority=step.priority,
+                             stop_on_failure=step.stop_on_failure, lease_seconds=step.lease_seconds)
+                 for step in steps)
+
+
+async def _profile(request: web.Request, operator: Operator, profile_id: UUID) -> StoredProfile:
+    row = await Profiles(request.app[POOL]).get(profile_id, visible_to=operator.organization_id)
+    return StoredProfile.of(row)
+
+
+async def _changeable_profile(request: web.Request) -> tuple[Operator, UUID]:
+    """The path's profile, visible to the key (404) and changeable by it (403: global profiles)."""
+    operator = await operator_identity(request)
+    profile_id = _path_id(request, "profile_id", "profile")
+    profile = await _profile(request, operator, profile_id)
+    if profile.organization_id is None:
+        operator.require_admin()
+    return operator, profile_id
+
+
+@routes.route("POST", "/v1/profiles", summary="Store a named profile (an organisation key: its own)",
+              auth="operator", request=CreateProfile, response=StoredProfile, statuses=(201,), tags=TAGS)
+async def create_profile(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    body = await read_json(request, CreateProfile)
+    owner: UUID | None = None
+    if body.scope == "global":
+        if body.organization_id is not None:
+            raise InvalidRequest("a global profile has no organization_id")
+        operator.require_admin()
+    else:
+        owner = body.organization_id or operator.organization_id
+        if owner is None:
+            raise InvalidRequest("organization_id is required with an administrator key (or scope: global)")
+        _see_organization(operator, owner)
+    profile_id = await Profiles(request.app[POOL]).create(
+        owner, name=body.name, steps=_steps(body.steps), gateway_execution=body.gateway_execution,
+        actor=operator.actor)
+    return ok(await _profile(request, operator, profile_id), status=201)
+
+
+@routes.route("GET", "/v1/profiles", summary="The stored profiles the key can see (its own and the global ones)",
+              auth="operator", response=StoredProfilePage, tags=TAGS)
+async def list_profiles(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    rows = await Profiles(request.app[POOL]).list(visible_to=operator.organization_id)
+    return ok(StoredProfilePage(items=[StoredProfile.of(row) for row in rows]))
+
+
+@routes.route("GET", PROFILE_PATH, summary="Read a stored profile", auth="operator", response=StoredProfile,
+              tags=TAGS)
+async def get_profile(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    return ok(await _profile(request, operator, _path_id(request, "profile_id", "profile")))
+
+
+@routes.route("PUT", PROFILE_PATH,
+              summary="Replace a stored profile's steps (scans already created keep theirs)", auth="operator",
+              request=ReplaceProfile, response=StoredProfile, tags=TAGS)
+async def replace_profile(request: web.Request) -> web.StreamResponse:
+    operator, profile_id = await _changeable_profile(request)
+    body = await read_json(request, ReplaceProfile)
+    await Profiles(request.app[POOL]).replace(profile_id, _steps(body.steps), owner=operator.organization_id,
+                                              actor=operator.actor)
+    return ok(await _profile(request, operator, profile_id))
+
+
+@routes.route("PUT", PROFILE_PATH + "/gateway-execution",
+              summary="Let the profile's new scans be Gateway-executed, or keep them legacy-executed",
+              auth="operator", request=GatewayExecution, response=StoredProfile, tags=TAGS)
+async def set_profile_gateway_execution(request: web.Request) -> web.StreamResponse:
+    operator, profile_id = await _changeable_profile(request)
+    body = await read_json(request, GatewayExecution)
+    await Profiles(request.app[POOL]).set_gateway_execution(profile_id, body.enabled, owner=operator.organization_id,
+                                                            actor=operator.actor)
+    return ok(await _profile(request, operator, profile_id))
+
+
+@routes.route("DELETE", PROFILE_PATH, summary="Delete a stored profile (its scans keep their steps)",
+              auth="operator", response=ProfileDeletion, tags=TAGS)
+async def delete_profile(request: web.Request) -> web.StreamResponse:
+    operator, profile_id = await _changeable_profile(request)
+    await Profiles(request.app[POOL]).delete(profile_id, owner=operator.organization_id, actor=operator.actor)
+    return ok(ProfileDeletion(profile_id=profile_id))
+
+
+@routes.route("PUT", "/v1/organizations/{organization_id}/gateway-execution",
+              summary="Whether the organisation's new scans are Gateway-executed; off is the rollback switch "
+                      "(running scans go on) (administrator)",
+              auth="operator", request=GatewayExecution, response=Organization, tags=TAGS)
+async def set_organization_gateway_execution(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    operator.require_admin()
+    body = await read_json(request, GatewayExecution)
+    await request.app[REGISTRY].set_gateway_execution(org_id, body.enabled, actor=operator.actor)
+    return ok(await _organization(request, operator, org_id))
+
+
+@routes.route("POST", "/v1/scans/{scan_id}/legacy-status",
+              summary="Record the legacy side's progress on a legacy-executed scan (running, then its outcome)",
+              auth="operator", request=LegacyStatus, response=Scan, tags=TAGS)
+async def record_legacy_status(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    scan_id = _path_id(request, "scan_id", "scan")
+    await _scan(request, operator, scan_id)
+    body = await read_json(request, LegacyStatus)
+    await LegacyScans(request.app[POOL]).record_status(scan_id, body.status, actor=operator.actor)
+    return ok(await _scan(request, operator, scan_id))

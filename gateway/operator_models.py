@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from domain.task import TaskState
 
@@ -61,10 +61,14 @@ class Organization(Body):
     name: str
     created_at: datetime
     updated_at: datetime
+    gateway_execution: bool = Field(True, description=(
+        "whether new scans are Gateway-executed (with their stored profile's flag, if any); "
+        "off: legacy-executed"))
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> Organization:
-        return cls(id=row[0], name=row[1], created_at=row[2], updated_at=row[3])
+        return cls(id=row[0], name=row[1], created_at=row[2], updated_at=row[3],
+                   **({"gateway_execution": row[4]} if len(row) > 4 else {}))
 
 
 class OrganizationPage(Body):
@@ -177,6 +181,9 @@ class Revocation(Body):
 # --- scans and tasks ------------------------------------------------------------------------
 
 
+ProfileName = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=r"^\S(.*\S)?$")]
+
+
 class ProfileStepBody(Body):
     task_type: Label
     required_capabilities: Labels = []
@@ -191,9 +198,12 @@ class CreateScan(Body):
     organization_id: UUID | None = Field(
         None, description="required with an administrator key; an organisation key may only name its own")
     targets: dict[str, Any] = Field(default_factory=dict)
-    profile: list[ProfileStepBody] = Field(
-        default_factory=list, max_length=50,
-        description="ordered plugin steps; each step's task is created when the previous one ends")
+    profile: Annotated[list[ProfileStepBody], Field(max_length=50)] | ProfileName = Field(
+        default_factory=list,
+        description="ordered plugin steps (each step's task is created when the previous one ends), or the "
+                    "name of a stored profile (the organisation's own, else a global one), whose steps are copied")
+    legacy_scan_id: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="the scan's id in the legacy system, if it has one (unique per execution mode)")
 
 
 class CancelScan(Body):
@@ -255,11 +265,17 @@ class Scan(Body):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    profile: dict[str, Any] | None = Field(None, description="the steps the scan runs (copied when it was created)")
+    stored_profile_id: UUID | None = Field(None, description="the stored profile its steps were copied from")
+    legacy_scan_id: str | None = None
+    handed_over_to: UUID | None = Field(
+        None, description="a legacy record moved to Gateway execution: the Gateway scan that runs it")
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> Scan:
+        extra = dict(zip(("profile", "stored_profile_id", "legacy_scan_id", "handed_over_to"), row[8:], strict=False))
         return cls(id=row[0], organization_id=row[1], status=row[2], execution_mode=row[3], targets=row[4],
-                   created_at=row[5], updated_at=row[6], finished_at=row[7])
+                   created_at=row[5], updated_at=row[6], finished_at=row[7], **extra)
 
 
 class CreateTask(Body):
@@ -414,3 +430,59 @@ class ScheduleRun(Body):
 class ScheduleDeletion(Body):
     schedule_id: UUID
     deleted: bool = True
+
+
+# --- stored profiles and execution modes -------------------------------------------------------
+
+
+class CreateProfile(Body):
+    organization_id: UUID | None = Field(
+        None, description="the owner: required with an administrator key unless scope is global; an "
+                          "organisation key may only name its own (the default)")
+    scope: Literal["organization", "global"] = Field(
+        "organization", description="global: visible to every organisation (administrator keys only)")
+    name: ProfileName
+    steps: list[ProfileStepBody] = Field(min_length=1, max_length=50)
+    gateway_execution: StrictBool = Field(
+        True, description="false: scans created from it are legacy-executed whatever the organisation's flag")
+
+
+class ReplaceProfile(Body):
+    steps: list[ProfileStepBody] = Field(min_length=1, max_length=50, description=(
+        "the new steps, for scans created from now on (existing scans keep theirs)"))
+
+
+class GatewayExecution(Body):
+    enabled: StrictBool
+
+
+class StoredProfile(Body):
+    id: UUID
+    organization_id: UUID | None = Field(description="null: a global profile")
+    name: str
+    steps: list[dict[str, Any]]
+    gateway_execution: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> StoredProfile:
+        """From ``stored_profile_get``/``stored_profiles_list`` rows (as dicts)."""
+        return cls(id=row["id"], organization_id=row["organization_id"], name=row["name"],
+                   steps=row["profile"]["steps"], gateway_execution=row["gateway_execution"], version=row["version"],
+                   created_at=row["created_at"], updated_at=row["updated_at"])
+
+
+class StoredProfilePage(Body):
+    items: list[StoredProfile]
+
+
+class ProfileDeletion(Body):
+    profile_id: UUID
+    deleted: bool = True
+
+
+class LegacyStatus(Body):
+    status: Literal["running", "success", "failed", "cancelled"] = Field(
+        description="the legacy worker took the scan (running), or its outcome")
