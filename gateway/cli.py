@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "replay.cli",  # replay timeline|rebuild|verify|as-of|verify-chain|checkpoint|export|verify-bundle
     "gateway.serve",  # gateway serve
     "gateway.admin_cli",  # admin create-key
+    "gateway.legacy_cli",  # legacy drain
     "worker.cli",  # worker run
     "gateway.demo",  # demo
 )
