@@ -1,7 +1,8 @@
 """The Gateway application: ``create_app(settings)`` wires everything.
 
-The pool, the LISTEN connection, the sweeper and the metrics sampler live in ``cleanup_ctx``
-(started before serving, cancelled and awaited on shutdown). Routes come from the API modules'
+The pool, the LISTEN connection, the optional Redis hints (:mod:`gateway.hints`), the sweeper,
+the scheduler and the metrics sampler live in ``cleanup_ctx`` (started before serving, cancelled
+and awaited on shutdown). Routes come from the API modules'
 route tables, which the OpenAPI document is generated from as well.
 """
 
@@ -14,14 +15,26 @@ import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import psycopg
 from aiohttp import web
+from prometheus_client import Counter, Gauge
+from psycopg_pool import PoolTimeout
 
 from domain.errors import Unavailable
 from gateway import operator_api, scheduler, sweeper, worker_api
 from gateway.auth import BUCKETS, TokenBuckets, ensure_bootstrap_admin_key
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.schedules import Schedules
-from gateway.http import OBSERVE_REQUEST, Route, RouteTable, error_middleware, ok, request_log_middleware
+from gateway.hints import HintingConnection, Hints
+from gateway.http import (
+    OBSERVE_REQUEST,
+    Handler,
+    Route,
+    RouteTable,
+    error_middleware,
+    ok,
+    request_log_middleware,
+)
 from gateway.keys import LIFECYCLE, NOTIFIER, POOL, REGISTRY, SETTINGS
 from gateway.metrics import Metrics
 from gateway.notify import Notifier
@@ -33,6 +46,7 @@ log = logging.getLogger("leasehold.gateway")
 
 METRICS = web.AppKey("metrics", Metrics)
 ROUTES = web.AppKey("routes", list)
+HINTS = web.AppKey("hints", Hints)
 
 service_routes = RouteTable()
 
@@ -51,7 +65,14 @@ async def readyz(request: web.Request) -> web.StreamResponse:
                 await conn.execute("SELECT 1")
     except Exception as exc:
         raise Unavailable("the database does not answer") from exc
-    return ok({"status": "ready", "listening": request.app[NOTIFIER].connected.is_set()})
+    return ok({"status": "ready", "listening": request.app[NOTIFIER].connected.is_set(),
+               "redis": _redis_state(request.app)})
+
+
+def _redis_state(app: web.Application) -> str:
+    """``off`` (no ``redis_url``), ``connected`` or ``unavailable`` (the Gateway works without it)."""
+    hints = app.get(HINTS)
+    return "off" if hints is None else "connected" if hints.connected else "unavailable"
 
 
 @service_routes.route("GET", "/metrics", summary="Prometheus metrics of this process", auth="none",
@@ -69,16 +90,34 @@ async def openapi(request: web.Request) -> web.StreamResponse:
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     url = settings.resolved_database_url()
-    pool = create_pool(url, min_size=2, max_size=settings.pool_size)
+    notifier = Notifier(url)
+    hints = None
+    pool_hooks: dict[str, object] = {}
+    if settings.redis_url:
+        hints = Hints(settings.redis_url, notifier.dispatch, registry=app[METRICS].registry)
+        app[HINTS] = hints
+        # Connections remember what their transaction NOTIFYed; the pool hands it to Redis on return.
+        pool_hooks = {"connection_class": HintingConnection, "reset": hints.reset}
+    pool = create_pool(url, min_size=2, max_size=settings.pool_size, **pool_hooks)
     await pool.open(wait=False)
     app[POOL] = pool
     lifecycle = Lifecycle(pool, cancel_grace=timedelta(seconds=settings.cancel_grace_seconds))
     lifecycle.observe = app[METRICS].count_events
     app[LIFECYCLE] = lifecycle
     app[REGISTRY] = Registry(pool)
-    notifier = Notifier(url)
-    notifier.start()
+    # A lost LISTEN connection means the database went away: once it is back, drop the pool's
+    # dead idle connections at once, rather than letting requests find them one by one.
+    notifier.on_reconnect = pool.check
+    if settings.listen:
+        notifier.start()
     app[NOTIFIER] = notifier
+    registry = app[METRICS].registry
+    Gauge("leasehold_listen_connected", "1 while the LISTEN connection is up",
+          registry=registry).set_function(lambda: 1 if notifier.connected.is_set() else 0)
+    Gauge("leasehold_long_polls_waiting", "Acquire long-polls waiting for a wake-up",
+          registry=registry).set_function(lambda: notifier.waiting)
+    if hints is not None:
+        hints.start()
     try:
         await ensure_bootstrap_admin_key(app)
     except Exception:  # the database may not be up yet; the Gateway still starts and retries per request
@@ -92,7 +131,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         loops.append(asyncio.create_task(_checkpoints(app, settings.checkpoint_interval_seconds),
                                          name="leasehold-checkpoints"))
     if settings.schedule_interval_seconds > 0:
-        loops.append(asyncio.create_task(scheduler.run(Schedules(pool), settings.schedule_interval_seconds),
+        failures = Counter("leasehold_schedule_failures_total",
+                           "Due schedules whose scan could not be created (rolled back and backed off)",
+                           registry=registry)
+        schedules = Schedules(pool, on_failure=lambda _: failures.inc())
+        loops.append(asyncio.create_task(scheduler.run(schedules, settings.schedule_interval_seconds),
                                          name="leasehold-scheduler"))
     try:
         yield
@@ -102,6 +145,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         for task in loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if hints is not None:
+            await hints.stop()
         await notifier.stop()
         await pool.close()
 
@@ -133,9 +178,20 @@ async def _checkpoints(app: web.Application, every: float) -> None:
             log.exception("checkpoint failed; retrying at the next interval")
 
 
+@web.middleware
+async def database_outage_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request that meets a lost database connection (a restart, a failover) answers 503, to
+    be retried, rather than 500: reads outside a command's unit of work use pool connections
+    directly, and right after a restart some of those are dead until the pool replaces them."""
+    try:
+        return await handler(request)
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        raise Unavailable("the database is unavailable") from exc
+
+
 def create_app(settings: GatewaySettings) -> web.Application:
     """The Gateway as an aiohttp application (serve it with :mod:`gateway.serve`)."""
-    app = web.Application(middlewares=[request_log_middleware, error_middleware],
+    app = web.Application(middlewares=[request_log_middleware, error_middleware, database_outage_middleware],
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()

@@ -5,6 +5,9 @@ Commands that make work available (a new task) or ask a worker to stop (a cancel
 if, and when, the change commits — to every Gateway process and replica listening. Each process
 keeps one listening connection; waiting acquires wait on :class:`Notifier` with a timeout, so a
 lost notification (or a lost connection) costs at most one poll interval, never correctness.
+A lost listening connection (a database restart) is re-established with backoff (0.2 s doubling
+to 2 s), then every waiter re-checks. With Redis configured, the same topics also travel as
+hints (:mod:`gateway.hints`), which wake waiters through :meth:`Notifier.dispatch` as well.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -32,12 +36,20 @@ def cancel(worker_id: object) -> str:
 class Notifier:
     """Fans notifications out to waiters in this process."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, max_backoff: float = 2.0) -> None:
         self.url = url
+        self.max_backoff = max_backoff
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.received = 0
+        #: Long-polls waiting right now.
+        self.waiting = 0
+        #: Times the listening connection came back after being lost.
+        self.reconnects = 0
+        #: Called (and awaited) each time the listening connection is back after a loss: the
+        #: database may have restarted, so the application can check its other connections.
+        self.on_reconnect: Callable[[], Awaitable[None]] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="leasehold-listen")
@@ -50,12 +62,20 @@ class Notifier:
 
     async def _listen(self) -> None:
         backoff = 0.2
+        lost = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                                 connect_timeout=5) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.connected.set()
                     backoff = 0.2
+                    if lost:
+                        lost = False
+                        self.reconnects += 1
+                        log.info("listen connection re-established")
+                        if self.on_reconnect is not None:
+                            await self._run_on_reconnect()
                     # A reconnect may have missed notifications: wake everyone to re-check.
                     self._wake_all()
                     async for note in conn.notifies():
@@ -65,9 +85,21 @@ class Notifier:
                 raise
             except Exception as exc:  # the database went away: poll covers until we are back
                 self.connected.clear()
-                log.warning("listen connection lost, retrying", extra={"error": str(exc)})
+                if not lost:  # once per outage, not once per attempt
+                    lost = True
+                    log.warning("listen connection lost; long-polls fall back to polling until it is back",
+                                extra={"error": str(exc)})
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, self.max_backoff)
+
+    async def _run_on_reconnect(self) -> None:
+        assert self.on_reconnect is not None
+        try:
+            await self.on_reconnect()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reconnect hook failed")
 
     def dispatch(self, payload: str) -> None:
         for event in self._waiters.get(payload, ()):
@@ -83,12 +115,14 @@ class Notifier:
         event = asyncio.Event()
         for topic in topics:
             self._waiters.setdefault(topic, set()).add(event)
+        self.waiting += 1
         try:
             await asyncio.wait_for(event.wait(), seconds)
             return True
         except TimeoutError:
             return False
         finally:
+            self.waiting -= 1
             for topic in topics:
                 waiters = self._waiters.get(topic)
                 if waiters is not None:
@@ -98,5 +132,10 @@ class Notifier:
 
 
 async def send(cur: Any, payload: str) -> None:
-    """Queue a notification in the current transaction (delivered at commit)."""
+    """Queue a notification in the current transaction (delivered at commit). On a connection
+    that carries Redis hints (:class:`gateway.hints.HintingConnection`), the topic is also kept
+    for the hint published once the connection is back in its pool."""
     await cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+    pending = getattr(cur.connection, "pending_hints", None)
+    if pending is not None:
+        pending.append(payload)

@@ -29,6 +29,12 @@ class GatewaySettings(BaseSettings):
     max_wait_seconds: int = Field(30, ge=0, le=300, description="longest acquire long-poll")
     poll_interval_seconds: float = Field(1.0, gt=0, le=60,
                                          description="long-poll safety re-check when no notification arrives")
+    listen: bool = Field(True, description="wake long-polls by PostgreSQL LISTEN/NOTIFY; turn off where LISTEN "
+                                           "is unavailable (e.g. a transaction-pooling proxy): Redis hints and "
+                                           "the poll remain")
+    redis_url: str | None = Field(None, description="Redis URL for wake-up hints between Gateway processes "
+                                                    "(optional; without it, or while it is down, LISTEN/NOTIFY "
+                                                    "and the poll wake workers)")
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
     checkpoint_interval_seconds: float = Field(
         300.0, ge=0, description="how often to seal the stream heads (replay checkpoint); 0 disables")
