@@ -87,7 +87,9 @@ async def _gateway_scans(world: World) -> dict[str, tuple[Any, ...]]:
     """Gateway scans made from legacy ids: legacy id -> (scan id, status, stored profile, targets)."""
     rows = await _rows(world, "SELECT legacy_scan_id, id, status, stored_profile_id, targets FROM scans"
                               " WHERE execution_mode = 'gateway' AND legacy_scan_id IS NOT NULL")
-    return {r[0]: r[1:] for r in rows}
+    scans = {r[0]: r[1:] for r in rows}
+    assert len(scans) == len(rows), "a legacy scan id with two Gateway scans"
+    return scans
 
 
 async def _assert_rebuild_equals_live(database_url: str) -> None:
