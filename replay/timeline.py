@@ -94,6 +94,10 @@ def _with_scan_status(entries: list[Entry]) -> list[Entry]:
                 status = "pending"
             elif isinstance(entry.event, ev.ScanFinished):
                 status = entry.event.status
+            elif isinstance(entry.event, ev.LegacyScanStatusRecorded):
+                status = entry.event.status
+            elif isinstance(entry.event, ev.ScanHandedOver):
+                status = "cancelled"
             entry = replace(entry, state_before=before, state_after=status)
         elif isinstance(entry.event, ev.TaskLeased) and status == "pending":
             status = "running"
@@ -186,5 +190,19 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
             return f"job {event.position} ({_short(event.job_id)}) queued: {event.plugin}"
         case ev.ScanFinished():
             return f"finished: {event.status}"
+        case ev.ScanOriginRecorded():
+            origin = []
+            if event.stored_profile_id:
+                origin.append(f"steps copied from stored profile {_short(event.stored_profile_id)}")
+            if event.legacy_scan_id:
+                origin.append(f"drained from legacy scan {event.legacy_scan_id}")
+            return ", ".join(origin) or "no recorded origin"
+        case ev.LegacyScanStatusRecorded():
+            return f"legacy side reports: {event.status}"
+        case ev.ScanHandedOver():
+            return (f"handed over to Gateway scan {_short(event.gateway_scan_id)};"
+                    f" {len(event.job_ids)} legacy jobs cancelled")
+        case ev.ScanCancelRequested():
+            return f"cancel requested: {event.reason}"
     fields = {k: v for k, v in event.__dict__.items() if k not in _BASE_FIELDS}
     return " ".join(f"{k}={v}" for k, v in fields.items())[:160]

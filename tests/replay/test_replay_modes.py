@@ -57,3 +57,16 @@ async def test_rebuild_and_verify_cover_modes_and_stored_profiles(world: World, 
     assert code == 0, err
     for fact in ("legacy scan", "ScanOriginRecorded", "ScanHandedOver"):
         assert fact in out, (fact, out)
+
+    async def scan_story(scan_id: object) -> list[tuple[str, str | None, str | None, str]]:
+        code, timeline = await cli_json("replay", "timeline", "--scan", str(scan_id), *url)
+        assert code == 0, timeline
+        return [(e["event"], e["state_before"], e["state_after"], e["summary"])
+                for e in timeline["events"] if e["stream"] == "scan"]
+
+    handed = [e for e in await scan_story(recorded) if e[0] == "ScanHandedOver"]
+    assert handed == [("ScanHandedOver", "pending", "cancelled",
+                       f"handed over to Gateway scan {str(converted.scan_id)[:8]}; 2 legacy jobs cancelled")]
+    reports = [e[1:] for e in await scan_story(reported) if e[0] == "LegacyScanStatusRecorded"]
+    assert reports == [("pending", "running", "legacy side reports: running"),
+                       ("running", "failed", "legacy side reports: failed")]
