@@ -3,7 +3,14 @@ to it as workers (mTLS) and operators (bearer keys)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
+import socket
 import ssl
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -136,3 +143,130 @@ async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) ->
         for session in gw.sessions:
             await session.close()
         await runner.cleanup()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    """``leasehold gateway serve`` as a subprocess on fixed ports, so that a process started
+    again (after :meth:`kill`) keeps its address. Its JSON log is appended to ``log_path``;
+    ``options`` are further settings (``{"poll_interval_seconds": 5, "redis_url": …}``)."""
+
+    database_url: str
+    pki: PkiPaths
+    log_path: Path
+    options: dict[str, Any] = field(default_factory=dict)
+    worker_port: int = field(default_factory=free_port)
+    operator_port: int = field(default_factory=free_port)
+    proc: Any = None  # asyncio.subprocess.Process while started
+
+    @property
+    def worker_url(self) -> str:
+        return f"https://localhost:{self.worker_port}"
+
+    @property
+    def operator_url(self) -> str:
+        return f"https://localhost:{self.operator_port}"
+
+    async def start(self, *, ready_within: float = 60.0) -> None:
+        """Start the process and wait until it is ready (``/readyz`` 200, and listening unless
+        LISTEN is turned off)."""
+        values = {"log_level": "WARNING", "sweep_interval_seconds": 0.2, **self.options}
+        args = [sys.executable, "-m", "gateway.cli", "gateway", "serve", "--database-url", self.database_url,
+                "--pki-dir", str(self.pki.directory), "--worker-port", str(self.worker_port),
+                "--operator-port", str(self.operator_port)]
+        for name, value in values.items():
+            args += ["--" + name.replace("_", "-"), str(value)]
+        env = {**os.environ, "LEASEHOLD_ADMIN_API_KEY": ADMIN_KEY}
+        log = self._open_log()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(*args, env=env, stdout=asyncio.subprocess.DEVNULL,
+                                                             stderr=log)
+        finally:
+            log.close()
+        listening = str(values.get("listen", True)).lower() not in ("false", "0")
+        deadline = time.monotonic() + ready_within
+        while True:
+            if self.proc.returncode is not None:
+                raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log_tail()}")
+            ready = await self.readyz()
+            if ready is not None and (ready["listening"] or not listening):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gateway not ready after {ready_within} s:\n{self.log_tail()}")
+            await asyncio.sleep(0.1)
+
+    async def readyz(self) -> dict[str, Any] | None:
+        """``/readyz`` of this process, or None when it does not answer 200."""
+        try:
+            reply = await self.get("/readyz")
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        return reply.body if reply.status == 200 else None
+
+    async def get(self, path: str, *, within: float = 5.0) -> Reply:
+        """A GET on the operator port (``/readyz``, ``/healthz``, ``/metrics`` …), a fresh connection."""
+        return await service_get(self.pki, self.operator_url + path, within=within)
+
+    async def metric(self, name: str) -> float:
+        """One unlabelled sample of this process's ``/metrics``."""
+        return await metric(self.pki, self.operator_url, name)
+
+    def client(self, registry: Registry, lifecycle: Lifecycle, org: UUID, scan: UUID) -> RunningGateway:
+        """A :class:`RunningGateway` that talks to this process (workers, operator calls), with
+        ``registry`` and ``lifecycle`` on the test's own pool for setup and checks."""
+        settings = GatewaySettings(database_url=self.database_url, pki_dir=self.pki.directory,
+                                   worker_port=self.worker_port, operator_port=self.operator_port)
+        return RunningGateway(settings, self.pki, self.worker_url, self.operator_url, registry, lifecycle,
+                              org, scan)
+
+    async def kill(self) -> None:
+        """SIGKILL: no shutdown at all, as a crash."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+
+    async def stop(self, grace: float = 20.0) -> int:
+        """SIGTERM and wait (SIGKILL after ``grace`` seconds); the exit code."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except TimeoutError:
+                await self.kill()
+        return int(self.proc.returncode)
+
+    def _open_log(self) -> Any:
+        return self.log_path.open("ab")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+async def service_get(pki: PkiPaths, url: str, *, within: float = 5.0) -> Reply:
+    """A GET without credentials (the service endpoints), over a fresh connection; JSON bodies
+    are parsed, others kept as text."""
+    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, force_close=True),
+                                     timeout=aiohttp.ClientTimeout(total=within)) as s, s.get(url) as r:
+        text = await r.read()
+        is_json = r.content_type == "application/json" or r.content_type.endswith("+json")
+        return Reply(r.status, orjson.loads(text) if text and is_json else text.decode(), dict(r.headers))
+
+
+async def metric(pki: PkiPaths, base_url: str, name: str) -> float:
+    """One unlabelled sample of the ``/metrics`` of the Gateway at ``base_url``."""
+    reply = await service_get(pki, base_url + "/metrics")
+    for line in str(reply.body).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
