@@ -50,17 +50,18 @@ def _port(url: str) -> int:
 
 
 def gated_plugin(plugins_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """Plugin ``gated``: records its run, waits for the file ``go``, reports its attempt number.
-    Returns (go file, pid directory: one file per attempt holding the plugin's pid)."""
-    go, pids = tmp_path / "go", tmp_path / "pids"
+    """Plugin ``gated``: writes its pid to ``pids/<attempt number>``, waits for the file
+    ``gates/<attempt number>``, then reports its attempt number. Returns (gates, pids)."""
+    gates, pids = tmp_path / "gates", tmp_path / "pids"
+    gates.mkdir()
     pids.mkdir()
     write_plugin(plugins_dir, "gated", f"""
         #!/bin/sh
         echo $$ > {pids}/$LEASEHOLD_ATTEMPT_NUMBER
-        while [ ! -e {go} ]; do sleep 0.05; done
+        while [ ! -e {gates}/$LEASEHOLD_ATTEMPT_NUMBER ]; do sleep 0.05; done
         echo '{{"type": "raw", "attempt": "'$LEASEHOLD_ATTEMPT_NUMBER'"}}'
     """)
-    return go, pids
+    return gates, pids
 
 
 async def task_events(gateway: RunningGateway, task_id: UUID) -> list[tuple[str, dict[str, Any]]]:
@@ -82,6 +83,10 @@ async def raw_output_attempts(gateway: RunningGateway, task_id: UUID) -> list[st
     return [r[0] for r in found]
 
 
+async def _running_attempt(gateway: RunningGateway, task_id: UUID, number: int) -> bool:
+    return (await task_state(gateway, task_id))[:2] == ("running", number)
+
+
 async def _attempt_count(gateway: RunningGateway, task_id: UUID, at_least: int) -> bool:
     return len(await attempts(gateway, task_id)) >= at_least
 
@@ -93,7 +98,7 @@ async def stop(agent: AgentProcess) -> int:
 
 async def test_partition_longer_than_the_lease_re_leases_the_task_and_the_late_writes_are_refused(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
-    go, _ = gated_plugin(plugins_dir, tmp_path)
+    gates, _ = gated_plugin(plugins_dir, tmp_path)
     isolated = await register_worker(gateway, ("gated",))
     healthy = await register_worker(gateway, ("gated",))
     task_id = await gateway.task(task_type="gated", lease_seconds=LEASE_SECONDS, max_attempts=3)
@@ -107,13 +112,15 @@ async def test_partition_longer_than_the_lease_re_leases_the_task_and_the_late_w
             [first] = await attempts(gateway, task_id)
             assert first["worker_id"] == isolated.client.id
             proxy.mode = Fault.PARTITION
-            go.touch()  # the plugin finishes now: its final batch is sent into the partition
+            (gates / "1").touch()  # the plugin finishes now: its final batch is sent into the partition
 
             async with agent_process(healthy.argv(gateway, plugins_dir=plugins_dir), tmp_path / "healthy.log"):
-                await wait_state(gateway, task_id, "completed", within=30)
+                # The lease expires, the healthy worker runs attempt 2 (which waits for its gate).
+                await eventually(lambda: _running_attempt(gateway, task_id, 2), within=30,
+                                 what="attempt 2 running on the healthy worker")
                 # Still partitioned: nothing the isolated worker sent has arrived yet.
                 assert [kind for kind, _ in await task_events(gateway, task_id)].count("WriteRejected") == 0
-                proxy.mode = Fault.PASS
+                proxy.mode = Fault.PASS  # heal while attempt 2 holds the lease: the dangerous moment
 
                 async def refused() -> list[dict[str, Any]] | None:
                     found = [data for kind, data in await task_events(gateway, task_id)
@@ -123,6 +130,11 @@ async def test_partition_longer_than_the_lease_re_leases_the_task_and_the_late_w
                 [late_batch] = await eventually(refused, within=20, what="the late result batch to arrive")
                 line = await eventually(lambda: asyncio.sleep(0, abandoned(cut_off, first["id"])),
                                         within=20, what="the isolated agent to abandon the attempt")
+                # The live attempt was not disturbed: still running, nothing accepted for it yet.
+                assert (await task_state(gateway, task_id))[:2] == ("running", 2)
+                assert await batches(gateway, task_id) == []
+                (gates / "2").touch()
+                await wait_state(gateway, task_id, "completed", within=20)
             assert await stop(cut_off) == 0, cut_off.log_text()
 
     first, second = await attempts(gateway, task_id)
@@ -144,7 +156,7 @@ async def test_partition_longer_than_the_lease_re_leases_the_task_and_the_late_w
 
 async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_nothing_more(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
-    go, pids = gated_plugin(plugins_dir, tmp_path)
+    gates, pids = gated_plugin(plugins_dir, tmp_path)
     isolated = await register_worker(gateway, ("gated",))
     healthy = await register_worker(gateway, ("gated",))
     task_id = await gateway.task(task_type="gated", lease_seconds=LEASE_SECONDS, max_attempts=3)
@@ -170,7 +182,7 @@ async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_
                     # ... and the Gateway, on its side, expires the lease and re-leases the task.
                     await eventually(lambda: _attempt_count(gateway, task_id, 2), within=20,
                                      what="a second attempt")
-                    go.touch()
+                    (gates / "2").touch()
                     await wait_state(gateway, task_id, "completed", within=20)
                     assert await stop(other) == 0
             finally:
@@ -178,6 +190,7 @@ async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_
             proxy.mode = Fault.PASS
             # Healed: the isolated worker takes the next task, so it talks to the Gateway again ...
             scan = await gateway.registry.create_scan(gateway.org, {"targets": ["127.0.0.1"]})
+            (gates / "1").touch()  # its first attempt runs straight through
             later = await gateway.task(task_type="gated", scan=scan)
             await wait_state(gateway, later, "completed", within=30)
             assert [a["worker_id"] for a in await attempts(gateway, later)] == [isolated.client.id]
