@@ -25,7 +25,7 @@ from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from domain.errors import InvalidRequest
 from domain.events import (
@@ -40,6 +40,9 @@ from domain.events import (
 )
 
 MIN_INTERVAL_SECONDS = 1
+#: Where a cron expression is tried once when a schedule is made (a leap-year start, so that
+#: "0 0 29 2 *" finds its first slot within croniter's search window).
+CRON_PROBE_START = datetime(2024, 1, 1, tzinfo=UTC)
 #: Counting missed cron slots stops here (a ``ScheduleSkipped`` says "at least this many").
 MAX_COUNTED_SLOTS = 10_000
 
@@ -61,6 +64,11 @@ class Timing:
             raise InvalidRequest(f"unknown timezone {self.timezone!r}") from exc
         if self.cron is not None and not croniter.is_valid(self.cron):
             raise InvalidRequest(f"invalid cron expression {self.cron!r}")
+        if self.cron is not None:
+            try:  # well-formed is not enough: "0 0 31 2 *" (February 31st) never fires
+                croniter(self.cron, CRON_PROBE_START).get_next(datetime)
+            except CroniterBadDateError as exc:
+                raise InvalidRequest(f"the cron expression {self.cron!r} never fires") from exc
         if self.interval_seconds is not None and self.interval_seconds < MIN_INTERVAL_SECONDS:
             raise InvalidRequest(f"interval_seconds must be at least {MIN_INTERVAL_SECONDS}")
 

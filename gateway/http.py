@@ -16,9 +16,9 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
-from domain.errors import LeaseholdError
+from domain.errors import InvalidRequest, LeaseholdError
 from gateway.keys import REQUEST_ID, WORKER_FINGERPRINT
 
 log = logging.getLogger("leasehold.gateway")
@@ -57,11 +57,25 @@ class RouteTable(list[Route]):
     def route(self, method: str, path: str, *, summary: str, auth: Auth,
               request: type[BaseModel] | None = None, response: type[BaseModel] | None = None,
               statuses: tuple[int, ...] = (), tags: tuple[str, ...] = (),
-              query: type[BaseModel] | None = None) -> Callable[[Handler], Handler]:
+              query: type[BaseModel] | None = None,
+              links: dict[str, dict[str, Any]] | None = None) -> Callable[[Handler], Handler]:
+        """``links``: OpenAPI links of the success response (name -> link object, naming its target
+        by ``operationId``: the handler's name, ``_``, the lower-case method)."""
         def register(handler: Handler) -> Handler:
-            self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query))
+            self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query,
+                              {"links": links} if links else {}))
             return handler
         return register
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: Put last in ``Annotated[StrictInt, Field(ge=…, le=…), INTEGRAL]``: an integer as JSON (and JSON
+#: Schema) knows it, so ``5`` and ``5.0`` are the same number while ``5.5``, ``"5"`` and ``true`` are
+#: not integers. (Placed before the bounds, pydantic would publish them as ``ge``/``le``.)
+INTEGRAL = BeforeValidator(_integral)
 
 
 def ok(body: BaseModel | dict[str, Any] | list[Any], status: int = 200) -> web.Response:
@@ -90,7 +104,25 @@ async def read_json(request: web.Request, model: type[M]) -> M:
         raise BadRequest("the body is not valid JSON", errors=[str(exc)]) from exc
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
+    if b"\\u0000" in raw and _holds_nul(data):
+        raise InvalidRequest("text must not contain NUL (\\u0000) characters: PostgreSQL cannot store them")
     return model.model_validate(data)
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in any string (or key) of a parsed JSON value."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def read_query(request: web.Request, model: type[M]) -> M:

@@ -7,11 +7,31 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
+from typing_extensions import TypeAliasType
 
 from domain.task import AttemptState, TaskState
+from gateway.http import INTEGRAL
 
 Token = Annotated[str, Field(min_length=16, max_length=200, description="the lease token from acquire")]
+
+
+#: A value inside a plugin record, as the OpenAPI document states it: any JSON, but integers within
+#: 64 bits, since the payload's canonical form (orjson) exists only for those. The parsed body is
+#: JSON already, so values are not validated again (a payload can hold 100,000 records);
+#: integers beyond 64 bits arrive as floats and fail the payload_sha256 check.
+PayloadValue = TypeAliasType("PayloadValue", (
+    "None | StrictBool | Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)] | StrictFloat | StrictStr"
+    " | list[PayloadValue] | dict[str, PayloadValue]"))
 
 
 class Body(BaseModel):
@@ -19,7 +39,8 @@ class Body(BaseModel):
 
 
 class AcquireRequest(Body):
-    wait_seconds: int = Field(0, ge=0, le=30, description="long-poll up to this many seconds")
+    wait_seconds: Annotated[StrictInt, Field(ge=0, le=30), INTEGRAL] = Field(
+        0, description="long-poll up to this many seconds")
     request_id: str | None = Field(
         None, min_length=1, max_length=200,
         description="makes acquire retry-safe: repeating it returns the same lease (with a fresh token)")
@@ -34,17 +55,18 @@ class WorkerWriteRequest(Body):
 
 
 class ResultBatchRequest(WorkerWriteRequest):
-    sequence_number: int = Field(ge=1, le=1_000_000)
+    sequence_number: Annotated[StrictInt, Field(ge=1, le=1_000_000), INTEGRAL]
     idempotency_key: str = Field(min_length=1, max_length=200)
     payload_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$",
                                 description="sha256 of the canonical JSON of `payload` (keys sorted, no spaces)")
-    payload: list[dict[str, Any]] = Field(max_length=100_000, description="plugin records")
-    final: bool = False
+    payload: list[dict[str, SkipValidation[PayloadValue]]] = Field(max_length=100_000,
+                                                                  description="plugin records")
+    final: StrictBool = False
 
 
 class FailRequest(WorkerWriteRequest):
     error: str = Field(max_length=20_000)
-    retryable: bool = True
+    retryable: StrictBool = True
 
 
 class AttemptView(Body):

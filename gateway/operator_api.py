@@ -98,6 +98,11 @@ ASSIGNMENT_PATH = WORKER_PATH + "/assignments/{organization_id}"
 _EVENT_POSITION = {"originator_id", "originator_version", "timestamp", "actor"}
 
 
+def _links(parameter: str, *operation_ids: str) -> dict[str, dict[str, Any]]:
+    """OpenAPI links from a created resource (its ``id``) to the operations that take it."""
+    return {op: {"operationId": op, "parameters": {parameter: "$response.body#/id"}} for op in operation_ids}
+
+
 # --- reading (no transactions of their own that write; every read checks visibility) --------
 
 
@@ -372,7 +377,8 @@ async def revoke_assignment(request: web.Request) -> web.StreamResponse:
 
 
 @routes.route("POST", "/v1/scans", summary="Create a scan of an organisation (an organisation key: its own)",
-              auth="operator", request=CreateScan, response=Scan, statuses=(201,), tags=TAGS)
+              auth="operator", request=CreateScan, response=Scan, statuses=(201,), tags=TAGS,
+              links=_links("scan_id", "get_scan_get", "create_task_post", "cancel_scan_post", "scan_assets_get"))
 async def create_scan(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     body = await read_json(request, CreateScan)
@@ -394,7 +400,8 @@ async def get_scan(request: web.Request) -> web.StreamResponse:
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/tasks", summary="Queue a job on the scan and create its task",
-              auth="operator", request=CreateTask, response=Task, statuses=(201,), tags=TAGS)
+              auth="operator", request=CreateTask, response=Task, statuses=(201,), tags=TAGS,
+              links=_links("task_id", "get_task_get", "task_events_get", "cancel_task_post"))
 async def create_task(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     scan_id = _path_id(request, "scan_id", "scan")
@@ -510,7 +517,9 @@ async def _schedule(request: web.Request, operator: Operator, schedule_id: UUID)
 
 
 @routes.route("POST", "/v1/schedules", summary="Create a scheduled scan (an organisation key: its own)",
-              auth="operator", request=CreateSchedule, response=Schedule, statuses=(201,), tags=TAGS)
+              auth="operator", request=CreateSchedule, response=Schedule, statuses=(201,), tags=TAGS,
+              links=_links("schedule_id", "get_schedule_get", "pause_schedule_post", "resume_schedule_post",
+                           "run_schedule_now_post", "delete_schedule_delete"))
 async def create_schedule(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     body = await read_json(request, CreateSchedule)

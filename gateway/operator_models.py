@@ -13,11 +13,19 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from domain.task import TaskState
+from gateway.http import INTEGRAL
 
-Name = Annotated[StrictStr, Field(min_length=1, max_length=200)]
-Label = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=r"^\S(.*\S)?$")]
+#: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
+#: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
+SPACE = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+#: Somewhere a character that is not white space.
+VISIBLE = rf"[^{SPACE}]"
+Name = Annotated[StrictStr, Field(min_length=1, max_length=200, pattern=VISIBLE)]
+#: No white space at either end (nor a line break anywhere).
+TRIMMED = rf"^{VISIBLE}([^\n]*{VISIBLE})?$"
+Label = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=TRIMMED)]
 Labels = Annotated[list[Label], Field(max_length=100)]
-Reason = Annotated[StrictStr, Field(min_length=1, max_length=1000)]
+Reason = Annotated[StrictStr, Field(min_length=1, max_length=1000, pattern=VISIBLE)]
 
 
 class Body(BaseModel):
@@ -92,19 +100,25 @@ class ApiKeyCreated(Body):
 
 class RegisterWorker(Body):
     name: Name
-    fingerprint: Annotated[StrictStr, Field(min_length=64, max_length=95, description=(
-        "hex SHA-256 of the worker's DER client certificate (colons allowed)"))]
+    fingerprint: Annotated[StrictStr, Field(
+        pattern=r"^([0-9a-fA-F]{64}|[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){31})$",
+        description="hex SHA-256 of the worker's DER client certificate (colons allowed)")]
     capabilities: Labels = []
     task_types: Labels = []
-    max_concurrent_tasks: Annotated[StrictInt, Field(ge=1, le=1000)] = 1
+    max_concurrent_tasks: Annotated[StrictInt, Field(ge=1, le=1000), INTEGRAL] = 1
 
 
 class UpdateWorker(Body):
     """Absolute new values; omitted fields stay as they are."""
 
+    # What the validator below demands, said in the schema: at least one field, and not null.
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+        for name in ("capabilities", "task_types", "max_concurrent_tasks")]})
+
     capabilities: Labels | None = None
     task_types: Labels | None = None
-    max_concurrent_tasks: Annotated[StrictInt, Field(ge=1, le=1000)] | None = None
+    max_concurrent_tasks: Annotated[StrictInt, Field(ge=1, le=1000), INTEGRAL] | None = None
 
     @model_validator(mode="after")
     def _something(self) -> UpdateWorker:
@@ -181,17 +195,17 @@ class Revocation(Body):
 # --- scans and tasks ------------------------------------------------------------------------
 
 
-ProfileName = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=r"^\S(.*\S)?$")]
+ProfileName = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=TRIMMED)]
 
 
 class ProfileStepBody(Body):
     task_type: Label
     required_capabilities: Labels = []
-    execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800)] = 3600
-    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 3
-    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000)] = 0
-    stop_on_failure: bool = True
-    lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600)] = 60
+    execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800), INTEGRAL] = 3600
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] = 3
+    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000), INTEGRAL] = 0
+    stop_on_failure: StrictBool = True
+    lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600), INTEGRAL] = 60
 
 
 class CreateScan(Body):
@@ -282,12 +296,12 @@ class CreateTask(Body):
     task_type: Label
     plugin: Label | None = Field(None, description="the scan job's plugin (default: task_type)")
     required_capabilities: Labels = []
-    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000)] = 0
+    priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000), INTEGRAL] = 0
     scope: dict[str, Any] = Field(default_factory=dict)
     parameters: dict[str, Any] = Field(default_factory=dict)
-    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 3
-    lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600)] = 60
-    execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800)] = 3600
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] = 3
+    lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600), INTEGRAL] = 60
+    execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800), INTEGRAL] = 3600
 
 
 class CancelTask(Body):
@@ -387,12 +401,17 @@ def redact(value: Any) -> Any:
 
 
 class CreateSchedule(Body):
+    # Exactly one of cron and interval_seconds (the other absent or null), said in the schema too.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": [given], "properties": {given: {"not": {"type": "null"}}, other: {"type": "null"}}}
+        for given, other in (("cron", "interval_seconds"), ("interval_seconds", "cron"))]})
+
     organization_id: UUID | None = Field(
         None, description="required with an administrator key; an organisation key may only name its own")
-    name: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    name: Name
     cron: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = Field(
         None, description="cron expression, in `timezone` wall-clock time (exactly one of cron, interval_seconds)")
-    interval_seconds: Annotated[StrictInt, Field(ge=1, le=366 * 86400)] | None = None
+    interval_seconds: Annotated[StrictInt, Field(ge=1, le=366 * 86400), INTEGRAL] | None = None
     timezone: Annotated[StrictStr, Field(min_length=1, max_length=100)] = "UTC"
     targets: dict[str, Any] = Field(default_factory=dict)
     profile: list[ProfileStepBody] = Field(min_length=1, max_length=50)

@@ -62,9 +62,18 @@ async def _topics(request: web.Request, worker_id: UUID) -> list[str]:
     return [notify.available(o) for o in orgs] + [notify.cancel(worker_id)]
 
 
+#: What a lease lets the worker do next: the attempt's ids and its token come from the answer.
+LEASE_LINKS = {
+    action: {"operationId": f"{action}_post", "description": f"{action} the leased attempt",
+             "parameters": {"task_id": "$response.body#/lease/task/id",
+                            "attempt_id": "$response.body#/lease/attempt_id"},
+             "requestBody": {"lease_token": "$response.body#/lease/lease_token"}}
+    for action in ("renew", "progress", "results", "complete", "fail", "cancel_ack")}
+
+
 @routes.route("POST", "/v1/tasks/acquire", summary="Lease one task (long-poll up to wait_seconds)",
               auth="worker", request=AcquireRequest, response=AcquireResponse, statuses=(200, 204),
-              tags=("worker",))
+              tags=("worker",), links=LEASE_LINKS)
 async def acquire(request: web.Request) -> web.StreamResponse:
     worker = await worker_identity(request)
     body = await read_json(request, AcquireRequest)
