@@ -7,6 +7,9 @@ recorded) even with B's real attempt id and lease token.
 Operator API: every endpoint, called with one organisation's key on another organisation's ids,
 answers exactly as it does for ids that do not exist (404; administrator-only endpoints without
 ids answer 403), and changes nothing.
+
+Every endpoint has its case, read from the route tables the Gateway serves (service, worker and
+operator routes): a new route without one fails ``test_every_route_has_an_isolation_case``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import orjson
 import pytest
 from test_operator_api import Tenant, assert_problem, changes, make_tenant
 
-from gateway import operator_api
-from gateway.operator_api import ASSIGNMENT_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
+from gateway import operator_api, worker_api
+from gateway.app import service_routes
+from gateway.operator_api import ASSIGNMENT_PATH, PROFILE_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
+from gateway.worker_api import ATTEMPT_PATH
 from support.gateway import RunningGateway, WorkerClient
 
 WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")
@@ -76,6 +81,43 @@ async def send(worker: WorkerClient, task_id: str, attempt_id: str, token: str, 
     elif action == "fail":
         body["error"] = "x"
     return await worker.post(f"/v1/tasks/{task_id}/attempts/{attempt_id}/{action}", body)
+
+
+# Each worker route, with its rule: acquire offers only the worker's own organisations' tasks;
+# every attempt write on another organisation's task or attempt answers 404 and records nothing.
+OWN_TASKS_ONLY, FOREIGN_IDS_404 = "own tasks only", "foreign ids 404"
+WORKER_CASES = {
+    ("POST", "/v1/tasks/acquire"): OWN_TASKS_ONLY,
+    **{("POST", f"{ATTEMPT_PATH}/{action}"): FOREIGN_IDS_404 for action in WRITES},
+}
+
+
+@pytest.mark.parametrize(("method", "path"), sorted(WORKER_CASES), ids=[f"{m} {p}" for m, p in sorted(WORKER_CASES)])
+async def test_worker_routes_never_cross_organisations(gateway: RunningGateway, method: str, path: str) -> None:
+    a, b = await make_tenant(gateway), await make_tenant(gateway)
+    for caller, victim in ((a, b), (b, a)):
+        # The victim also has a task waiting for a worker.
+        r = await gateway.operator("POST", f"/v1/scans/{victim.scan}/tasks", {"task_type": "probe"}, key=victim.key)
+        assert r.status == 201, r.body
+        waiting = r.body["id"]
+        before = await changes(gateway)
+        if WORKER_CASES[(method, path)] == OWN_TASKS_ONLY:
+            reply = await caller.worker.acquire()
+            assert reply.status == 204, reply.body  # the caller's organisation has nothing waiting
+        else:
+            action = path.rsplit("/", 1)[1]
+            lc, lv = caller.lease, victim.lease
+            for task_id, attempt_id, token in (
+                    (lv["task"]["id"], lv["attempt_id"], lv["lease_token"]),  # the victim's ids and token
+                    (lv["task"]["id"], lc["attempt_id"], lc["lease_token"]),  # victim's task, own attempt
+                    (lc["task"]["id"], lv["attempt_id"], lv["lease_token"]),  # own task, victim's attempt
+            ):
+                assert_problem(await send(caller.worker, task_id, attempt_id, token, action), 404)
+        assert await changes(gateway) == before  # not even a recorded refusal
+        await victim_unchanged(gateway, victim)
+        assert (await gateway.operator("GET", f"/v1/tasks/{waiting}")).body["state"] == "pending"
+        # The victim's own worker takes its task: it was there to take.
+        assert (await victim.worker.acquire()).body["lease"]["task"]["id"] == waiting
 
 
 async def test_a_worker_cannot_write_another_organisations_task_by_id(gateway: RunningGateway) -> None:
@@ -133,17 +175,41 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("POST", SCHEDULE_PATH + "/pause"): (NOT_FOUND, None),
     ("POST", SCHEDULE_PATH + "/resume"): (NOT_FOUND, None),
     ("POST", SCHEDULE_PATH + "/run-now"): (NOT_FOUND, None),
+    ("POST", "/v1/profiles"): (NOT_FOUND, {"organization_id": "{organization_id}", "name": "intruder",
+                                           "steps": [{"task_type": "probe"}]}),
+    ("GET", "/v1/profiles"): (OWN_ONLY, None),
+    ("GET", PROFILE_PATH): (NOT_FOUND, None),
+    ("PUT", PROFILE_PATH): (NOT_FOUND, {"steps": [{"task_type": "probe"}]}),
+    ("PUT", PROFILE_PATH + "/gateway-execution"): (NOT_FOUND, {"enabled": False}),
+    ("DELETE", PROFILE_PATH): (NOT_FOUND, None),
+    ("PUT", "/v1/organizations/{organization_id}/gateway-execution"): (NOT_FOUND, {"enabled": False}),
+    ("POST", "/v1/scans/{scan_id}/legacy-status"): (NOT_FOUND, {"status": "running"}),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
+#: Service endpoints answer anyone, and say nothing about any organisation.
+SERVICE_ROUTES = [(r.method, r.path) for r in service_routes]
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-def test_every_operator_route_has_an_isolation_case() -> None:
+def test_every_route_has_an_isolation_case() -> None:
+    """The route tables are what the Gateway serves (``gateway.app.create_app``)."""
     assert sorted(CASES) == sorted(ROUTES)
+    assert sorted(WORKER_CASES) == sorted((r.method, r.path) for r in worker_api.routes)
+    assert {r.auth for r in service_routes} == {"none"}
 
 
-#: Each tenant's scheduled scan (made for the schedule routes' cases), by organisation.
+@pytest.mark.parametrize(("method", "path"), SERVICE_ROUTES, ids=[f"{m} {p}" for m, p in SERVICE_ROUTES])
+async def test_service_routes_show_no_organisation(gateway: RunningGateway, method: str, path: str) -> None:
+    a = await make_tenant(gateway)
+    async with a.worker.session.request(method, a.worker.base + path) as r:
+        text = await r.text()
+    assert r.status == 200
+    assert not any(v in text for v in (*ids_of(a).values(), str(gateway.org), a.key))
+
+
+#: Each tenant's scheduled scan and stored profile (made for those routes' cases), by organisation.
 SCHEDULES: dict[UUID, UUID] = {}
+PROFILES: dict[UUID, UUID] = {}
 
 
 async def add_schedule(gateway: RunningGateway, t: Tenant) -> None:
@@ -153,9 +219,17 @@ async def add_schedule(gateway: RunningGateway, t: Tenant) -> None:
     SCHEDULES[t.org] = UUID(r.body["id"])
 
 
+async def add_profile(gateway: RunningGateway, t: Tenant) -> None:
+    r = await gateway.operator("POST", "/v1/profiles", {"name": "own", "steps": [{"task_type": "probe"}]},
+                               key=t.key)
+    assert r.status == 201, r.body
+    PROFILES[t.org] = UUID(r.body["id"])
+
+
 def ids_of(t: Tenant) -> dict[str, str]:
     return {"organization_id": str(t.org), "worker_id": str(t.worker_id), "scan_id": str(t.scan),
-            "task_id": str(t.task), "schedule_id": str(SCHEDULES.get(t.org, uuid4()))}
+            "task_id": str(t.task), "schedule_id": str(SCHEDULES.get(t.org, uuid4())),
+            "profile_id": str(PROFILES.get(t.org, uuid4()))}
 
 
 def fill(template: str, ids: dict[str, str]) -> str:
@@ -186,6 +260,9 @@ async def test_organisation_keys_never_cross_organisations(gateway: RunningGatew
     if "schedule" in path:
         for t in (a, b):
             await add_schedule(gateway, t)
+    if "profile" in path:
+        for t in (a, b):
+            await add_profile(gateway, t)
     for caller, victim in ((a, b), (b, a)):
         before = await changes(gateway)
         foreign = await gateway.operator(method, fill(path, ids_of(victim)), fill_body(body, ids_of(victim)),
