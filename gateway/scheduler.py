@@ -3,7 +3,8 @@
 Each pass claims due schedules with ``FOR UPDATE SKIP LOCKED`` in batches (see
 :meth:`gateway.commands.schedules.Schedules.claim_due`), so any number of processes and
 replicas can run it at once: each due slot yields exactly one scan, committed together with
-the schedule's advance.
+the schedule's advance. A schedule whose scan cannot be created is rolled back alone (its own
+savepoint), logged and backed off by this process; the rest of the batch goes on.
 """
 
 from __future__ import annotations
