@@ -32,8 +32,9 @@ from domain import scan as scan_rules
 from domain import schedule as rules
 from domain.errors import InvalidRequest, LeaseholdError, NotFound
 from domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
+from domain.profiles import LegacyExecuted
 from domain.schedule import ScheduleState, Timing
-from gateway.commands.lifecycle import queue_step
+from gateway.commands.modes import open_scan
 from gateway.commands.unit_of_work import Clock, system_clock, transaction
 from gateway.sql import QUERIES
 from projections.store import StreamHead, append
@@ -189,6 +190,11 @@ class Schedules:
     def _failed(self, row: tuple[Any, ...], exc: Exception) -> None:
         schedule_id, organization_id = row[0], row[2]
         failures, delay = self.backoff.failed(schedule_id)
+        if isinstance(exc, LegacyExecuted):
+            log.info("scheduled scan waits: its organisation is legacy-executed",
+                     extra={"schedule_id": str(schedule_id), "organization_id": str(organization_id),
+                            "retry_in_seconds": delay})
+            return
         log.warning("scheduled scan could not be created; schedule backed off",
                     extra={"schedule_id": str(schedule_id), "organization_id": str(organization_id),
                            "error": describe_error(exc), "failures": failures, "retry_in_seconds": delay})
@@ -244,16 +250,15 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
 
 
 async def create_scan_in(cur: AsyncCursor[Any], scan_id: UUID, s: ScheduleState, *, now: datetime, actor: str,
-                         new_id: Callable[[], UUID]) -> StreamHead:
+                         new_id: Callable[[], UUID]) -> None:
     """Append a new scan with the schedule's profile and queue its first step, inside the
-    caller's transaction: the same events :meth:`Registry.create_scan` appends."""
+    caller's transaction: the same events :meth:`Registry.create_scan` appends.
+
+    Scheduled scans run on the Gateway only: while the organisation's ``gateway_execution`` is
+    off this raises :class:`LegacyExecuted`, so the slot stays due (the claim backs the schedule
+    off) and is handled by the misfire policy once the flag is back on.
+    """
     if not s.profile:
         raise InvalidRequest("the schedule has no profile")
-    events: list[DomainEvent] = [
-        scan_rules.create_scan(scan_id, s.organization_id, dict(s.targets), "gateway", now=now, actor=actor),
-        scan_rules.set_profile(scan_id, 1, s.profile, now=now, actor=actor),
-    ]
-    head = await append(cur, StreamHead(scan_id), events)
-    await queue_step(cur, head, s.organization_id, 0, s.profile[0], dict(s.targets), now=now, actor=actor,
-                     new_id=new_id)
-    return head
+    await open_scan(cur, scan_id, s.organization_id, dict(s.targets), clock=now, actor=actor, new_id=new_id,
+                    execution_mode_wanted="gateway", steps=s.profile)

@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
+from domain.profiles import LegacyExecuted
 from domain.schedule import Timing
 from gateway.commands.schedules import FailureBackoff, Schedules
 from projections.chain import verify_chains
@@ -266,3 +267,34 @@ async def assert_log_rebuilds_live_except_poison(database_url: str, unreadable: 
         differences = diff(live, rebuilt.tables)
         assert differences and all(str(unreadable) in str(d) for d in differences), differences
         assert await verify_chains(conn) == []
+
+
+async def test_schedules_of_a_legacy_executed_organisation_wait_for_the_flag(
+        world: World, pool: AsyncConnectionPool, clock: ManualClock, database_url: str) -> None:
+    """Rolling an organisation back to legacy execution stops its scheduled Gateway scans: due
+    slots stay due (no scan, legacy or Gateway, is created for them) and "run now" is refused;
+    with the flag back on, the missed slots fire once, per the misfire policy (``run_once``)."""
+    backoff_now = [0.0]
+    schedules = Schedules(pool, clock=clock,
+                          backoff=FailureBackoff(initial_seconds=10, max_seconds=40, clock=lambda: backoff_now[0]))
+    sid = await schedules.create(world.org, name="nightly", targets=TARGETS, profile=PROFILE, interval_seconds=60)
+    first = await next_run_at(pool, sid)
+    scans_before = await scalar(pool, "SELECT count(*) FROM scans")
+    await world.registry.set_gateway_execution(world.org, False)
+
+    clock.advance(180)
+    assert await schedules.claim_due(limit=10) == 0
+    with pytest.raises(LegacyExecuted):
+        await schedules.run_now(sid, organization_id=world.org)
+    assert await scalar(pool, "SELECT count(*) FROM scans") == scans_before
+    assert await next_run_at(pool, sid) == first and await fired(pool, sid) == []
+
+    await world.registry.set_gateway_execution(world.org, True)
+    backoff_now[0] += 10
+    assert await schedules.claim_due(limit=10) == 1
+    (event,) = await fired(pool, sid)
+    assert datetime.fromisoformat(event["slot"]) == first
+    assert await scalar(pool, "SELECT execution_mode FROM scans WHERE id = %s", (UUID(event["scan_id"]),)) \
+        == "gateway"
+    assert await next_run_at(pool, sid) > clock.now
+    await assert_log_rebuilds_live(database_url)
