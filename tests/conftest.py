@@ -33,7 +33,9 @@ import logging
 import os
 import random
 import secrets
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -253,14 +255,20 @@ class OwnedServer:
 
 
 @pytest.fixture(scope="module")
-def owned_pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnedServer]:
-    """A private embedded PostgreSQL for this module, stopped (immediately) afterwards."""
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("owned-pg") / "pgdata")
-    server.start()
+def owned_pg_server() -> Iterator[OwnedServer]:
+    """A private embedded PostgreSQL for this module, stopped (immediately) and removed afterwards.
+
+    Its data directory is not under pytest's temporary directory: a concurrent pytest run
+    resets that to mode 0700, which would lock out the server's own system user."""
+    base = Path(tempfile.mkdtemp(prefix="leasehold-owned-pg-"))
+    base.chmod(0o755)
+    server = EmbeddedPostgres(base / "pgdata")
     try:
+        server.start()
         yield OwnedServer(server)
     finally:
         server.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
