@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 log = logging.getLogger("leasehold.notify")
 
@@ -67,7 +68,7 @@ class Notifier:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True,
                                                                  connect_timeout=5) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                     self.connected.set()
                     backoff = 0.2
                     if lost:

@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, errors, sql
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +83,11 @@ def seal_of(prev_seal: bytes, created_at: datetime, head_count: int, event_count
     return h.digest()
 
 
-CHECKPOINT_COLUMNS = ("id, created_at, transaction_xmin::text, head_count, changed_count, event_count,"
-                      " prev_seal, seal")
+CHECKPOINT_COLUMNS = sql.SQL(", ").join([
+    sql.Identifier("id"), sql.Identifier("created_at"), sql.SQL("{}::text").format(sql.Identifier("transaction_xmin")),
+    *map(sql.Identifier, ("head_count", "changed_count", "event_count", "prev_seal", "seal"))])
+_LATEST = sql.SQL("SELECT {} FROM checkpoints ORDER BY id DESC LIMIT 1").format(CHECKPOINT_COLUMNS)
+_ALL = sql.SQL("SELECT {} FROM checkpoints ORDER BY id").format(CHECKPOINT_COLUMNS)
 
 
 def checkpoint_from_row(r: tuple[Any, ...]) -> Checkpoint:
@@ -92,7 +95,7 @@ def checkpoint_from_row(r: tuple[Any, ...]) -> Checkpoint:
 
 
 async def latest_checkpoint(conn: AsyncConnection[Any]) -> Checkpoint | None:
-    cur = await conn.execute(f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY id DESC LIMIT 1")  # noqa: S608
+    cur = await conn.execute(_LATEST)
     row = await cur.fetchone()
     return None if row is None else checkpoint_from_row(row)
 
@@ -202,7 +205,7 @@ async def verify_checkpoints(conn: AsyncConnection[Any]) -> tuple[list[Checkpoin
 
     Runs in the caller's transaction (a :func:`replay.snapshot.snapshot`, as ``verify_log`` does).
     """
-    cur = await conn.execute(f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY id")  # noqa: S608
+    cur = await conn.execute(_ALL)
     checkpoints = [checkpoint_from_row(r) for r in await cur.fetchall()]
     problems: list[CheckpointProblem] = []
     if not checkpoints:

@@ -13,13 +13,18 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 
 from domain.events import DomainEvent, ScanJobQueued
 from replay.decode import DECODE
 
-COLUMNS = ("notification_id, originator_id, originator_version, topic, state, recorded_at,"
-           " transaction_id::text, prev_hash, hash")
+COLUMNS = sql.SQL(", ").join([
+    *map(sql.Identifier, ("notification_id", "originator_id", "originator_version", "topic", "state",
+                          "recorded_at")),
+    sql.SQL("{}::text").format(sql.Identifier("transaction_id")), sql.Identifier("prev_hash"),
+    sql.Identifier("hash")])
+_STREAM = sql.SQL("SELECT {} FROM events WHERE originator_id = %s ORDER BY originator_version").format(COLUMNS)
+_STREAMS = sql.SQL("SELECT {} FROM events WHERE originator_id = ANY(%s) ORDER BY notification_id").format(COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,7 @@ def _row(r: tuple[Any, ...]) -> StoredRow:
 async def stream_rows(conn: AsyncConnection[Any], originator_id: UUID) -> list[StoredRow]:
     """Every stored event of one stream, in version order."""
     cur = await conn.execute(
-        f"SELECT {COLUMNS} FROM events WHERE originator_id = %s ORDER BY originator_version",  # noqa: S608
+        _STREAM,
         (originator_id,))
     return [_row(r) for r in await cur.fetchall()]
 
@@ -59,7 +64,7 @@ async def stream_rows(conn: AsyncConnection[Any], originator_id: UUID) -> list[S
 async def rows_of_streams(conn: AsyncConnection[Any], ids: Iterable[UUID]) -> list[StoredRow]:
     """Every stored event of the given streams, in ``notification_id`` (log) order."""
     cur = await conn.execute(
-        f"SELECT {COLUMNS} FROM events WHERE originator_id = ANY(%s) ORDER BY notification_id",  # noqa: S608
+        _STREAMS,
         (list(ids),))
     return [_row(r) for r in await cur.fetchall()]
 
