@@ -166,6 +166,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("retry-after", "allow")}
         return problem(exc.status, _STATUS_TITLES.get(exc.status, exc.reason), exc.text or exc.reason,
                        code=exc.reason.lower().replace(" ", "-"), headers=headers)
+    except ConnectionResetError:
+        # The connection dropped while the request was still arriving (a worker that gave up
+        # waiting, a network that cut it): nobody is left to answer and nothing failed here, so
+        # no 500 and no traceback. The status only reaches the request log and the metrics.
+        log.info("client went away before its request arrived", extra={"request_id": request.get(REQUEST_ID)})
+        return problem(400, "Bad Request", "the connection was lost before the request arrived",
+                       code="connection-lost")
     except Exception:
         log.exception("unhandled error", extra={"request_id": request.get(REQUEST_ID)})
         return problem(500, "Internal Server Error", "an unexpected error occurred; it has been logged",

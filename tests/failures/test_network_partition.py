@@ -18,10 +18,13 @@ exactly once. Everything is checked in the database, plus the isolated agent's l
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from pathlib import Path
 from typing import Any
 from uuid import UUID
+
+import pytest
 
 from support.agent import (
     AgentProcess,
@@ -207,3 +210,25 @@ async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_
     [batch] = await batches(gateway, task_id)
     assert batch["attempt_id"] == second["id"]
     assert await raw_output_attempts(gateway, task_id) == ["2"]
+
+
+async def test_a_request_cut_off_mid_body_is_no_server_error(
+        gateway: RunningGateway, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker whose connection drops while it sends a body (it gave up, the network took it):
+    the Gateway has nobody to answer, and nothing of its own went wrong — no 500, no traceback."""
+    caplog.set_level(logging.INFO, logger="leasehold.gateway")
+    worker = await register_worker(gateway, ("gated",))
+    _, writer = await asyncio.open_connection(
+        "127.0.0.1", _port(gateway.worker_url), ssl=gateway.worker_ssl(worker.cert, worker.key),
+        server_hostname="localhost")
+    writer.write(b"POST /v1/tasks/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"wait_seconds\": ")
+    await writer.drain()
+    writer.transport.abort()  # gone, 83 bytes short
+
+    def noted() -> bool:
+        return any("went away" in r.getMessage() for r in caplog.records)
+
+    await eventually(lambda: asyncio.sleep(0, noted()), what="the Gateway to notice the lost request")
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("leasehold")]
+    assert errors == [], [r.getMessage() for r in errors]
