@@ -45,6 +45,7 @@ import shutil
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -520,8 +521,6 @@ async def check(conn: psycopg.AsyncConnection[Any], expected_tasks: int) -> dict
 
 def replay(command: str, url: str) -> dict[str, Any]:
     leasehold = Path(sys.executable).with_name("leasehold")
-    import subprocess
-
     done = subprocess.run([str(leasehold), "replay", command, "--database-url", url, "--json", "--no-progress"],
                           capture_output=True, text=True, check=False)
     try:
