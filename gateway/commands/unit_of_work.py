@@ -40,7 +40,10 @@ async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[An
                     await cur.execute("COMMIT")
             except BaseException:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
-                    await conn.execute("ROLLBACK")
+                    # conn.rollback(), not a ROLLBACK statement: it also forgets psycopg's prepared
+                    # statements. A statement psycopg meant to prepare in the failed pipeline was
+                    # skipped by the server, and would otherwise be "prepared" only client-side.
+                    await conn.rollback()
                 raise
     except errors.UniqueViolation as exc:
         constraint = exc.diag.constraint_name

@@ -149,9 +149,6 @@ async def test_the_document_types_query_parameters(gateway: RunningGateway) -> N
 # --- a refused command leaves its pooled connection usable -------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway/commands/unit_of_work.py rolls back with conn.execute('ROLLBACK'), which keeps "
-    "psycopg's prepared-statement cache; conn.rollback() clears it"))
 async def test_a_refused_command_does_not_poison_its_pooled_connection(database_url: str) -> None:
     """A command refused by a constraint at COMMIT time, in the pipeline where psycopg first
     prepares COMMIT (its 6th use on the connection), leaves psycopg believing a statement is
