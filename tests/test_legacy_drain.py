@@ -27,9 +27,7 @@ from gateway import legacy_cli
 from gateway.cli import main
 from gateway.commands.legacy import LegacyScans
 from gateway.commands.profiles import Profiles
-from projections.connection import connect
-from projections.rebuild import diff, fold_log, load_live
-from support.core import World
+from support.core import World, assert_log_rebuilds_live
 
 redis = pytest.importorskip("redis")
 
@@ -92,11 +90,6 @@ async def _gateway_scans(world: World) -> dict[str, tuple[Any, ...]]:
     return scans
 
 
-async def _assert_rebuild_equals_live(database_url: str) -> None:
-    async with await connect(database_url) as conn:
-        assert diff(await load_live(conn), (await fold_log(conn)).tables) == []
-
-
 async def test_draining_twice_creates_each_scan_once(world: World, database_url: str, queue: Any) -> None:
     client, name = queue
     profile = await Profiles(world.lifecycle.pool).create(world.org, name="legacy-default",
@@ -122,7 +115,7 @@ async def test_draining_twice_creates_each_scan_once(world: World, database_url:
     assert code == 0 and "already converted: legacy scan L-1" in out, out
     assert await _gateway_scans(world) == scans
     assert client.llen(f"{name}:refused") == client.llen(f"{name}:invalid") == 0
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_a_crash_between_commit_and_removal_still_creates_the_scan_once(
@@ -187,7 +180,7 @@ async def test_scans_already_running_in_either_mode_are_refused(world: World, da
     assert await _rows(world, "SELECT status, execution_mode FROM scan_jobs WHERE scan_id = %s", pending) == [
         ("cancelled", "legacy")]
     assert await _rows(world, "SELECT status FROM scans WHERE id = %s", running) == [("running",)]
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_malformed_messages_go_to_invalid_and_the_drain_goes_on(world: World, database_url: str,

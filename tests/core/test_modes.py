@@ -20,10 +20,7 @@ from gateway.commands import Acquired
 from gateway.commands.legacy import LegacyScans
 from gateway.commands.lifecycle import TaskSpec
 from gateway.commands.profiles import Profiles
-from projections.chain import verify_chains
-from projections.connection import connect
-from projections.rebuild import diff, fold_log, load_live
-from support.core import World
+from support.core import World, assert_log_rebuilds_live
 
 TWO_STEPS = (ProfileStep(task_type="discover", lease_seconds=300), ProfileStep(task_type="portscan", lease_seconds=120))
 
@@ -53,16 +50,6 @@ async def _run(world: World, worker: UUID) -> Acquired:
                           payload_sha256=payload_sha256(records), records=records, final=True)
     await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token)
     return a
-
-
-async def _assert_rebuild_equals_live(database_url: str) -> None:
-    async with await connect(database_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            rebuilt = await fold_log(conn)
-            live = await load_live(conn)
-        assert diff(live, rebuilt.tables) == []
-        assert await verify_chains(conn) == []
 
 
 def test_precedence_table() -> None:
@@ -100,7 +87,7 @@ async def test_the_flags_decide_each_new_scans_mode(world: World, database_url: 
         await create(world.org, targets, execution_mode="gateway")
     with pytest.raises(NotFound):
         await world.registry.set_gateway_execution(UUID(int=1), True)
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_a_legacy_job_never_gets_a_worker_task(world: World, database_url: str) -> None:
@@ -136,7 +123,7 @@ async def test_a_legacy_job_never_gets_a_worker_task(world: World, database_url:
                 " created_at, updated_at) SELECT gen_random_uuid(), %s, organization_id, 7, plugin, status, 'gateway',"
                 " created_at, updated_at FROM scan_jobs WHERE id = %s", (scan, job))
     assert await _shape(world, scan) == ("legacy", [("discover", "legacy"), ("portscan", "legacy")], 0)
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_flag_off_makes_new_scans_legacy_while_a_running_gateway_scan_finishes(
@@ -161,7 +148,7 @@ async def test_flag_off_makes_new_scans_legacy_while_a_running_gateway_scan_fini
     assert await _rows(world, "SELECT status, execution_mode FROM scans WHERE id = %s", running) == [
         ("success", "gateway")]
     assert await lc.acquire(worker) is None  # and nothing of the legacy scan
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_a_flag_change_waits_for_scans_being_created_and_they_see_it(world: World, database_url: str) -> None:
@@ -214,7 +201,7 @@ async def test_stored_profile_edits_never_change_an_existing_scan(world: World, 
     assert await _rows(world, "SELECT status FROM scans WHERE id = %s", scan) == [("success",)]
     again = await profiles.create(world.org, name="weekly", steps=TWO_STEPS)  # the name is free again
     assert again != profile
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_profile_names_resolve_per_organisation(world: World, database_url: str) -> None:
@@ -234,7 +221,7 @@ async def test_profile_names_resolve_per_organisation(world: World, database_url
     await profiles.set_gateway_execution(own, False, owner=world.org)
     scan = await world.registry.create_scan(world.org, {}, profile_name="baseline")
     assert (await _shape(world, scan))[0] == "legacy"
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_legacy_progress_reports(world: World, database_url: str) -> None:
@@ -256,4 +243,4 @@ async def test_legacy_progress_reports(world: World, database_url: str) -> None:
         ("success", True)]
     assert await _rows(world, "SELECT count(*) FROM events WHERE originator_id = %s AND topic LIKE %s", scan,
                        "%LegacyScanStatusRecorded") == [(2,)]
-    await _assert_rebuild_equals_live(database_url)
+    await assert_log_rebuilds_live(database_url)

@@ -16,11 +16,9 @@ from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
 from domain.errors import TaskCancelled as TaskCancelledError
 from domain.events import AssignmentChanged, WorkerAssigned, WorkerRegistered, WorkerRevoked, WorkerUpdated
 from domain.registry import WorkerState
-from projections.chain import verify_chains
 from projections.connection import connect
-from projections.rebuild import diff, fold_log, load_live
 from projections.store import read_stream
-from support.core import World
+from support.core import World, assert_log_rebuilds_live
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 ORG_A, ORG_B = UUID(int=1), UUID(int=2)
@@ -130,16 +128,6 @@ async def scalar(pool: Any, query: str, *params: Any) -> Any:
         cur = await conn.execute(query, params)
         row = await cur.fetchone()
         return row[0] if row else None
-
-
-async def assert_log_rebuilds_live(database_url: str) -> None:
-    async with await connect(database_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            rebuilt = await fold_log(conn)
-            live = await load_live(conn)
-        assert diff(live, rebuilt.tables) == []
-        assert await verify_chains(conn) == []
 
 
 async def test_worker_commands_project_their_rows_and_the_log_rebuilds_them(world: World, pool: Any,

@@ -22,7 +22,7 @@ from gateway.commands.schedules import FailureBackoff, Schedules
 from projections.chain import verify_chains
 from projections.connection import connect
 from projections.rebuild import diff, fold_log, load_live
-from support.core import ManualClock, World
+from support.core import ManualClock, World, assert_log_rebuilds_live
 
 PROFILE = (ProfileStep(task_type="probe"),)
 TARGETS = {"targets": ["10.0.0.1"]}
@@ -48,16 +48,6 @@ async def next_run_at(pool: AsyncConnectionPool, schedule_id: UUID) -> datetime:
     value = await scalar(pool, "SELECT next_run_at FROM scheduled_scans WHERE id = %s", (schedule_id,))
     assert isinstance(value, datetime)
     return value
-
-
-async def assert_log_rebuilds_live(database_url: str) -> None:
-    async with await connect(database_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            rebuilt = await fold_log(conn)
-            live = await load_live(conn)
-        assert diff(live, rebuilt.tables) == []
-        assert await verify_chains(conn) == []
 
 
 async def test_racing_claimers_create_exactly_one_scan_per_slot(world: World, pool: AsyncConnectionPool,
