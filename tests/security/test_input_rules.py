@@ -151,9 +151,10 @@ async def test_the_document_types_query_parameters(gateway: RunningGateway) -> N
 
 async def test_a_refused_command_does_not_poison_its_pooled_connection(database_url: str) -> None:
     """A command refused by a constraint at COMMIT time, in the pipeline where psycopg first
-    prepares COMMIT (its 6th use on the connection), leaves psycopg believing a statement is
-    prepared that PostgreSQL never saw: every later command on that connection then fails with
-    ``prepared statement "_pg3_N" does not exist`` (a 500 for every request, a crashing sweeper)."""
+    prepares COMMIT (its 6th use on the connection), left psycopg believing a statement was
+    prepared that PostgreSQL never saw, as long as the rollback was a ROLLBACK statement: every
+    later command on that connection then failed with ``prepared statement "_pg3_N" does not
+    exist`` (a 500 for every request, a crashing sweeper). ``conn.rollback()`` forgets them."""
     pool = create_pool(database_url, min_size=1, max_size=1)  # one connection: every command on it
     await pool.open()
     try:
