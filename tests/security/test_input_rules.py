@@ -60,6 +60,7 @@ async def test_nul_in_a_result_batch_is_422(gateway: RunningGateway, where: str)
 async def test_nul_in_operator_text_is_422(gateway: RunningGateway) -> None:
     before = await events(gateway)
     assert_problem(await gateway.operator("POST", "/v1/organizations", {"name": "acme\x00"}), 422)
+    assert await events(gateway) == before
     worker, lease = await leased(gateway)
     before = await events(gateway)
     assert_problem(await worker.write(lease, "fail", error="boom\x00", retryable=True), 422)
