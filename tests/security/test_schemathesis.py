@@ -100,13 +100,17 @@ async def test_schemathesis_finds_nothing(database_url: str, pki: PkiPaths, tmp_
             assert key.status == 201, key.body
             keys[name] = key.body["key"]
         # The organisations' run: the two keys as Web Fuzzing Commons users, peers of each other.
+        # The first one sends every request (pinned: otherwise an operation refused with 403, such
+        # as replacing a global profile, moves on to the other key, and a chain "create as A,
+        # change as B" would read B's 404 as the created object gone); B is used to probe A's objects.
         wfc = tmp_path / "organisations.json"
         wfc.write_text(json.dumps({"auth": [
             {"name": name, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
             for name, key in keys.items()]}))
         base = (HERE / "schemathesis.toml").read_text()
         peers = tmp_path / "organisations.toml"
-        peers.write_text(base + f'\n[auth.wfc]\npath = "{wfc}"\npeers = {json.dumps(list(keys))}\n')
+        peers.write_text(base + f'\n[auth.wfc]\npath = "{wfc}"\nuser = "organisation-a"\n'
+                                f'peers = {json.dumps(list(keys))}\n')
 
         certs = pki.directory / "workers"
         env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
