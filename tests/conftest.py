@@ -19,6 +19,9 @@ Fixtures for tests:
 * ``empty_database_url`` -> ``str``: a fresh, EMPTY database (from ``template0``) for migration tests.
 * ``pg_server_url`` (session) -> ``str``: URL of the maintenance database of the test server.
 * ``template_database`` (session) -> ``str``: name of the migrated template database.
+* ``pki`` (session) -> ``PkiPaths``: a development CA and server certificate (``leasehold pki init``).
+* ``gateway`` -> ``RunningGateway``: an in-process Gateway on real TLS over this test's database
+  (:mod:`support.gateway`); the worker and failure-table tests use one with short retries.
 * ``embedded_pg_server`` (session) -> ``EmbeddedPostgres``: the embedded test server (started on
   demand even when ``$TEST_DATABASE_URL`` is set).
 * ``owned_pg_server`` (module) -> ``OwnedServer``: a PostgreSQL server of the test module's own
@@ -47,10 +50,12 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from gateway.commands import Lifecycle, Registry
+from gateway.pki import PkiPaths, init_pki
 from projections import migrate
 from projections.connection import create_pool
 from projections.database import EmbeddedPostgres, redact_url, with_database
 from support.core import ManualClock, World
+from support.gateway import RunningGateway, running_gateway
 
 logger = logging.getLogger("tests.conftest")
 
@@ -226,6 +231,17 @@ def embedded_pg_server() -> EmbeddedPostgres:
     server = EmbeddedPostgres(_project_root() / ".leasehold" / "test-pgdata", stop_at_exit=True)
     server.start()
     return server
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> PkiPaths:
+    return init_pki(Path(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.fixture
+async def gateway(database_url: str, pki: PkiPaths) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(database_url, pki) as gw:
+        yield gw
 
 
 class OwnedServer:

@@ -20,14 +20,9 @@ from replicas_support import Cluster, RedisServer
 
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
-from gateway.pki import PkiPaths, init_pki
+from gateway.pki import PkiPaths
 from projections.connection import create_pool
 from support.gateway import GatewayProcess, free_port
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> PkiPaths:
-    return init_pki(Path(tmp_path_factory.mktemp("replicas-pki")))
 
 
 @pytest.fixture
