@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from projections import sql as sql_writes
+
 log = logging.getLogger("leasehold.notify")
 
 CHANNEL = "leasehold"
@@ -133,10 +135,14 @@ class Notifier:
 
 
 async def send(cur: Any, payload: str) -> None:
-    """Queue a notification in the current transaction (delivered at commit). On a connection
-    that carries Redis hints (:class:`gateway.hints.HintingConnection`), the topic is also kept
-    for the hint published once the connection is back in its pool."""
-    await cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+    """Queue a notification in the current transaction (delivered at commit): on the
+    transaction's cursor it joins the buffered writes (:mod:`projections.sql`), elsewhere it is
+    sent at once. On a connection that carries Redis hints
+    (:class:`gateway.hints.HintingConnection`), the topic is also kept for the hint published
+    once the connection is back in its pool."""
+    writes = sql_writes.buffer_of(cur)
+    writes.notify(CHANNEL, payload)
+    await sql_writes.send_unless_buffered(cur, writes)
     pending = getattr(cur.connection, "pending_hints", None)
     if pending is not None:
         pending.append(payload)

@@ -2,19 +2,48 @@
 
 Statements are composed with ``psycopg.sql`` from the fixed table and column names of the
 projector (never from input) and cached per shape, so psycopg can prepare them.
+
+Writes are not sent one statement each. A :class:`WriteBuffer` collects them — events, row
+changes, other data-modifying statements, ``pg_notify`` calls — and sends each run of them as
+one statement of data-modifying CTEs::
+
+    WITH w0 AS (INSERT INTO events …), w1 AS (UPDATE worker_tasks …), … SELECT pg_notify(%s, %s)
+
+Inside :func:`gateway.commands.unit_of_work.transaction` the buffer belongs to the
+transaction's :class:`BufferedCursor`, which sends it before any other statement it (or any
+cursor or savepoint opened from its ``connection``) executes, COMMIT included: a read sees
+every earlier write of its transaction, and nothing is left unsent. On a plain cursor,
+:func:`apply` and :func:`projections.store.append` send their writes at once.
+
+The sub-statements of one statement share a snapshot, cannot see each other's effects and run
+in no specified order, so a write starts a new statement (still in the same pipeline, in order)
+when the current one already writes its table (one row written twice, or unique checks that
+would run in another order), or when a trigger of one of the two tables reads the other
+(``scan_jobs`` reads ``scans``, ``worker_tasks`` reads ``scan_jobs``). Events are the
+exception: all the events of a statement are rows of its one ``INSERT INTO events``, in order, so
+``notification_id`` follows the order of the appends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import re
+from collections.abc import Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Self, cast
 
-from psycopg import AsyncCursor, sql
+from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg.abc import Params, Query
 
 from projections.rows import PRIMARY_KEYS, Insert, RowOp, Update, Upsert
 
 _cache: dict[tuple[Any, ...], sql.Composed] = {}
-_text: dict[tuple[Any, ...], bytes] = {}
+
+#: Triggers that read another table, as (table whose trigger fires, the column whose update
+#: fires it, the table it reads): such a pair never shares a statement (see the module doc).
+TRIGGER_READS: tuple[tuple[str, str, str], ...] = (
+    ("scan_jobs", "scan_id", "scans"),
+    ("worker_tasks", "scan_job_id", "scan_jobs"),
+)
 
 
 def _columns(names: Iterable[str]) -> sql.Composed:
@@ -23,6 +52,11 @@ def _columns(names: Iterable[str]) -> sql.Composed:
 
 def render(op: RowOp) -> tuple[sql.Composed, list[Any]]:
     """The statement and parameters that carry out ``op``."""
+    _, query, params = _render(op)
+    return query, params
+
+
+def _render(op: RowOp) -> tuple[tuple[Any, ...], sql.Composed, list[Any]]:
     if isinstance(op, Insert | Upsert):
         cols = tuple(op.row)
         shape: tuple[Any, ...] = (type(op).__name__, op.table, cols, getattr(op, "key", None))
@@ -36,7 +70,7 @@ def render(op: RowOp) -> tuple[sql.Composed, list[Any]]:
                     _columns(op.key),
                     sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest))
             _cache[shape] = query
-        return query, list(op.row.values())
+        return shape, query, list(op.row.values())
     keys, cols = tuple(op.key), tuple(op.values)
     guards = tuple((name, allowed == (None,)) for name, allowed in op.guard)
     shape = ("Update", op.table, keys, cols, guards)
@@ -52,7 +86,7 @@ def render(op: RowOp) -> tuple[sql.Composed, list[Any]]:
         _cache[shape] = query
     params = [*op.values.values(), *op.key.values()]
     params += [list(allowed) for allowed in (a for _, a in op.guard) if allowed != (None,)]
-    return query, params
+    return shape, query, params
 
 
 def coalesce(ops: Iterable[RowOp]) -> list[RowOp]:
@@ -91,12 +125,233 @@ def _fields(op: Insert | Upsert) -> dict[str, Any]:
     return {"table": op.table, "row": op.row, **({"key": op.key} if isinstance(op, Upsert) else {})}
 
 
+# --- the write buffer ------------------------------------------------------------------------
+
+_EVENT_COLUMNS = ("originator_id", "originator_version", "topic", "state", "prev_hash", "hash")
+_events_cache: dict[int, sql.Composed] = {}
+_statement_text: dict[tuple[Any, ...], bytes] = {}
+_positional: dict[str, tuple[sql.SQL, tuple[str, ...]]] = {}
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def _insert_events(count: int) -> sql.Composed:
+    """``INSERT INTO events … VALUES (…), (…)`` for ``count`` events (scalar parameters: cheaper to
+    adapt than arrays for the few events a statement carries)."""
+    query = _events_cache.get(count)
+    if query is None:
+        row = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(_EVENT_COLUMNS)))
+        query = _events_cache[count] = sql.SQL("INSERT INTO events ({}) VALUES {}").format(
+            _columns(_EVENT_COLUMNS), sql.SQL(", ").join([row] * count))
+    return query
+
+
+class _Statement:
+    """One statement being assembled: its events, its data-modifying parts, its notifications."""
+
+    __slots__ = ("event_count", "event_params", "parts", "notifies", "tables")
+
+    def __init__(self) -> None:
+        self.event_count = 0
+        self.event_params: list[Any] = []
+        self.parts: list[tuple[tuple[Any, ...], sql.Composable, Sequence[Any]]] = []
+        self.notifies: list[Any] = []
+        self.tables: set[str] = set()
+
+    def admits(self, table: str, columns: Iterable[str], insert: bool) -> bool:
+        """Whether a write to ``table`` (an insert, or an update of ``columns``) may join."""
+        if table in self.tables:
+            return False
+        for fires, column, reads in TRIGGER_READS:
+            if table == fires and reads in self.tables and (insert or column in columns):
+                return False
+            if table == reads and insert and fires in self.tables:
+                return False
+        return True
+
+    def shape(self) -> tuple[Any, ...]:
+        return (self.event_count, tuple(shape for shape, _, _ in self.parts), len(self.notifies))
+
+    def compose(self) -> sql.Composable:
+        ctes: list[sql.Composable] = [_insert_events(self.event_count)] if self.event_count else []
+        ctes += [query for _, query, _ in self.parts]
+        notifies = len(self.notifies) // 2
+        if len(ctes) == 1 and not notifies:
+            return ctes[0]
+        select = sql.SQL("SELECT {}").format(
+            sql.SQL(", ").join([sql.SQL("pg_notify(%s, %s)")] * notifies) if notifies else sql.SQL("1"))
+        if not ctes:
+            return select
+        return sql.SQL("WITH {} {}").format(
+            sql.SQL(", ").join(sql.SQL("{} AS ({})").format(sql.Identifier(f"w{i}"), query)
+                               for i, query in enumerate(ctes)),
+            select)
+
+    def params(self) -> list[Any]:
+        out = list(self.event_params)
+        for _, _, params in self.parts:
+            out += params
+        out += self.notifies
+        return out
+
+
+class WriteBuffer:
+    """Writes waiting to be sent, already split into the statements that will carry them."""
+
+    __slots__ = ("_statements",)
+
+    def __init__(self) -> None:
+        self._statements: list[_Statement] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._statements)
+
+    def __len__(self) -> int:
+        """How many statements the queued writes will take."""
+        return len(self._statements)
+
+    def _current(self) -> _Statement:
+        if not self._statements:
+            self._statements.append(_Statement())
+        return self._statements[-1]
+
+    def _for(self, table: str, columns: Iterable[str], insert: bool) -> _Statement:
+        statement = self._current()
+        if not statement.admits(table, columns, insert):
+            statement = _Statement()
+            self._statements.append(statement)
+        statement.tables.add(table)
+        return statement
+
+    def events(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Queue event rows (``originator_id, originator_version, topic, state, prev_hash, hash``)."""
+        statement = self._current()
+        for row in rows:
+            statement.event_params += row
+            statement.event_count += 1
+
+    def ops(self, ops: Iterable[RowOp]) -> None:
+        """Queue row changes (folded by :func:`coalesce` first)."""
+        for op in coalesce(ops):
+            shape, query, params = _render(op)
+            if isinstance(op, Update):
+                statement = self._for(op.table, op.values, False)
+            else:
+                statement = self._for(op.table, op.row, True)
+            statement.parts.append((shape, query, params))
+
+    def statement(self, table: str, query: str, params: dict[str, Any]) -> None:
+        """Queue a data-modifying statement on ``table`` with named parameters (``%(name)s``)
+        that may run as a CTE (no ``WITH`` of its own, no result anyone reads)."""
+        found = _positional.get(query)
+        if found is None:
+            names = tuple(_NAMED.findall(query))
+            found = _positional[query] = (sql.SQL(_NAMED.sub("%s", query)), names)
+        text, names = found
+        self._for(table, (), True).parts.append((("statement", query), text, [params[n] for n in names]))
+
+    def notify(self, channel: str, payload: str) -> None:
+        """Queue ``pg_notify(channel, payload)`` (delivered at commit, like any NOTIFY)."""
+        self._current().notifies += (channel, payload)
+
+    def clear(self) -> None:
+        self._statements.clear()
+
+    async def flush(self, cur: AsyncCursor[Any]) -> None:
+        """Send the queued writes on ``cur`` (pipelined: no round trip of their own)."""
+        statements, self._statements = self._statements, []
+        for statement in statements:
+            shape = statement.shape()
+            text = _statement_text.get(shape)
+            if text is None:
+                text = _statement_text[shape] = statement.compose().as_bytes(cur)
+            await AsyncCursor.execute(cur, text, statement.params())
+
+
+class BufferedCursor(AsyncCursor[Any]):
+    """A transaction's cursor: queues writes in :attr:`writes` and sends them before anything
+    else it executes. Cursors and savepoints opened from its ``connection`` share the buffer."""
+
+    __slots__ = ("writes",)
+
+    def __init__(self, connection: AsyncConnection[Any], writes: WriteBuffer | None = None) -> None:
+        super().__init__(connection)
+        self.writes = writes if writes is not None else WriteBuffer()
+
+    async def execute(self, query: Any, params: Params | None = None, *,
+                      prepare: bool | None = None, binary: bool | None = None) -> Self:
+        if self.writes:
+            await self.writes.flush(self)
+        await super().execute(query, params, prepare=prepare, binary=binary)
+        return self
+
+    async def executemany(self, query: Query, params_seq: Iterable[Params], *, returning: bool = False) -> None:
+        if self.writes:
+            await self.writes.flush(self)
+        await super().executemany(query, params_seq, returning=returning)
+
+    @property
+    def connection(self) -> AsyncConnection[Any]:
+        return cast(AsyncConnection[Any], _SharedBuffer(self._conn, self.writes))
+
+
+class _SharedBuffer:
+    """The connection as seen from a :class:`BufferedCursor`: what runs through it sends the
+    queued writes first; a savepoint sends them before it starts and before it is released,
+    and drops the ones queued inside it when it is rolled back."""
+
+    __slots__ = ("_conn", "_writes")
+
+    def __init__(self, conn: AsyncConnection[Any], writes: WriteBuffer) -> None:
+        self._conn, self._writes = conn, writes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def cursor(self) -> BufferedCursor:
+        return BufferedCursor(self._conn, self._writes)
+
+    async def execute(self, query: Query, params: Params | None = None) -> BufferedCursor:
+        return await self.cursor().execute(query, params)
+
+    @asynccontextmanager
+    async def transaction(self, savepoint_name: str | None = None,
+                          force_rollback: bool = False) -> Any:
+        await self._send()
+        async with self._conn.transaction(savepoint_name, force_rollback) as tx:
+            try:
+                yield tx
+                await self._send()
+            except BaseException:
+                self._writes.clear()
+                raise
+
+    async def _send(self) -> None:
+        if self._writes:
+            await self._writes.flush(AsyncCursor(self._conn))
+
+
+def buffer_of(cur: AsyncCursor[Any]) -> WriteBuffer:
+    """The buffer to queue writes on: the transaction's, or a fresh one (send it with
+    :func:`send_unless_buffered`)."""
+    return cur.writes if isinstance(cur, BufferedCursor) else WriteBuffer()
+
+
+async def send_unless_buffered(cur: AsyncCursor[Any], writes: WriteBuffer) -> None:
+    """Send ``writes`` now unless they are the transaction's buffer (sent before its next read)."""
+    if not isinstance(cur, BufferedCursor):
+        await writes.flush(cur)
+
+
+async def write(cur: AsyncCursor[Any], table: str, query: str, params: dict[str, Any]) -> None:
+    """Run a data-modifying statement on ``table`` (see :meth:`WriteBuffer.statement`): queued on a
+    transaction's cursor, else sent now."""
+    writes = buffer_of(cur)
+    writes.statement(table, query, params)
+    await send_unless_buffered(cur, writes)
+
+
 async def apply(cur: AsyncCursor[Any], ops: Iterable[RowOp]) -> None:
-    """Execute ``ops`` in order on ``cur`` (pipeline them by opening ``conn.pipeline()`` first)."""
-    for op in coalesce(ops):
-        query, params = render(op)
-        shape = id(query)
-        text = _text.get((shape,))
-        if text is None:
-            text = _text[(shape,)] = query.as_bytes(cur)
-        await cur.execute(text, params)
+    """Apply ``ops`` in order: queued on a transaction's cursor, else sent now."""
+    writes = buffer_of(cur)
+    writes.ops(ops)
+    await send_unless_buffered(cur, writes)

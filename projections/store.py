@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
-from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg import AsyncConnection, AsyncCursor
 
 from domain.events import DomainEvent
 from projections import sql as sql_apply
@@ -56,34 +56,22 @@ def record(head: StreamHead, events: Sequence[DomainEvent]) -> tuple[list[Record
     return out, StreamHead(head.id, version, prev)
 
 
-_INSERT_EVENTS: dict[int, bytes] = {}
-
-
-def _insert_events(cur: AsyncCursor[Any], count: int) -> bytes:
-    """``INSERT … VALUES (…), (…)`` for ``count`` events (scalar parameters: cheaper to adapt than
-    arrays for the one to three events a command appends)."""
-    query = _INSERT_EVENTS.get(count)
-    if query is None:
-        values = sql.SQL(", ").join([sql.SQL("(%s, %s, %s, %s, %s, %s)")] * count)
-        query = _INSERT_EVENTS[count] = sql.SQL(
-            "INSERT INTO events (originator_id, originator_version, topic, state, prev_hash, hash) VALUES {}"
-        ).format(values).as_bytes(cur)
-    return query
-
-
 async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[DomainEvent]) -> StreamHead:
     """Append ``events`` to the stream at ``head`` and apply their projections; returns the new head.
 
-    Must run in the transaction that holds the stream row's lock (``FOR UPDATE``).
+    Must run in the transaction that holds the stream row's lock (``FOR UPDATE``). On the
+    transaction's cursor (:class:`projections.sql.BufferedCursor`) the event rows and row changes
+    are queued and travel, combined with the transaction's other writes, before its next read or
+    its COMMIT; on a plain cursor they are sent at once.
     """
     if not events:
         return head
     recorded, new_head = record(head, events)
-    await cur.execute(_insert_events(cur, len(recorded)), [
-        value for r in recorded
-        for value in (r.stored.originator_id, r.stored.originator_version, r.stored.topic, r.stored.state,
-                      r.prev_hash, r.hash)])
-    await sql_apply.apply(cur, [op for r in recorded for op in project(r.event, r.hash)])
+    writes = sql_apply.buffer_of(cur)
+    writes.events((r.stored.originator_id, r.stored.originator_version, r.stored.topic, r.stored.state,
+                   r.prev_hash, r.hash) for r in recorded)
+    writes.ops([op for r in recorded for op in project(r.event, r.hash)])
+    await sql_apply.send_unless_buffered(cur, writes)
     return new_head
 
 

@@ -66,6 +66,7 @@ from gateway.commands.rows import (
 )
 from gateway.commands.unit_of_work import Clock, system_clock, transaction
 from gateway.sql import QUERIES
+from projections import sql as sql_writes
 from projections.store import StreamHead, append
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
@@ -329,7 +330,8 @@ class Lifecycle:
             if events and isinstance(events[0], WriteRejected):
                 rejection = events[0]
             elif payload is not None and events:
-                await cur.execute(QUERIES["payload_store"], {"sha256": payload[0], "body": payload[1]})
+                await sql_writes.write(cur, "result_payloads", QUERIES["payload_store"],
+                                       {"sha256": payload[0], "body": payload[1]})
             after = await self._commit(cur, task, head, events, now)
             if payload is not None and rejection is None:
                 for event in events:  # only a newly accepted batch: a duplicate has no events

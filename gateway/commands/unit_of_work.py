@@ -5,6 +5,12 @@ statements (pool connections are in autocommit mode): BEGIN travels with the fir
 read syncs when its rows are fetched, and every write after the last read travels with the
 COMMIT in a single round trip. (psycopg's ``conn.transaction()`` inside a pipeline would add a
 sync of its own for BEGIN, for COMMIT and for the nested pipeline it opens.)
+
+The cursor is a :class:`projections.sql.BufferedCursor`: appends, notifications and the other
+buffered writes are queued, not executed, and go out combined into as few statements as the
+rules in :mod:`projections.sql` allow, right before the next statement of the transaction (a
+read, a savepoint, COMMIT) — so reads see the transaction's writes, and a command typically
+sends one statement for all its writes.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from psycopg import AsyncCursor, errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from projections.sql import BufferedCursor
 
 Clock = Callable[[], datetime | None]
 
@@ -34,10 +41,10 @@ async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[An
     try:
         async with pool.connection() as conn:
             try:
-                async with conn.pipeline(), conn.cursor() as cur:
+                async with conn.pipeline(), BufferedCursor(conn) as cur:
                     await cur.execute("BEGIN")
                     yield cur
-                    await cur.execute("COMMIT")
+                    await cur.execute("COMMIT")  # sends the queued writes first
             except BaseException:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
                     # conn.rollback(), not a ROLLBACK statement: it also forgets psycopg's prepared
