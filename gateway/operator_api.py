@@ -176,7 +176,7 @@ async def _task(request: web.Request, operator: Operator, task_id: UUID) -> Task
             raise NotFound("no such task", task_id=str(task_id))
         task, _ = task_from_row(row)
         cur = await conn.execute(QUERIES["attempts_of_task"], {"task_id": task_id})
-        attempts = [Attempt.of(a) for a in await cur.fetchall()]
+        attempts = [Attempt.from_row(a) for a in await cur.fetchall()]
     return Task.of(task, attempts)
 
 

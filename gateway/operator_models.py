@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from domain.task import TaskState
 from gateway.http import INTEGRAL
+from gateway.models import AttemptView
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
@@ -308,22 +309,13 @@ class CancelTask(Body):
     reason: Reason = "cancelled by an operator"
 
 
-class Attempt(Body):
-    id: UUID
+class Attempt(AttemptView):
+    """An attempt as operators see it: what the worker sees, and which worker holds it."""
+
     worker_id: UUID
-    attempt_number: int
-    status: str
-    leased_at: datetime
-    lease_expires_at: datetime
-    deadline_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    batch_count: int
-    final_batch_accepted: bool
-    error: str | None
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> Attempt:
+    def from_row(cls, row: Sequence[Any]) -> Attempt:
         """From ``attempts_of_task`` (which never selects the lease token hash)."""
         return cls(id=row[0], worker_id=row[1], attempt_number=row[2], status=row[3], leased_at=row[4],
                    lease_expires_at=row[5], deadline_at=row[6], started_at=row[7], finished_at=row[8],
