@@ -16,14 +16,7 @@ Nothing is lost, nothing completes twice; all of it is read from the database.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import signal
-import socket
-import ssl
-import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,7 +25,6 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
-import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
 from gateway.commands import Lifecycle, Registry
@@ -40,69 +32,10 @@ from gateway.commands.lifecycle import TaskSpec
 from gateway.pki import PkiPaths, issue_worker_certificate
 from projections.connection import create_pool
 from support.agent import AgentProcess, agent_process, eventually, write_plugin
+from support.gateway import GatewayProcess
 
 STEADY_LEASE = 21  # renewed every 7 s: outlives the outage below
 SHORT_LEASE = 2  # expires during it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class GatewayServer:
-    """``leasehold gateway serve`` as a subprocess on fixed ports, so it can be killed and started
-    again where the workers expect it."""
-
-    def __init__(self, database_url: str, pki: PkiPaths, log_path: Path) -> None:
-        self.database_url, self.pki, self.log_path = database_url, pki, log_path
-        self.worker_port, self.operator_port = free_port(), free_port()
-        self.process: asyncio.subprocess.Process | None = None
-
-    @property
-    def worker_url(self) -> str:
-        return f"https://localhost:{self.worker_port}"
-
-    async def start(self) -> None:
-        leasehold = Path(sys.executable).with_name("leasehold")
-        with self.log_path.open("ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                str(leasehold), "gateway", "serve", "--database-url", self.database_url,
-                "--pki-dir", str(self.pki.directory), "--worker-port", str(self.worker_port),
-                "--operator-port", str(self.operator_port), "--sweep-interval-seconds", "0.2",
-                "--poll-interval-seconds", "1", "--log-level", "WARNING",
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        await self._ready()
-
-    async def _ready(self, within: float = 60.0) -> None:
-        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-        deadline = time.monotonic() + within
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, force_close=True)) as session:
-            while True:
-                assert self.process is not None and self.process.returncode is None, self.log_path.read_text()
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with session.get(f"https://localhost:{self.operator_port}/readyz") as r:
-                        if r.status == 200:
-                            return
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the Gateway was not ready within {within}s")
-                await asyncio.sleep(0.1)
-
-    async def kill(self) -> int:
-        """SIGKILL: no shutdown, no goodbye to anyone."""
-        assert self.process is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        return await self.process.wait()
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 20)
-            except TimeoutError:
-                await self.kill()
 
 
 @dataclass
@@ -163,7 +96,7 @@ async def test_gateway_sigkilled_with_live_leases_then_started_again_loses_nothi
         while [ ! -e {go} ]; do sleep 0.05; done
         echo '{{"type": "raw", "attempt": "'$LEASEHOLD_ATTEMPT_ID'"}}'
     """)
-    server = GatewayServer(database_url, pki, tmp_path / "gateway.log")
+    server = GatewayProcess(database_url, pki, tmp_path / "gateway.log", options={"poll_interval_seconds": 1})
     async with setup(database_url) as db:
         steady = [await db.task(STEADY_LEASE) for _ in range(2)]
         short = [await db.task(SHORT_LEASE) for _ in range(2)]

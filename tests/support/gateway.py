@@ -226,12 +226,14 @@ class GatewayProcess:
         return RunningGateway(settings, self.pki, self.worker_url, self.operator_url, registry, lifecycle,
                               org, scan)
 
-    async def kill(self) -> None:
-        """SIGKILL: no shutdown at all, as a crash."""
-        if self.proc is not None and self.proc.returncode is None:
+    async def kill(self) -> int | None:
+        """SIGKILL: no shutdown at all, as a crash; the exit code (None if it never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-            await self.proc.wait()
+        return int(await self.proc.wait())
 
     async def stop(self, grace: float = 20.0) -> int:
         """SIGTERM and wait (SIGKILL after ``grace`` seconds); the exit code."""
