@@ -53,7 +53,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from common import recreate_database, resolve_server_url
+from common import TICKS, CpuMeter, recreate_database, resolve_server_url
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -95,59 +95,22 @@ def percentile(values: list[float], q: float) -> float:
 # --------------------------------------------------------------------------- who used the CPU
 
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_table() -> dict[int, tuple[int, str, float]]:
-    """pid -> (ppid, comm, CPU seconds used so far), from /proc (empty where there is none)."""
-    table: dict[int, tuple[int, str, float]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = entry.read_text()
-        except OSError:
-            continue
-        head, _, rest = text.rpartition(")")
-        fields = rest.split()
-        table[int(entry.parent.name)] = (int(fields[1]), head.partition("(")[2],
-                                         (int(fields[11]) + int(fields[12])) / _TICKS)
-    return table
-
-
-def _owners(table: dict[int, tuple[int, str, float]], root: int) -> dict[int, str]:
-    """pid -> "bench" (``root`` and its descendants), "postgres" (every server process, other
-    clients' backends included) or "other"."""
-    ours = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, (ppid, _, _) in table.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                grew = True
-    return {pid: "postgres" if comm.startswith("postgres") else "bench" if pid in ours else "other"
-            for pid, (_, comm, _) in table.items()}
-
-
 class CpuWindow:
-    """Cores used per owner between ``start()`` and ``stop()``, from per-process deltas: processes
-    that exited before ``stop()`` are missed, so this only tells whether something else was
-    loading the box."""
+    """Cores used between ``start()`` and ``stop()`` by this benchmark (``root`` and its process
+    tree), by PostgreSQL and by everything else (see :class:`common.CpuMeter`); ``other_cores``
+    well above 0 says something else was loading the box."""
 
     def __init__(self, root: int) -> None:
-        self.root = root
-        self.t0, self.before = 0.0, _proc_table()
+        self.meter = CpuMeter({"bench": root})
 
     def start(self) -> None:
-        self.t0, self.before = time.perf_counter(), _proc_table()
+        self.meter.start()
 
     def stop(self) -> dict[str, float]:
-        elapsed, after = time.perf_counter() - self.t0, _proc_table()
-        used = {"bench": 0.0, "postgres": 0.0, "other": 0.0}
-        for pid, owner in _owners(after, self.root).items():
-            prior = self.before.get(pid)
-            same = prior is not None and prior[1] == after[pid][1]
-            used[owner] += after[pid][2] - (prior[2] if same and prior else 0.0)
-        return {f"{k}_cores": round(v / elapsed, 2) for k, v in used.items()}
+        used = self.meter.stop()
+        bench = used["bench"] + used["self"] + used["children"]
+        return {f"{k}_cores": round(v / used["elapsed"], 2)
+                for k, v in (("bench", bench), ("postgres", used["postgres"]), ("other", used["other"]))}
 
 
 # --------------------------------------------------------------------------- server and databases
@@ -623,7 +586,7 @@ def backend_cpu(pid: int | None) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 async def measure_cost(server_url: str, url: str, lifecycles: int) -> dict[str, Any]:
@@ -926,6 +889,7 @@ def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
             row = conn.execute("SELECT w.capabilities, w.task_types, now() FROM workers w WHERE w.id = %s",
                                (worker,)).fetchone()
             assert row is not None
+            conn.execute(QUERIES["acquire_plan_pin"])  # as the service sends it, in the same transaction
             plan = conn.execute(
                 sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(QUERIES["task_lock_acquirable"]),
                 {"worker_id": worker, "now": row[2], "task_types": sorted(row[1]),

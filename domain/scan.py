@@ -58,7 +58,8 @@ def scan_outcome(job_statuses: Iterable[str], *, cancel_requested: bool = False)
     """The scan's final status once every job is terminal, else None.
 
     A scan succeeds when every job succeeded; it is cancelled when it was cancelled (or every
-    job was); any failed or timed-out job fails it.
+    job was); any failed or timed-out job fails it. Only which statuses occur matters, not how
+    often, so the distinct statuses of a scan's jobs will do.
     """
     statuses = list(job_statuses)
     if not statuses or any(s not in TERMINAL_JOB_STATUSES for s in statuses):
@@ -168,18 +169,20 @@ def request_cancel(scan_id: UUID, version: int, status: str, cancel_requested: b
                                 actor=actor, reason=reason)]
 
 
-def next_step(steps: Sequence[ProfileStep], jobs: Sequence[str], *, cancel_requested: bool) -> int | None:
+def next_step(steps: Sequence[ProfileStep], job_count: int, last_status: str | None, *,
+              cancel_requested: bool) -> int | None:
     """The index of the profile step to start now, or None.
 
-    ``jobs`` are the statuses of the scan's jobs in position order (job i runs step i). The next
-    step starts once the last one is terminal: after success, or after a failure of a step that
-    is not ``stop_on_failure``. A cancelled job, or a cancel request, stops the profile.
+    ``job_count`` is the number of the scan's jobs and ``last_status`` the status of the last
+    one (job i runs step i). The next step starts once the last one is terminal: after success,
+    or after a failure of a step that is not ``stop_on_failure``. A cancelled job, or a cancel
+    request, stops the profile.
     """
-    if cancel_requested or not jobs or len(jobs) >= len(steps):
+    if cancel_requested or job_count == 0 or job_count >= len(steps):
         return None
-    last = jobs[-1]
-    if last == "success" or (last in ("failed", "timeout") and not steps[len(jobs) - 1].stop_on_failure):
-        return len(jobs)
+    if last_status == "success" or (last_status in ("failed", "timeout")
+                                    and not steps[job_count - 1].stop_on_failure):
+        return job_count
     return None
 
 

@@ -218,6 +218,7 @@ class Lifecycle:
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return Poll(None, cancelling)
+            await cur.execute(QUERIES["acquire_plan_pin"])
             await cur.execute(QUERIES["task_lock_acquirable"], {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
@@ -424,27 +425,28 @@ class Lifecycle:
         """Lock the scan (lock order: task, then scan); start the next profile step if one is due,
         else finish the scan once every job is terminal.
 
-        The jobs are read by a second statement after the lock is granted, so under READ
-        COMMITTED they include every job change committed by earlier holders of the scan lock
-        (and this transaction's own, already applied).
+        The jobs are summarised by a second statement after the lock is granted, so under READ
+        COMMITTED the summary includes every job change committed by earlier holders of the scan
+        lock (and this transaction's own, already applied).
         """
         async with cur.connection.cursor() as lock_cur:
             await lock_cur.execute(QUERIES["scan_lock_for_orchestration"], {"scan_id": scan_id})
-            await cur.execute(QUERIES["scan_jobs_in_order"], {"scan_id": scan_id})
+            await cur.execute(QUERIES["scan_jobs_summary"], {"scan_id": scan_id})
             scan_row = await lock_cur.fetchone()
-        jobs = await cur.fetchall()
+        statuses, job_count, last_status, last_job = await _fetch_one(cur)
         assert scan_row is not None, "the foreign key guarantees the scan"
         _, version, head_hash, scan_status, cancel_requested, org_id, profile, _targets = scan_row
         if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
             return
         head = StreamHead(scan_id, version, bytes(head_hash))
-        statuses = [status for _, status, _ in jobs]
         steps = profile_steps(profile)
-        step = scan_rules.next_step(steps, statuses, cancel_requested=cancel_requested)
+        step = scan_rules.next_step(steps, job_count, last_status, cancel_requested=cancel_requested)
         if step is not None:
+            await cur.execute(QUERIES["scan_job_scope"], {"job_id": last_job})
+            (last_scope,) = await _fetch_one(cur)
             await cur.execute(QUERIES["scan_found_assets"], {"scan_id": scan_id})
             found = [(kind, value) for kind, value in await cur.fetchall()]
-            scope = scan_rules.enrich_scope(dict(jobs[-1][2] or {}), found)
+            scope = scan_rules.enrich_scope(dict(last_scope or {}), found)
             events = await queue_step(cur, head, org_id, step, steps[step], scope, now=now, actor="system",
                                       new_id=self.new_id, status=scan_status)
             self.observe(events)

@@ -10,18 +10,6 @@ FOR UPDATE
 SELECT coalesce(max(j.position) + 1, 0), coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM scan_jobs j WHERE j.scan_id = %(scan_id)s
 
--- name: scan_lock_for_outcome
--- Taken after the task lock when a task reaches a terminal state (lock order: task, then scan).
-SELECT s.id, s.version, s.head_hash, s.status, s.cancel_requested_at IS NOT NULL
-FROM scans s
-WHERE s.id = %(scan_id)s
-FOR UPDATE
-
--- name: scan_job_statuses
--- A separate statement after scan_lock_for_outcome, so that (READ COMMITTED) it sees every job
--- change committed by transactions that held the scan lock before us.
-SELECT j.id, j.status FROM scan_jobs j WHERE j.scan_id = %(scan_id)s
-
 -- name: scan_get
 SELECT s.id, s.organization_id, s.status, s.execution_mode, s.targets, s.created_at, s.updated_at,
        s.finished_at, s.profile, s.stored_profile_id, s.legacy_scan_id, s.handed_over_to
@@ -36,12 +24,21 @@ FROM scans s
 WHERE s.id = %(scan_id)s
 FOR UPDATE
 
--- name: scan_jobs_in_order
--- A separate statement after the scan lock (see scan_job_statuses); job i runs profile step i.
-SELECT j.id, j.status, t.scope
-FROM scan_jobs j LEFT JOIN worker_tasks t ON t.scan_job_id = j.id
+-- name: scan_jobs_summary
+-- A separate statement after the scan lock, so that (READ COMMITTED) it sees every job change
+-- committed by earlier holders of the lock, and this transaction's own. One row whatever the
+-- scan's size: the distinct job statuses (all that scan_outcome needs), the number of jobs, and
+-- the last job (job i runs profile step i: all that next_step needs). No job's task is read:
+-- settling runs on every task that ends, and must not read a large scan's every task each time.
+SELECT coalesce(array_agg(DISTINCT j.status), '{}'::text[]), count(*),
+       (SELECT l.status FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1),
+       (SELECT l.id FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1)
+FROM scan_jobs j
 WHERE j.scan_id = %(scan_id)s
-ORDER BY j.position
+
+-- name: scan_job_scope
+-- The scope the task of one job ran with (the next profile step starts from it).
+SELECT t.scope FROM worker_tasks t WHERE t.scan_job_id = %(job_id)s
 
 -- name: scan_found_assets
 -- Assets in the accepted result batches of the scan's tasks (bounded; deduplicated).
