@@ -22,7 +22,7 @@ from psycopg_pool import PoolTimeout
 
 from domain.errors import Unavailable
 from gateway import operator_api, scheduler, sweeper, worker_api
-from gateway.auth import BUCKETS, TokenBuckets, ensure_bootstrap_admin_key
+from gateway.auth import BUCKETS, CERTIFICATES, KnownCertificates, TokenBuckets, ensure_bootstrap_admin_key
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.schedules import Schedules
 from gateway.hints import HintingConnection, Hints
@@ -197,6 +197,7 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[METRICS] = Metrics()
     app[OBSERVE_REQUEST] = app[METRICS].observe_request
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
+    app[CERTIFICATES] = KnownCertificates()
     routes: list[Route] = [*service_routes, *worker_api.routes, *operator_api.routes]
     app[ROUTES] = routes
     for route in routes:

@@ -1,8 +1,9 @@
 """Who is calling: workers by their client certificate, operators by bearer API key.
 
-Worker identity comes from mTLS only: the SHA-256 fingerprint of the peer certificate, looked
-up in ``workers`` on every request, so disabling or revoking a worker bites on the next request
-of an already open keep-alive connection. Organisation, capabilities and capacity always come
+Worker identity comes from mTLS only: the SHA-256 fingerprint of the peer certificate, whose
+worker's standing is checked on every request (by the command's own transaction, see
+:func:`worker_identity`), so disabling or revoking a worker bites on the next request of an
+already open keep-alive connection. Organisation, capabilities and capacity always come
 from the database, never from the request.
 """
 
@@ -17,6 +18,7 @@ from uuid import UUID
 from aiohttp import web
 
 from domain.errors import Forbidden, LeaseholdError
+from gateway.commands.rows import caller_standing
 from gateway.keys import POOL, SETTINGS, WORKER_FINGERPRINT
 from gateway.pki import peer_fingerprint
 from gateway.sql import QUERIES
@@ -101,8 +103,38 @@ class TokenBuckets:
 BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
 
 
+class KnownCertificates:
+    """Certificate fingerprint -> the worker it was registered for, as far as this process has
+    seen it. The mapping never changes (a fingerprint is unique and a worker keeps its id), so it
+    can be remembered; whether that worker may still act cannot, and is checked by the command
+    itself, in its own transaction (the ``fingerprint`` argument of the worker commands)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._known: dict[str, WorkerIdentity] = {}
+
+    def get(self, fingerprint: str) -> WorkerIdentity | None:
+        return self._known.get(fingerprint)
+
+    def remember(self, identity: WorkerIdentity) -> None:
+        if len(self._known) >= self.limit:  # bounded memory under certificate churn
+            self._known.clear()
+        self._known[identity.fingerprint] = identity
+
+
+CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
+
+
 async def worker_identity(request: web.Request) -> WorkerIdentity:
-    """The calling worker, from its client certificate (403 when unknown, disabled or revoked)."""
+    """The calling worker, from its client certificate (403 when unknown, disabled or revoked).
+
+    The first request of a certificate in this process looks the worker up and checks its
+    standing here. Later ones take the worker from :class:`KnownCertificates` without a query:
+    every worker route passes ``identity.fingerprint`` to its command, which checks the
+    worker's standing in the command's own transaction (same answer, same 403), so revoking or
+    disabling a worker still bites on its next request, on an open keep-alive connection too,
+    without a second transaction per request. A new worker route must do the same.
+    """
     cached = request.get(WORKER)
     if cached is not None:
         return cached
@@ -113,17 +145,14 @@ async def worker_identity(request: web.Request) -> WorkerIdentity:
     wait = request.app[BUCKETS].take(fingerprint)
     if wait > 0:
         raise RateLimited("rate limit exceeded for this certificate", retry_after=math.ceil(wait))
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["worker_by_fingerprint"], {"fingerprint": fingerprint})
-        row = await cur.fetchone()
-    if row is None:
-        raise Forbidden("this certificate does not belong to a registered worker")
-    worker_id, name, enabled, revoked = row
-    if revoked:
-        raise Forbidden("this worker has been revoked")
-    if not enabled:
-        raise Forbidden("this worker is disabled")
-    identity = WorkerIdentity(worker_id, name, fingerprint)
+    known = request.app[CERTIFICATES]
+    identity = known.get(fingerprint)
+    if identity is None:
+        async with request.app[POOL].connection() as conn:
+            cur = await conn.execute(QUERIES["worker_by_fingerprint"], {"fingerprint": fingerprint})
+            worker_id, name = caller_standing(await cur.fetchone())
+        identity = WorkerIdentity(worker_id, name, fingerprint)
+        known.remember(identity)
     request[WORKER] = identity
     return identity
 

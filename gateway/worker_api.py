@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypedDict, TypeVar
 from uuid import UUID
 
 from aiohttp import web
@@ -82,7 +82,8 @@ async def acquire(request: web.Request) -> web.StreamResponse:
     topics: list[str] | None = None
     known = set(body.known_cancels)
     while True:
-        polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor)
+        polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
+                                      fingerprint=worker.fingerprint)
         news = [(t, a) for t, a in polled.cancel_requested if a not in known]
         if polled.acquired is not None or news:
             cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
@@ -99,6 +100,11 @@ async def acquire(request: web.Request) -> web.StreamResponse:
             raise asyncio.CancelledError  # the worker went away; stop polling for it
 
 
+class Caller(TypedDict):
+    actor: str
+    fingerprint: str
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptWrite(Generic[B]):
     """What every attempt write starts with: the worker, the ids from the path, the body."""
@@ -111,6 +117,11 @@ class AttemptWrite(Generic[B]):
     def args(self) -> tuple[UUID, UUID, UUID, str]:
         return self.worker.id, self.task_id, self.attempt_id, self.body.lease_token
 
+    def caller(self) -> Caller:
+        """Who writes: the actor recorded in events, and the certificate whose worker's standing
+        the command checks in its transaction (see :func:`gateway.auth.worker_identity`)."""
+        return {"actor": self.worker.actor, "fingerprint": self.worker.fingerprint}
+
 
 async def _attempt_write(request: web.Request, model: type[B]) -> AttemptWrite[B]:
     worker = await worker_identity(request)
@@ -122,7 +133,7 @@ async def _attempt_write(request: web.Request, model: type[B]) -> AttemptWrite[B
               auth="worker", request=WorkerWriteRequest, response=RenewResponse, tags=("worker",))
 async def renew(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    renewed = await request.app[LIFECYCLE].renew(*w.args(), actor=w.worker.actor)
+    renewed = await request.app[LIFECYCLE].renew(*w.args(), **w.caller())
     status = TaskStatus.of(renewed.task)
     assert renewed.task.current_attempt is not None
     return ok(RenewResponse(task=status.task, attempt=status.attempt,
@@ -134,7 +145,7 @@ async def renew(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def progress(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[LIFECYCLE].mark_running(*w.args(), actor=w.worker.actor)))
+    return ok(TaskStatus.of(await request.app[LIFECYCLE].mark_running(*w.args(), **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/results", summary="Submit a result batch (idempotent by key)",
@@ -144,7 +155,7 @@ async def results(request: web.Request) -> web.StreamResponse:
     body = w.body
     ack = await request.app[LIFECYCLE].submit_batch(
         *w.args(), sequence_number=body.sequence_number, idempotency_key=body.idempotency_key,
-        payload_sha256=body.payload_sha256, records=body.payload, final=body.final, actor=w.worker.actor)
+        payload_sha256=body.payload_sha256, records=body.payload, final=body.final, **w.caller())
     status = TaskStatus.of(ack.task)
     b = ack.batch
     return ok(BatchAck(task=status.task, attempt=status.attempt, batch_id=b.batch_id,
@@ -157,7 +168,7 @@ async def results(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def complete(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[LIFECYCLE].complete(*w.args(), actor=w.worker.actor)))
+    return ok(TaskStatus.of(await request.app[LIFECYCLE].complete(*w.args(), **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",
@@ -165,7 +176,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
 async def fail(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, FailRequest)
     task = await request.app[LIFECYCLE].fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
-                                             actor=w.worker.actor)
+                                             **w.caller())
     return ok(TaskStatus.of(task))
 
 
@@ -173,4 +184,4 @@ async def fail(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def cancel_ack(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[LIFECYCLE].acknowledge_cancel(*w.args(), actor=w.worker.actor)))
+    return ok(TaskStatus.of(await request.app[LIFECYCLE].acknowledge_cancel(*w.args(), **w.caller())))

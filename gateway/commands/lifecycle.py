@@ -62,6 +62,7 @@ from gateway.commands.rows import (
     TASK_COLUMNS,
     attempt_from_row,
     batch_from_row,
+    caller_standing,
     task_from_row,
 )
 from gateway.commands.unit_of_work import Clock, system_clock, transaction
@@ -178,24 +179,34 @@ class Lifecycle:
     # --- acquisition ----------------------------------------------------------------------
 
     async def acquire(self, worker_id: UUID, *, request_id: str | None = None,
-                      actor: str | None = None) -> Acquired | None:
+                      actor: str | None = None, fingerprint: str | None = None) -> Acquired | None:
         """Lease one eligible task to the worker, or None (at capacity, or nothing eligible).
 
         With a ``request_id``, repeating the call returns the same attempt (with a fresh token,
         since only the token's hash is kept) instead of leasing a second task.
         """
-        return (await self.poll(worker_id, request_id=request_id, actor=actor, notices=False)).acquired
+        return (await self.poll(worker_id, request_id=request_id, actor=actor, notices=False,
+                                fingerprint=fingerprint)).acquired
 
     async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
-                   notices: bool = True) -> Poll:
+                   notices: bool = True, fingerprint: str | None = None) -> Poll:
         """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
-        cancelled — what a long-poll answer must tell the worker."""
+        cancelled — what a long-poll answer must tell the worker.
+
+        With the caller's certificate ``fingerprint`` (the Gateway passes it), the worker's
+        standing is checked in this transaction, in the same round trip as the worker lock:
+        Forbidden, and nothing done, when the certificate is not ``worker_id``'s or the worker
+        is revoked or disabled.
+        """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
         async with transaction(self.pool) as cur:
-            params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id}
+            params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
+                      "fingerprint": fingerprint}
             async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as request_cur, \
-                    cur.connection.cursor() as notice_cur:
+                    cur.connection.cursor() as notice_cur, cur.connection.cursor() as caller_cur:
+                if fingerprint is not None:
+                    await caller_cur.execute(QUERIES["worker_by_fingerprint"], params)
                 await lock_cur.execute(QUERIES["worker_lock_for_acquire"], params)
                 await cur.execute(QUERIES["worker_live_attempts"], params)
                 if request_id is not None:
@@ -205,6 +216,8 @@ class Lifecycle:
                 row = await lock_cur.fetchone()
                 earlier = await request_cur.fetchone() if request_id is not None else None
                 cancelling = [(t, a) for t, a in await notice_cur.fetchall()] if notices else []
+                if fingerprint is not None:
+                    caller_standing(await caller_cur.fetchone(), worker_id)
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
             live_attempts, now = await _fetch_one(cur)
@@ -238,22 +251,24 @@ class Lifecycle:
     # --- worker writes --------------------------------------------------------------------
 
     async def mark_running(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
-                           *, actor: str | None = None) -> TaskState:
+                           *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """leased -> running (idempotent)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: MarkRunning(a, h))
+                                           lambda a, h, _b: MarkRunning(a, h), fingerprint=fingerprint)
         return task
 
     async def renew(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
-                    *, actor: str | None = None) -> Renewed:
+                    *, actor: str | None = None, fingerprint: str | None = None) -> Renewed:
         """Extend the lease; the answer says whether the worker should stop (cancel requested)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Renew(a, h), check_standing=True)
+                                           lambda a, h, _b: Renew(a, h), check_standing=True,
+                                           fingerprint=fingerprint)
         return Renewed(task=task, cancel_requested=task.state == "cancelling")
 
     async def submit_batch(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
                            sequence_number: int, idempotency_key: str, payload_sha256: str,
-                           records: list[Any], final: bool, actor: str | None = None) -> BatchAck:
+                           records: list[Any], final: bool, actor: str | None = None,
+                           fingerprint: str | None = None) -> BatchAck:
         """RFC "Result submission": accept a batch once; a repeat with the same key and sha256
         returns the original acknowledgement, with another sha256 it is refused."""
         body = canonical_payload(records)
@@ -270,7 +285,7 @@ class Lifecycle:
 
         task, existing = await self._worker_write(
             worker_id, task_id, attempt_id, lease_token, actor, command, idempotency_key=idempotency_key,
-            payload=(computed, body))
+            payload=(computed, body), fingerprint=fingerprint)
         if existing is not None:
             return BatchAck(batch=existing, task=task, duplicate=True)
         assert task.current_attempt is not None
@@ -280,37 +295,43 @@ class Lifecycle:
             final=final, accepted_at=task.updated_at), task=task, duplicate=False)
 
     async def complete(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
-                       *, actor: str | None = None) -> TaskState:
+                       *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """running -> completed; needs an accepted final batch. Repeating it is safe."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Complete(a, h))
+                                           lambda a, h, _b: Complete(a, h), fingerprint=fingerprint)
         return task
 
     async def fail(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
-                   error: str, retryable: bool = True, actor: str | None = None) -> TaskState:
+                   error: str, retryable: bool = True, actor: str | None = None,
+                   fingerprint: str | None = None) -> TaskState:
         """The attempt failed: retry_wait (with backoff) if retryable and attempts remain."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Fail(a, h, error=error, retryable=retryable))
+                                           lambda a, h, _b: Fail(a, h, error=error, retryable=retryable),
+                                           fingerprint=fingerprint)
         return task
 
     async def acknowledge_cancel(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
-                                 *, actor: str | None = None) -> TaskState:
+                                 *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """cancelling -> cancelled, on the worker's word that it stopped."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: AcknowledgeCancel(a, h))
+                                           lambda a, h, _b: AcknowledgeCancel(a, h), fingerprint=fingerprint)
         return task
 
     async def _worker_write(
         self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
         make: Callable[[AttemptState, str, BatchRecord | None], WorkerWrite], *,
         idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
-        check_standing: bool = False,
+        check_standing: bool = False, fingerprint: str | None = None,
     ) -> tuple[TaskState, BatchRecord | None]:
+        """One worker write. With the caller's certificate ``fingerprint`` (the Gateway passes
+        it), the worker's standing is checked first, in the round trip that locks the task:
+        Forbidden, and nothing done or recorded, when the certificate is not ``worker_id``'s or
+        the worker is revoked or disabled."""
         rejection: WriteRejected | None = None
         async with transaction(self.pool) as cur:
             row = await _lock_task_and_read(cur, "task_read_for_write", {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
-                "now": self.clock()})
+                "now": self.clock()}, caller=(fingerprint, worker_id) if fingerprint is not None else None)
             # A task or attempt that does not exist, or an attempt of another worker, is not
             # this worker's business: the same 404 either way, and nothing is recorded.
             if row is None:
@@ -543,15 +564,22 @@ class Lifecycle:
             raise Forbidden("this worker's assignment to the task's organisation has been revoked")
 
 
-async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str, Any]) -> Any:
+async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str, Any],
+                              caller: tuple[str, UUID] | None = None) -> Any:
     """Lock the task row, then read with a second statement (one round trip, pipelined).
 
     The read runs after the lock is granted, so its snapshot includes everything committed by
-    the previous holder of the lock (see the comment on ``task_lock``).
+    the previous holder of the lock (see the comment on ``task_lock``). With ``caller``
+    (certificate fingerprint, worker id), the worker's standing is read first in the same round
+    trip, and checked before anything else (see :func:`caller_standing`).
     """
-    async with cur.connection.cursor() as lock_cur:
+    async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as caller_cur:
+        if caller is not None:
+            await caller_cur.execute(QUERIES["worker_by_fingerprint"], {"fingerprint": caller[0]})
         await lock_cur.execute(QUERIES["task_lock"], params)
         await cur.execute(QUERIES[read], params)
+        if caller is not None:
+            caller_standing(await caller_cur.fetchone(), caller[1])
         locked = await lock_cur.fetchone()
     row = await cur.fetchone()
     return row if locked is not None else None

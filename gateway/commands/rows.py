@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from domain.errors import Forbidden
 from domain.task import AttemptState, BatchRecord, TaskState
 from projections.store import StreamHead
 
@@ -43,3 +44,17 @@ def batch_from_row(r: Sequence[Any]) -> BatchRecord | None:
         return None
     return BatchRecord(batch_id=r[0], attempt_id=r[1], sequence_number=r[2], idempotency_key=r[3],
                        payload_sha256=r[4], record_count=r[5], final=r[6], accepted_at=r[7])
+
+
+def caller_standing(row: Sequence[Any] | None, worker_id: Any = None) -> tuple[Any, str]:
+    """(worker id, name) of the worker a ``worker_by_fingerprint`` row describes, or the 403 a
+    certificate gets when it belongs to no worker (or not to ``worker_id``), or to a revoked
+    or disabled one. One wording for the Gateway's identity check and the commands' own."""
+    if row is None or (worker_id is not None and row[0] != worker_id):
+        raise Forbidden("this certificate does not belong to a registered worker")
+    found_id, name, enabled, revoked = row
+    if revoked:
+        raise Forbidden("this worker has been revoked")
+    if not enabled:
+        raise Forbidden("this worker is disabled")
+    return found_id, name

@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from domain.results import payload_sha256
 from gateway.commands import Lifecycle, Registry
 from projections.connection import create_pool
-from tests.support.core import ManualClock, World
+from support.core import ManualClock, World
 
 QUEUED = 300
 

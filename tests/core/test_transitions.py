@@ -21,7 +21,7 @@ from domain.errors import (
     TaskCancelled,
 )
 from domain.results import payload_sha256
-from support.core import World
+from support.core import World, event_count
 
 
 async def scalar(pool: Any, query: str, *params: object) -> Any:
@@ -29,10 +29,6 @@ async def scalar(pool: Any, query: str, *params: object) -> Any:
         cur = await conn.execute(query, params)
         row = await cur.fetchone()
         return row[0]
-
-
-async def event_count(pool: Any) -> int:
-    return int(await scalar(pool, "SELECT count(*) FROM events"))
 
 
 async def topics(pool: Any, stream: UUID) -> list[str]:

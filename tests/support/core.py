@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID, uuid4
 
 from domain.results import payload_sha256
@@ -88,3 +89,12 @@ async def assert_log_rebuilds_live(database_url: str) -> None:
             live = await load_live(conn)
         assert diff(live, rebuilt.tables) == []
         assert await verify_chains(conn) == []
+
+
+async def event_count(pool: Any) -> int:
+    """How many events the log holds: a refused command must leave it unchanged."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM events")
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
