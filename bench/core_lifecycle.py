@@ -889,7 +889,9 @@ def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
             row = conn.execute("SELECT w.capabilities, w.task_types, now() FROM workers w WHERE w.id = %s",
                                (worker,)).fetchone()
             assert row is not None
-            conn.execute(QUERIES["acquire_plan_pin"])  # as the service sends it, in the same transaction
+            # As the service runs it: worker_live_attempts first, in the same transaction (it
+            # also sets the planner settings the acquire query runs with).
+            conn.execute(QUERIES["worker_live_attempts"], {"worker_id": worker, "now": row[2]})
             plan = conn.execute(
                 sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(QUERIES["task_lock_acquirable"]),
                 {"worker_id": worker, "now": row[2], "task_types": sorted(row[1]),

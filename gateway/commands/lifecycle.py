@@ -220,7 +220,7 @@ class Lifecycle:
                     caller_standing(await caller_cur.fetchone(), worker_id)
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
-            live_attempts, now = await _fetch_one(cur)
+            live_attempts, now, *_plan_pinned = await _fetch_one(cur)
             if earlier is not None:
                 task, _ = await self._decide_locked(cur, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
@@ -231,7 +231,6 @@ class Lifecycle:
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return Poll(None, cancelling)
-            await cur.execute(QUERIES["acquire_plan_pin"])
             await cur.execute(QUERIES["task_lock_acquirable"], {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
@@ -573,13 +572,15 @@ async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str
     (certificate fingerprint, worker id), the worker's standing is read first in the same round
     trip, and checked before anything else (see :func:`caller_standing`).
     """
-    async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as caller_cur:
-        if caller is not None:
+    if caller is not None:
+        async with cur.connection.cursor() as caller_cur:
             await caller_cur.execute(QUERIES["worker_by_fingerprint"], {"fingerprint": caller[0]})
+            row = await _lock_task_and_read(cur, read, params)  # same round trip: fetched below
+            caller_standing(await caller_cur.fetchone(), caller[1])
+        return row
+    async with cur.connection.cursor() as lock_cur:
         await lock_cur.execute(QUERIES["task_lock"], params)
         await cur.execute(QUERIES[read], params)
-        if caller is not None:
-            caller_standing(await caller_cur.fetchone(), caller[1])
         locked = await lock_cur.fetchone()
     row = await cur.fetchone()
     return row if locked is not None else None

@@ -44,22 +44,12 @@ FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE t.id = %(task_id)s
 
--- name: acquire_plan_pin
--- Sent right before task_lock_acquirable, in its transaction (SET LOCAL semantics). The only
--- plan whose cost does not grow with the backlog walks worker_tasks_acquirable_idx in order
--- and stops at the first eligible, unlocked task. When the statistics predate the backlog (a
--- queue filled faster than autovacuum analyses it, or autovacuum off) the planner instead
--- reads every acquirable task, joins each to its organisation assignment and sorts them all:
--- measured with 2,000 queued tasks, 10.5 ms per acquire against 0.13 ms for the walk. With
--- sorting and bitmap scans disabled for the rest of this short transaction, the walk is the
--- plan whatever the statistics say; no other statement of an acquire sorts.
-SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)
-
 -- name: task_lock_acquirable
 -- RFC "Atomic task acquisition": one eligible task for this worker. Organisation assignment,
 -- task type and capabilities are checked in the same query; SKIP LOCKED lets concurrent
 -- acquirers pass each other instead of queueing on the same row. The partial index on
--- acquirable states keeps this independent of how much finished history the table holds.
+-- acquirable states keeps this independent of how much finished history the table holds, and
+-- worker_live_attempts, earlier in the same transaction, pins the plan that walks it (see there).
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,

@@ -11,7 +11,17 @@ FOR UPDATE
 -- subquery of the locking statement would read the snapshot taken before the lock wait and
 -- miss the attempt that the previous lock holder just committed (capacity overrun).
 -- It also reads the command's time, after the lock (see task_lock).
-SELECT count(*), coalesce(%(now)s::timestamptz, clock_timestamp())
+-- And it pins the plan of task_lock_acquirable, which this transaction runs next (settings
+-- local to the transaction, set here to spare a statement). The only plan whose cost does not
+-- grow with the backlog walks worker_tasks_acquirable_idx in order and stops at the first
+-- eligible, unlocked task. When the statistics predate the backlog (a queue filled faster
+-- than autovacuum analyses it, or autovacuum off) the planner instead reads every acquirable
+-- task, joins each to its organisation assignment and sorts them all: measured with 2,000
+-- queued tasks, 10.5 ms per acquire against 0.13 ms for the walk. With sorting and bitmap
+-- scans disabled for the rest of this short transaction, the walk is the plan whatever the
+-- statistics say; no other statement of an acquire sorts.
+SELECT count(*), coalesce(%(now)s::timestamptz, clock_timestamp()),
+       set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)
 FROM worker_task_attempts a
 WHERE a.worker_id = %(worker_id)s
   AND a.status IN ('leased', 'running')
