@@ -96,9 +96,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class CpuWindow:
-    """Cores used between ``start()`` and ``stop()`` by this benchmark (``root`` and its process
-    tree), by PostgreSQL and by everything else (see :class:`common.CpuMeter`); ``other_cores``
-    well above 0 says something else was loading the box."""
+    """Cores used between ``start()`` and ``stop()`` by the whole box, by this benchmark (``root``
+    and its process tree), by PostgreSQL and by everything else (see :class:`common.CpuMeter`);
+    ``other_cores`` well above 0 says something else was loading the box."""
 
     def __init__(self, root: int) -> None:
         self.meter = CpuMeter({"bench": root})
@@ -110,7 +110,8 @@ class CpuWindow:
         used = self.meter.stop()
         bench = used["bench"] + used["self"] + used["children"]
         return {f"{k}_cores": round(v / used["elapsed"], 2)
-                for k, v in (("bench", bench), ("postgres", used["postgres"]), ("other", used["other"]))}
+                for k, v in (("box", used["box"]), ("bench", bench), ("postgres", used["postgres"]),
+                             ("other", used["other"]))}
 
 
 # --------------------------------------------------------------------------- server and databases
@@ -1094,7 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
                            "cpu_cores_during_script": box}
         lines.append(f"pg_limit clients={clients} seconds={int(seconds)} lifecycles_per_s={limit}")
         lines.append("pg_limit_cpu " + " ".join(f"{k}={v}" for k, v in box.items())
-                     + " (whole script, prefill included)")
+                     + " (whole script, prefill included; pgbench and its backends exit before the"
+                     " reading, so they count as other)")
 
     url = fresh_bench_database(server_url)
     runs: list[dict[str, Any]] = []

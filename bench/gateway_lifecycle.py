@@ -35,7 +35,7 @@ from uuid import UUID
 
 import aiohttp
 import orjson
-from common import recreate_database, resolve_server_url
+from common import CpuMeter, recreate_database, resolve_server_url
 from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
 
 from domain.results import payload_sha256
@@ -220,6 +220,29 @@ def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks
             "client_processes": processes}
 
 
+def cpu_per_task(used: dict[str, float], tasks: int) -> dict[str, float]:
+    """CPU milliseconds per task from a :class:`common.CpuMeter` reading over the drain: the box,
+    the Gateway processes, the HTTPS client processes (reaped children of this one), PostgreSQL."""
+    n = max(tasks, 1)
+    return {"box": round(used["box"] / n * 1e3, 2), "gateway": round(used["gateway"] / n * 1e3, 2),
+            "clients": round(used["children"] / n * 1e3, 2), "postgres": round(used["postgres"] / n * 1e3, 2),
+            "other": round((used["other"] + used["self"]) / n * 1e3, 2),
+            "box_cores_busy": round(used["box"] / used["elapsed"], 2)}
+
+
+def ceiling(cpu: dict[str, float], results: dict[str, Any]) -> dict[str, Any]:
+    """What the box's cores allow: tasks/s if PostgreSQL's share were the only CPU spent (no
+    Gateway, no TLS, no clients), and each peer's whole CPU budget per job at its measured rate."""
+    cores = os.cpu_count() or 1
+    out: dict[str, Any] = {"cores": cores}
+    if cpu["postgres"] > 0:
+        out["tasks_per_s_if_only_postgres"] = round(cores * 1e3 / cpu["postgres"])
+    for name in ("procrastinate", "pgqueuer"):
+        if results.get(name):
+            out[f"{name}_cpu_budget_ms_per_job"] = round(cores * 1e3 / results[name], 2)
+    return out
+
+
 async def long_poll(worker: Worker, lifecycle: Lifecycle, registry: Registry, org: UUID,
                     tries: int) -> dict[str, float]:
     delays = []
@@ -269,9 +292,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           limit=max(1, args.loops // len(certs) + 1)) for c in certs]
         try:
             await gateway.ready(pki.ca_cert)
+            meter = CpuMeter({"gateway": gateway.proc.pid})
             results["gateway"] = await asyncio.to_thread(
                 drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes)
             g = results["gateway"]
+            g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
             print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
                   f"client_processes={args.client_processes} "
                   f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
@@ -279,6 +304,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in ("pg_limit", "procrastinate", "pgqueuer"):
                 if results.get(name):
                     print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f}")
+            print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
+                  + " (CPU of the whole box per completed task, and who spent it)")
+            results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
+            print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
             results["long_poll"] = await long_poll(workers[0], lifecycle, registry, org, args.long_poll_tries)
             lp = results["long_poll"]
             print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
