@@ -49,7 +49,8 @@ class PageQuery(Query):
 
 class EventsQuery(Query):
     limit: int = Field(500, ge=1, le=1000, description="events per page")
-    after_version: int = Field(0, ge=0, description="the `next_after_version` of the previous page")
+    after_version: int = Field(0, ge=0, le=2**63 - 1,  # a stream version is a bigint
+                               description="the `next_after_version` of the previous page")
 
 
 class RemoveAssignmentQuery(Query):

@@ -385,6 +385,7 @@ BAD_INPUT: list[tuple[str, str, bytes | dict[str, Any] | None, int]] = [
     ("POST", "/v1/tasks/not-a-uuid/cancel", {}, 404),
     ("GET", f"/v1/tasks/{uuid4()}", None, 404),
     ("GET", "/v1/tasks/{task}/events?after_version=-1", None, 422),
+    ("GET", "/v1/tasks/{task}/events?after_version=9223372036854775808", None, 422),
     ("GET", "/v1/tasks/{task}/events?limit=100000", None, 422),
 ]
 

@@ -139,6 +139,18 @@ async def test_bad_query_strings_are_422(gateway: RunningGateway, query: str) ->
     assert_problem(await gateway.operator("GET", f"/v1/workers?{query}"), 422)
 
 
+@pytest.mark.parametrize(("after_version", "status"), [(2**63 - 1, 200), (2**63, 422), (10**30, 422)])
+async def test_an_event_cursor_beyond_a_bigint_is_422(gateway: RunningGateway, after_version: int,
+                                                      status: int) -> None:
+    """Stream versions are bigints: a larger cursor used to reach the database (a 500)."""
+    task = await gateway.task()
+    reply = await gateway.operator("GET", f"/v1/tasks/{task}/events?after_version={after_version}")
+    if status == 200:
+        assert reply.status == 200 and reply.body["items"] == []
+    else:
+        assert_problem(reply, status)
+
+
 async def test_the_document_types_query_parameters(gateway: RunningGateway) -> None:
     doc = (await gateway.operator("GET", "/openapi.json")).body
     params = {p["name"]: p for p in doc["paths"]["/v1/workers"]["get"]["parameters"]}
