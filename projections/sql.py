@@ -269,24 +269,58 @@ class WriteBuffer:
 
 class BufferedCursor(AsyncCursor[Any]):
     """A transaction's cursor: queues writes in :attr:`writes` and sends them before anything
-    else it executes. Cursors and savepoints opened from its ``connection`` share the buffer."""
+    else it executes. Cursors and savepoints opened from its ``connection`` share the buffer.
 
-    __slots__ = ("writes",)
+    The writes travel on a cursor of their own, never on the one about to read: in a pipeline,
+    psycopg may stop fetching between two commands ("no more results to fetch, but there may
+    still be pending commands"), and a cursor with two queued commands would then hand its
+    reader the first one's rows (the writes' ``SELECT 1``) instead of its own."""
+
+    __slots__ = ("writes", "_unread")
 
     def __init__(self, connection: AsyncConnection[Any], writes: WriteBuffer | None = None) -> None:
         super().__init__(connection)
         self.writes = writes if writes is not None else WriteBuffer()
+        self._unread = 0  # commands executed on this cursor since its last fetch
 
     async def execute(self, query: Any, params: Params | None = None, *,
                       prepare: bool | None = None, binary: bool | None = None) -> Self:
         if self.writes:
-            await self.writes.flush(self)
+            await self.writes.flush(AsyncCursor(self._conn))
         await super().execute(query, params, prepare=prepare, binary=binary)
+        self._unread += 1
         return self
+
+    def _reading(self) -> None:
+        """Refuse, where the mistake is made, to read from a cursor that has had two commands
+        queued in a pipeline since its last read: the rows could be the first one's."""
+        if self._unread > 1 and self._conn._pipeline is not None:
+            raise RuntimeError("this cursor ran another command since its last read, in a pipeline: "
+                               "run the read on a cursor of its own")
+        self._unread = 0
+
+    async def fetchone(self) -> Any:
+        self._reading()
+        return await super().fetchone()
+
+    async def fetchmany(self, size: int = 0) -> list[Any]:
+        self._reading()
+        return await super().fetchmany(size)
+
+    async def fetchall(self) -> list[Any]:
+        self._reading()
+        return await super().fetchall()
+
+    async def commit(self) -> None:
+        """Send the queued writes, then COMMIT (each on a cursor of its own: nobody reads them,
+        and this cursor's last command may be a write nobody fetched)."""
+        if self.writes:
+            await self.writes.flush(AsyncCursor(self._conn))
+        await AsyncCursor(self._conn).execute("COMMIT")
 
     async def executemany(self, query: Query, params_seq: Iterable[Params], *, returning: bool = False) -> None:
         if self.writes:
-            await self.writes.flush(self)
+            await self.writes.flush(AsyncCursor(self._conn))
         await super().executemany(query, params_seq, returning=returning)
 
     @property

@@ -41,9 +41,12 @@ async def ingest_batch(cur: AsyncCursor[Any], task: TaskState, batch_id: UUID, r
             external_id = str(record.get("external_id") or "")
             threat = {**params, "id": uuid4(), "external_id": external_id,
                       "title": str(record.get("title") or ""), "severity": str(record.get("severity") or "")}
-            await cur.execute(QUERIES["ingest_threat_external" if external_id else "ingest_threat_anonymous"],
-                              threat)
-            row = await cur.fetchone()
+            # Read on a cursor of its own: cur may still have an earlier record's write queued
+            # (see projections.sql.BufferedCursor).
+            async with cur.connection.cursor() as threat_cur:
+                await threat_cur.execute(
+                    QUERIES["ingest_threat_external" if external_id else "ingest_threat_anonymous"], threat)
+                row = await threat_cur.fetchone()
             assert row is not None, "the upsert returns the threat"
             threat_id = row[0]
             await cur.execute(QUERIES["ingest_detection"], {**base, "threat_id": threat_id})

@@ -42,9 +42,11 @@ async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[An
         async with pool.connection() as conn:
             try:
                 async with conn.pipeline(), BufferedCursor(conn) as cur:
-                    await cur.execute("BEGIN")
+                    # BEGIN on a cursor of its own: a cursor must never have two commands queued
+                    # before its reader fetches (see BufferedCursor), and cur's first read follows.
+                    await conn.execute("BEGIN")
                     yield cur
-                    await cur.execute("COMMIT")  # sends the queued writes first
+                    await cur.commit()  # sends the queued writes first
             except BaseException:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
                     # conn.rollback(), not a ROLLBACK statement: it also forgets psycopg's prepared

@@ -98,8 +98,9 @@ async def test_batches_delivered_twice_and_replayed_ingest_once(world: World) ->
         batches = await cur.fetchall()
         assert len(batches) == 4
         for batch_id, task_id, body in batches:
-            await cur.execute(QUERIES["task_read"], {"task_id": task_id, "now": None})
-            row = await cur.fetchone()
+            async with cur.connection.cursor() as read:  # cur has ingestion's writes queued
+                await read.execute(QUERIES["task_read"], {"task_id": task_id, "now": None})
+                row = await read.fetchone()
             task, _ = task_from_row(row)
             await ingest_batch(cur, task, batch_id, orjson.loads(body), world.clock())
     assert await _counts(world) == counts

@@ -88,6 +88,22 @@ async def test_a_read_sees_the_writes_queued_before_it(world: World, pool: Async
         assert await _priority(conn.cursor(), task) == 9
 
 
+async def test_the_reading_cursor_waits_for_its_own_statement_only(world: World, pool: AsyncConnectionPool) -> None:
+    """The writes sent before a read travel on a cursor of their own. psycopg's pipeline may stop
+    fetching between two commands, and a cursor with two queued commands would then return the
+    first one's rows: a lock read got the writes' one-column ``SELECT 1`` (a 500 under load)."""
+    task = await world.task()
+    async with transaction(pool) as cur:
+        async with cur.connection.cursor() as lock_cur:  # the pattern of every lock-then-read
+            await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 7})])
+            await lock_cur.execute("SELECT id, priority FROM worker_tasks WHERE id = %s FOR UPDATE", (task,))
+            await cur.execute("SELECT 1, 2, 3")
+            queued = [entry[0] for entry in cur.connection._pipeline.result_queue if entry is not None]
+            assert queued.count(lock_cur) == 1 and queued.count(cur) == 1
+            assert await lock_cur.fetchone() == (task, 7)
+        assert await cur.fetchone() == (1, 2, 3)
+
+
 async def test_split_writes_do_what_sequential_writes_do(world: World, pool: AsyncConnectionPool) -> None:
     """Both would go wrong in one statement: the guarded update would see the old priority, and
     the new live attempt could be checked against the one-live-attempt index before the old one
