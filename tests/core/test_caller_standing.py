@@ -18,11 +18,9 @@ RECORDS = [{"type": "asset", "kind": "host", "value": "a.example.test"}]
 
 
 async def _worker(world: World) -> tuple[UUID, str]:
+    """A worker, and the fingerprint of its certificate."""
     fingerprint = hashlib.sha256(uuid4().bytes).hexdigest()
-    worker = await world.registry.register_worker(name=f"w-{fingerprint[:6]}", fingerprint=fingerprint,
-                                                  task_types=("probe",), max_concurrent_tasks=5)
-    await world.registry.assign_worker(worker, world.org)
-    return worker, fingerprint
+    return await world.worker(capacity=5, fingerprint=fingerprint), fingerprint
 
 
 async def test_acquire_with_the_workers_own_certificate_leases(world: World) -> None:

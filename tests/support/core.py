@@ -44,9 +44,10 @@ class World:
     _workers: int = 0
 
     async def worker(self, *, capacity: int = 1, task_types: tuple[str, ...] = ("probe",),
-                     capabilities: tuple[str, ...] = (), org: UUID | None = None) -> UUID:
+                     capabilities: tuple[str, ...] = (), org: UUID | None = None,
+                     fingerprint: str | None = None) -> UUID:
         self._workers += 1
-        fingerprint = hashlib.sha256(uuid4().bytes).hexdigest()
+        fingerprint = fingerprint or hashlib.sha256(uuid4().bytes).hexdigest()
         worker_id = await self.registry.register_worker(
             name=f"worker-{self._workers}", fingerprint=fingerprint, capabilities=capabilities,
             task_types=task_types, max_concurrent_tasks=capacity)
