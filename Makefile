@@ -10,7 +10,7 @@ VENV_PY := $(VENV)/bin/python
 STAMP := $(VENV)/.leasehold-installed
 PYTEST_ARGS ?=
 # The packages listed in pyproject's [tool.mypy] that exist yet.
-MYPY_PACKAGES := $(foreach p,domain projections gateway worker replay,$(if $(wildcard $(p)/__init__.py),-p $(p)))
+MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations,$(if $(wildcard $(p)/__init__.py),-p $(p)))
 
 .DEFAULT_GOAL := test
 .PHONY: install test lint demo

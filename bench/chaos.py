@@ -61,12 +61,12 @@ import psycopg
 from common import recreate_database
 from psycopg_pool import AsyncConnectionPool
 
+from cli.dev_ca import init_pki, issue_worker_certificate
+from cli.embedded import EmbeddedPostgres, _bin_dir
 from domain.events import ProfileStep
 from gateway.commands import Registry
-from gateway.pki import init_pki, issue_worker_certificate
-from projections import migrate
-from projections.connection import create_pool
-from projections.database import EmbeddedPostgres, _bin_dir
+from migrations import runner as migrate
+from persistence.connection import create_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the test suite's fault proxy is the one to use

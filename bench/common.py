@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from projections.database import EmbeddedPostgres, with_database
+from cli.embedded import EmbeddedPostgres, with_database
 
 MACHINE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -58,14 +58,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from cli.embedded import redact_url
 from domain.results import payload_sha256
 from domain.task import project_task
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
-from projections import migrate
-from projections.connection import connect, create_pool
-from projections.database import redact_url
-from projections.store import read_stream
+from migrations import runner as migrate
+from persistence.connection import connect, create_pool
+from persistence.event_log import read_stream
 
 BENCH_DB = "leasehold_bench"
 LIMIT_DB = "leasehold_bench_limit"
@@ -883,7 +883,7 @@ def analyze(url: str) -> None:
 def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the acquire query for ``worker`` (rolled back): how it reads
     worker_tasks and how many buffers it touched, a figure the load of the machine cannot skew."""
-    from gateway.sql import QUERIES  # the service's own statement
+    from persistence.queries import QUERIES  # the service's own statement
 
     try:
         with psycopg.connect(url) as conn:

@@ -38,12 +38,13 @@ import orjson
 from common import CpuMeter, recreate_database, resolve_server_url
 from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
 
+from cli.dev_ca import init_pki, issue_worker_certificate
 from domain.results import payload_sha256
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
-from gateway.pki import client_ssl_context, init_pki, issue_worker_certificate
-from projections import migrate
-from projections.connection import create_pool
+from migrations import runner as migrate
+from persistence.connection import create_pool
+from worker.client import client_ssl_context
 
 RECORDS = [{"type": "asset", "kind": "service", "value": "127.0.0.1:443/tcp"}]
 SHA = payload_sha256(RECORDS)
@@ -73,7 +74,7 @@ class GatewayProcess:
         cmd = [sys.executable]
         if profile is not None:
             cmd += ["-m", "cProfile", "-o", str(profile)]
-        cmd += ["-m", "gateway.cli", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki_dir),
+        cmd += ["-m", "cli.main", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki_dir),
                 "--worker-port", str(self.worker_port), "--operator-port", str(self.operator_port),
                 "--processes", str(processes), "--pool-size", "12", "--log-level", "WARNING",
                 "--rate-limit-per-second", "100000", "--rate-limit-burst", "100000"]

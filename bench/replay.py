@@ -11,7 +11,7 @@ Prints plain ``name value`` lines, asserts nothing. Steps:
 2. **Replicate.** Copy the sample until the log holds ``--events`` events: each copy maps every
    UUID of the sample (in event states, in projection rows, in actors and idempotency keys) to a
    fresh one, gives organisations and worker fingerprints unique values, recomputes every hash
-   chain with :func:`projections.chain.chain_hash`, and points each projection row's
+   chain with :func:`persistence.chain.chain_hash`, and points each projection row's
    ``head_hash`` at its stream's new head. Everything is bulk-loaded with COPY (with
    ``session_replication_role = replica`` for the load, to skip foreign-key triggers).
 3. **Measure** on that log, through the same functions ``leasehold replay`` runs (after a
@@ -55,14 +55,14 @@ sys.path.insert(0, str(ROOT))
 
 from common import recreate_database, resolve_server_url  # noqa: E402
 
+from cli.embedded import redact_url, with_database  # noqa: E402
 from domain.errors import LeaseholdError  # noqa: E402
 from domain.results import payload_sha256  # noqa: E402
 from gateway.commands import Lifecycle, Registry  # noqa: E402
 from gateway.commands.lifecycle import TaskSpec  # noqa: E402
-from projections import migrate  # noqa: E402
-from projections.chain import GENESIS, chain_hash  # noqa: E402
-from projections.connection import connect, create_pool  # noqa: E402
-from projections.database import redact_url, with_database  # noqa: E402
+from migrations import runner as migrate  # noqa: E402
+from persistence.chain import GENESIS, chain_hash  # noqa: E402
+from persistence.connection import connect, create_pool  # noqa: E402
 from projections.rebuild import fold_log  # noqa: E402
 from projections.rows import TABLE_ORDER  # noqa: E402
 
@@ -294,7 +294,7 @@ def _load_copy(conn: psycopg.Connection[Any], sample: Sample, n: int) -> int:
 
 
 async def measure(url: str, events: int) -> dict[str, Any]:
-    from replay.checkpoints import write_checkpoint
+    from persistence.checkpoints import write_checkpoint
     from replay.fold import event_batches
     from replay.integrity import verify_log
     from replay.rebuild import rebuild_schema

@@ -8,7 +8,7 @@ transaction that recorded it, ``actor`` who caused it (``worker:<fingerprint>``,
 
 Events are immutable once stored. To change an event's shape, bump its ``class_version`` and
 add a static ``upcast_vN_vN+1(state: dict) -> None`` that rewrites old stored state in place;
-eventsourcing's mapper calls them when reading (see ``projections.codec``).
+eventsourcing's mapper calls them when reading (see ``persistence.codec``).
 """
 
 from __future__ import annotations

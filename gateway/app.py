@@ -1,6 +1,6 @@
 """The Gateway application: ``create_app(settings)`` wires everything.
 
-The pool, the LISTEN connection, the optional Redis hints (:mod:`gateway.hints`), the sweeper,
+The pool, the LISTEN connection, the optional Redis hints (:mod:`gateway.background.hints`), the sweeper,
 the scheduler and the metrics sampler live in ``cleanup_ctx`` (started before serving, cancelled
 and awaited on shutdown). Routes come from the API modules'
 route tables, which the OpenAPI document is generated from as well.
@@ -21,12 +21,9 @@ from prometheus_client import Counter, Gauge
 from psycopg_pool import PoolTimeout
 
 from domain.errors import Unavailable
-from gateway import operator_api, scheduler, sweeper, worker_api
-from gateway.auth import BUCKETS, CERTIFICATES, KnownCertificates, TokenBuckets, ensure_bootstrap_admin_key
-from gateway.commands import Lifecycle, Registry
-from gateway.commands.schedules import Schedules
-from gateway.hints import HintingConnection, Hints
-from gateway.http import (
+from gateway.api import operator as operator_api
+from gateway.api import worker as worker_api
+from gateway.api.http import (
     OBSERVE_REQUEST,
     Handler,
     Route,
@@ -35,12 +32,18 @@ from gateway.http import (
     ok,
     request_log_middleware,
 )
+from gateway.api.openapi import build_openapi
+from gateway.auth import BUCKETS, CERTIFICATES, KnownCertificates, TokenBuckets, ensure_bootstrap_admin_key
+from gateway.background import scheduler, sweeper
+from gateway.background.hints import HintingConnection, Hints
+from gateway.background.notify import Notifier
+from gateway.commands import Lifecycle, Registry
+from gateway.commands.schedules import Schedules
 from gateway.keys import LIFECYCLE, NOTIFIER, POOL, REGISTRY, SETTINGS
 from gateway.metrics import Metrics
-from gateway.notify import Notifier
-from gateway.openapi import build_openapi
 from gateway.settings import GatewaySettings
-from projections.connection import create_pool
+from persistence.checkpoints import write_checkpoint
+from persistence.connection import create_pool
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -164,8 +167,6 @@ async def _sample_live_leases(app: web.Application, every: float = 5.0) -> None:
 
 async def _checkpoints(app: web.Application, every: float) -> None:
     """Seal the heads of all streams periodically, so a truncated stream is detectable."""
-    from replay.checkpoints import write_checkpoint
-
     while True:
         await asyncio.sleep(every)
         try:

@@ -12,28 +12,27 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from uuid import UUID
 
 from aiohttp import web
 
 from domain.errors import Forbidden, LeaseholdError
-from gateway.commands.rows import caller_standing
 from gateway.keys import POOL, SETTINGS, WORKER_FINGERPRINT
-from gateway.pki import peer_fingerprint
-from gateway.sql import QUERIES
+from gateway.tls import peer_fingerprint
+from persistence.queries import QUERIES
+from persistence.task_rows import caller_standing
 
 
 class Unauthorized(LeaseholdError):
     """Authentication is required."""
-
     status = 401
     code = "unauthorized"
 
 
 class RateLimited(LeaseholdError):
     """Too many requests; slow down."""
-
     status = 429
     code = "rate-limited"
 
@@ -81,7 +80,6 @@ def hash_api_key(key: str) -> bytes:
 
 class TokenBuckets:
     """Per-certificate rate limiting (in process; each Gateway process limits on its own)."""
-
     def __init__(self, rate: float, burst: int) -> None:
         self.rate, self.burst = rate, burst
         self._buckets: dict[str, tuple[float, float]] = {}
@@ -108,7 +106,6 @@ class KnownCertificates:
     seen it. The mapping never changes (a fingerprint is unique and a worker keeps its id), so it
     can be remembered; whether that worker may still act cannot, and is checked by the command
     itself, in its own transaction (the ``fingerprint`` argument of the worker commands)."""
-
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
         self._known: dict[str, WorkerIdentity] = {}
@@ -181,7 +178,6 @@ async def ensure_bootstrap_admin_key(app: web.Application) -> None:
     key = app[SETTINGS].admin_api_key
     if not key:
         return
-    import uuid
 
     async with app[POOL].connection() as conn:
         await conn.execute(QUERIES["api_key_insert"], {"id": uuid.uuid4(), "name": "bootstrap administrator",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
+from gateway.background.notify import Notifier
 from gateway.commands import Lifecycle, Registry
-from gateway.notify import Notifier
 from gateway.settings import GatewaySettings
 
 SETTINGS = web.AppKey("settings", GatewaySettings)

@@ -1,4 +1,4 @@
-"""``leasehold gateway serve``: run the Gateway over HTTPS, in one or several processes.
+"""Running the Gateway over HTTPS, in one or several processes (``leasehold gateway serve``).
 
 The worker API listens with ``ssl.CERT_REQUIRED`` (mTLS, TLS 1.2+); the operator API on its
 own port with server-side TLS only (operators authenticate with bearer API keys). With
@@ -8,22 +8,22 @@ connections over all cores; the processes share nothing but PostgreSQL.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import ssl
-import sys
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from gateway.app import create_app
 from gateway.logs import configure_logging
-from gateway.pki import PkiPaths, load_pki, server_ssl_context
 from gateway.settings import GatewaySettings
+from gateway.tls import PkiPaths, load_pki, server_ssl_context
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -49,8 +49,6 @@ def operator_ssl_context(paths: PkiPaths) -> ssl.SSLContext:
 
 async def start(settings: GatewaySettings, *, reuse_port: bool = False) -> tuple[web.AppRunner, list[int]]:
     """Start the Gateway in this event loop; returns the runner and the bound ports (worker, operator)."""
-    from gateway.app import create_app
-
     paths = tls_paths(settings)
     runner = web.AppRunner(create_app(settings), access_log=None, handle_signals=False)
     await runner.setup()
@@ -85,8 +83,6 @@ def _child(settings_json: str) -> None:
 def serve(settings: GatewaySettings) -> int:
     """Serve until SIGTERM/SIGINT. Returns the exit code."""
     configure_logging(settings.log_level)
-    if settings.database_url is None:
-        settings = settings.model_copy(update={"database_url": settings.resolved_database_url()})
     if settings.processes == 1:
         asyncio.run(_serve_forever(settings, reuse_port=False))
         return 0
@@ -100,8 +96,6 @@ def serve(settings: GatewaySettings) -> int:
         for child in children:
             if child.pid is not None and child.is_alive():
                 with contextlib.suppress(ProcessLookupError):
-                    import os
-
                     os.kill(child.pid, signum)
 
     signal.signal(signal.SIGTERM, forward)
@@ -111,29 +105,3 @@ def serve(settings: GatewaySettings) -> int:
         child.join()
         codes.append(child.exitcode or 0)
     return max(codes)
-
-
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in GatewaySettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, dest=name, default=None,
-                            help=f"{field.description} (env LEASEHOLD_{name.upper()}; default {field.default!r})")
-
-
-def register(subparsers: Any) -> None:
-    gateway = subparsers.add_parser("gateway", help="run the Gateway")
-    sub = gateway.add_subparsers(dest="gateway_command", metavar="COMMAND", required=True)
-    serve_parser = sub.add_parser("serve", help="serve the worker and operator APIs over HTTPS")
-    _add_settings_flags(serve_parser)
-    serve_parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    overrides = {name: getattr(args, name) for name in GatewaySettings.model_fields
-                 if getattr(args, name, None) is not None}
-    try:
-        settings = GatewaySettings(**overrides)
-    except Exception as exc:
-        print(f"leasehold: error: {exc}", file=sys.stderr)
-        return 2
-    return serve(settings)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class GatewaySettings(BaseSettings):
     """Every setting the Gateway reads. Environment variables are ``LEASEHOLD_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="LEASEHOLD_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="LEASEHOLD_", extra="ignore", populate_by_name=True)
 
     database_url: str | None = Field(
-        None, description="PostgreSQL URL (also read from DATABASE_URL); default: the embedded server")
+        None, validation_alias=AliasChoices("database_url", "LEASEHOLD_DATABASE_URL", "DATABASE_URL"),
+        description="PostgreSQL URL (also read from DATABASE_URL); default: the embedded server")
     host: str = Field("127.0.0.1", description="address to listen on")
     worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
     operator_port: int = Field(8444, ge=0, le=65535,
@@ -48,8 +49,7 @@ class GatewaySettings(BaseSettings):
     log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
 
     def resolved_database_url(self) -> str:
-        import os
-
-        from projections.database import database_url
-
-        return self.database_url or os.environ.get("DATABASE_URL") or database_url()
+        """The database to use; the command line resolves "none given" before the Gateway starts."""
+        if self.database_url is None:
+            raise ValueError("no database URL: set --database-url or LEASEHOLD_DATABASE_URL")
+        return self.database_url

@@ -1,19 +1,20 @@
 """Alembic environment for leasehold (online mode only).
 
 The database URL is taken, in order, from: ``config.attributes["url"]`` (set by
-:func:`projections.migrate.make_config`), ``alembic -x url=...``, ``sqlalchemy.url`` in the ini
-file, then :func:`projections.database.database_url` (``$DATABASE_URL`` or the embedded server).
+:func:`migrations.runner.make_config`), ``alembic -x url=...``, ``sqlalchemy.url`` in the ini
+file, then ``$DATABASE_URL``. (``leasehold migrate`` always passes the first.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from projections.migrate import MIGRATION_LOCK_KEY, sqlalchemy_url
+from migrations.runner import MIGRATION_LOCK_KEY, sqlalchemy_url
 
 config = context.config
 
@@ -28,9 +29,9 @@ def _database_url() -> str:
     if not url:
         url = config.get_main_option("sqlalchemy.url")
     if not url:
-        from projections.database import database_url
-
-        url = database_url()
+        url = os.environ.get("DATABASE_URL")
+    if not url:
+        raise SystemExit("no database URL: pass -x url=postgresql://… or set DATABASE_URL")
     return str(url)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 from psycopg import AsyncConnection, sql
 
-from projections.codec import MAPPER
+from persistence.codec import MAPPER
 from projections.memory import MemoryTables
 from projections.projector import project
 from projections.rows import PRIMARY_KEYS, Row

@@ -1,7 +1,7 @@
 """Row changes: what a projector says an event does to the read models.
 
 Projectors return these plain values instead of running SQL, so the same projector serves two
-interpreters: :mod:`projections.sql` (live writes, inside the command's transaction) and
+interpreters: :mod:`persistence.writes` (live writes, inside the command's transaction) and
 :mod:`projections.memory` (replay rebuilds, folded in memory then bulk-copied).
 Values are absolute (never "increment"), so applying a change is deterministic.
 """

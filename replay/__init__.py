@@ -3,10 +3,10 @@ projections and of the hash chains, checkpoints, as-of views and offline audit b
 
 Every read that must be consistent runs in one ``REPEATABLE READ, READ ONLY`` snapshot
 (:func:`replay.snapshot.snapshot`), so the tools are safe to run while the Gateway writes.
-The command line lives in :mod:`replay.cli` (``leasehold replay …``); the Gateway calls
+The command line lives in :mod:`cli.replay` (``leasehold replay …``); the Gateway calls
 :func:`write_checkpoint` periodically.
 """
 
-from replay.checkpoints import Checkpoint, write_checkpoint
+from persistence.checkpoints import Checkpoint, write_checkpoint
 
 __all__ = ["Checkpoint", "write_checkpoint"]

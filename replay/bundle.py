@@ -35,8 +35,8 @@ import orjson
 from psycopg import AsyncConnection
 
 from domain.events import ResultBatchAccepted
-from projections.chain import check_link
-from replay.checkpoints import latest_checkpoint
+from persistence.chain import check_link
+from persistence.checkpoints import latest_checkpoint
 from replay.decode import DECODE
 from replay.log import StoredRow, require_stream, rows_of_streams, scan_task_ids, stream_rows
 

@@ -1,4 +1,4 @@
-"""Stored event -> domain event, as :data:`projections.codec.MAPPER` does it, about twice as fast.
+"""Stored event -> domain event, as :data:`persistence.codec.MAPPER` does it, about twice as fast.
 
 Same steps as ``EventMapper.to_domain_event``: resolve the topic to the event class, decode the
 orjson state, run the class's ``upcast_vN_vN+1`` functions, add the stream position, and

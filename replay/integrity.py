@@ -1,10 +1,10 @@
 """``replay verify-chain``: walk every stream's hash chain, then hold the log against the checkpoints.
 
 The walk reads the whole log in (stream, version) order through a server-side cursor and
-checks each link with :func:`projections.chain.check_link` (the same rule as
-:func:`projections.chain.verify_chains`), keeping the first break of each stream. The chains
+checks each link with :func:`persistence.chain.check_link` (the same rule as
+:func:`persistence.chain.verify_chains`), keeping the first break of each stream. The chains
 catch an edited, deleted, reordered or inserted event anywhere before a stream's last event;
-the checkpoints (:mod:`replay.checkpoints`) catch what a chain cannot: a stream deleted whole,
+the checkpoints (:mod:`persistence.checkpoints`) catch what a chain cannot: a stream deleted whole,
 a truncated tail, or a stream rewritten from some point on with recomputed hashes.
 Everything is read in one ``REPEATABLE READ`` snapshot.
 """
@@ -19,8 +19,8 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from projections.chain import ChainBreak, check_link
-from replay.checkpoints import Checkpoint, CheckpointProblem, verify_checkpoints
+from persistence.chain import ChainBreak, check_link
+from persistence.checkpoints import Checkpoint, CheckpointProblem, verify_checkpoints
 from replay.snapshot import snapshot
 
 

@@ -49,11 +49,12 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from cli.dev_ca import init_pki
+from cli.embedded import EmbeddedPostgres, redact_url, with_database
 from gateway.commands import Lifecycle, Registry
-from gateway.pki import PkiPaths, init_pki
-from projections import migrate
-from projections.connection import create_pool
-from projections.database import EmbeddedPostgres, redact_url, with_database
+from gateway.tls import PkiPaths
+from migrations import runner as migrate
+from persistence.connection import create_pool
 from support.core import ManualClock, World
 from support.gateway import RunningGateway, running_gateway
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from projections import migrate
+from cli.main import main
+from migrations import runner as migrate
 
 
 def _closed_port() -> int:

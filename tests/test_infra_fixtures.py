@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from projections import migrate
+from migrations import runner as migrate
 
 
 def _tables(url: str) -> set[str]:

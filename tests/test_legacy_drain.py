@@ -1,5 +1,5 @@
 """``leasehold legacy drain`` against the machine's Redis and a real PostgreSQL, run as the CLI
-(``gateway.cli.main`` with argv, in a thread; once in a subprocess).
+(``cli.main.main`` with argv, in a thread; once in a subprocess).
 
 Every test uses its own queue name (a fresh key prefix) and deletes its keys afterwards. Without
 a Redis answering at ``$TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379``) the tests skip.
@@ -22,9 +22,9 @@ from uuid import UUID
 import orjson
 import pytest
 
+from cli import legacy as legacy_cli
+from cli.main import main
 from domain.events import ProfileStep
-from gateway import legacy_cli
-from gateway.cli import main
 from gateway.commands.legacy import LegacyScans
 from gateway.commands.profiles import Profiles
 from support.core import World, assert_log_rebuilds_live

@@ -2,7 +2,7 @@
 
 Every command follows the same steps: lock the rows it touches, decide with pure domain code,
 append the events (with their hash chain) and apply their projections, commit. Errors are
-:mod:`domain.errors`; psycopg errors are translated in :mod:`gateway.commands.unit_of_work`.
+:mod:`domain.errors`; psycopg errors are translated in :mod:`persistence.transaction`.
 """
 
 from gateway.commands.lifecycle import Acquired, BatchAck, Lifecycle, Renewed

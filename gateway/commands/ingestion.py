@@ -10,7 +10,7 @@ from uuid import UUID, uuid4
 from psycopg import AsyncCursor
 
 from domain.task import TaskState
-from gateway.sql import QUERIES
+from persistence.queries import QUERIES
 
 
 async def ingest_batch(cur: AsyncCursor[Any], task: TaskState, batch_id: UUID, records: list[Any],
@@ -42,7 +42,7 @@ async def ingest_batch(cur: AsyncCursor[Any], task: TaskState, batch_id: UUID, r
             threat = {**params, "id": uuid4(), "external_id": external_id,
                       "title": str(record.get("title") or ""), "severity": str(record.get("severity") or "")}
             # Read on a cursor of its own: cur may still have an earlier record's write queued
-            # (see projections.sql.BufferedCursor).
+            # (see persistence.writes.BufferedCursor).
             async with cur.connection.cursor() as threat_cur:
                 await threat_cur.execute(
                     QUERIES["ingest_threat_external" if external_id else "ingest_threat_anonymous"], threat)

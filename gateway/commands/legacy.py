@@ -34,9 +34,9 @@ from domain.events import ScanStatus
 from domain.legacy import LegacyMessage
 from domain.profiles import LegacyExecuted
 from gateway.commands.modes import open_scan
-from gateway.commands.unit_of_work import Clock, system_clock, transaction
-from gateway.sql import QUERIES
-from projections.store import StreamHead, append
+from persistence.event_log import StreamHead, append
+from persistence.queries import QUERIES
+from persistence.transaction import Clock, system_clock, transaction
 
 DRAIN_ACTOR = "legacy-drain"
 

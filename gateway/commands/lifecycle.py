@@ -1,10 +1,10 @@
 """Task lifecycle commands: create, acquire, worker writes, cancel, and the sweeper's steps.
 
-Each public method is one transaction (see :mod:`gateway.commands.unit_of_work`):
+Each public method is one transaction (see :mod:`persistence.transaction`):
 
 1. lock the task row (``FOR UPDATE``; ``SKIP LOCKED`` when choosing work),
 2. decide with :func:`domain.task.decide`,
-3. append the events and apply their projections (:func:`projections.store.append`),
+3. append the events and apply their projections (:func:`persistence.event_log.append`),
 4. when the task reached a terminal state, lock its scan and settle the scan's status,
 5. commit.
 
@@ -55,9 +55,12 @@ from domain.task import (
     project_task,
     rejection_error,
 )
-from gateway import notify
+from gateway.background import notify
 from gateway.commands.ingestion import ingest_batch
-from gateway.commands.rows import (
+from persistence import writes as sql_writes
+from persistence.event_log import StreamHead, append
+from persistence.queries import QUERIES
+from persistence.task_rows import (
     ATTEMPT_COLUMNS,
     TASK_COLUMNS,
     attempt_from_row,
@@ -65,10 +68,7 @@ from gateway.commands.rows import (
     caller_standing,
     task_from_row,
 )
-from gateway.commands.unit_of_work import Clock, system_clock, transaction
-from gateway.sql import QUERIES
-from projections import sql as sql_writes
-from projections.store import StreamHead, append
+from persistence.transaction import Clock, system_clock, transaction
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
 

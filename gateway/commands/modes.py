@@ -28,8 +28,8 @@ from domain.errors import InvalidRequest, NotFound
 from domain.events import DomainEvent, ExecutionMode, ProfileStep
 from domain.profiles import LegacyExecuted, execution_mode
 from gateway.commands.lifecycle import profile_steps, queue_step
-from gateway.sql import QUERIES
-from projections.store import StreamHead, append
+from persistence.event_log import StreamHead, append
+from persistence.queries import QUERIES
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ from domain.errors import Conflict, NotFound
 from domain.events import DomainEvent, ProfileStep
 from domain.profiles import StoredProfileState
 from gateway.commands.lifecycle import profile_steps
-from gateway.commands.unit_of_work import Clock, system_clock, transaction
-from gateway.sql import QUERIES
-from projections.store import StreamHead, append
+from persistence.event_log import StreamHead, append
+from persistence.queries import QUERIES
+from persistence.transaction import Clock, system_clock, transaction
 
 _NAME_INDEX = "stored_profiles_name_idx"
 

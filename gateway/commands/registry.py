@@ -31,9 +31,9 @@ from domain.errors import InvalidRequest, NotFound
 from domain.events import DomainEvent, ExecutionMode, ProfileStep
 from domain.registry import Assignment, WorkerState
 from gateway.commands.modes import open_scan
-from gateway.commands.unit_of_work import Clock, system_clock, transaction
-from gateway.sql import QUERIES
-from projections.store import StreamHead, append
+from persistence.event_log import StreamHead, append
+from persistence.queries import QUERIES
+from persistence.transaction import Clock, system_clock, transaction
 
 API_KEY_PREFIX = "lh_"
 

@@ -35,9 +35,9 @@ from domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
 from domain.profiles import LegacyExecuted
 from domain.schedule import ScheduleState, Timing
 from gateway.commands.modes import open_scan
-from gateway.commands.unit_of_work import Clock, system_clock, transaction
-from gateway.sql import QUERIES
-from projections.store import StreamHead, append
+from persistence.event_log import StreamHead, append
+from persistence.queries import QUERIES
+from persistence.transaction import Clock, system_clock, transaction
 
 SCHEDULER_ACTOR = "scheduler"
 

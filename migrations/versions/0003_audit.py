@@ -1,6 +1,6 @@
 """Audit: append-only checkpoints of the event log's stream heads, analyst views and role.
 
-Checkpoints (see ``replay.checkpoints``) seal the heads of every stream so that a deleted
+Checkpoints (see ``persistence.checkpoints``) seal the heads of every stream so that a deleted
 stream or a truncated tail is detectable; each checkpoint stores only the heads that changed
 since the previous one and chains its seal to the previous seal. Like ``events``, both tables
 reject UPDATE, DELETE and TRUNCATE with triggers.
@@ -74,7 +74,7 @@ CREATE TRIGGER checkpoint_heads_no_delete BEFORE DELETE ON checkpoint_heads
 CREATE TRIGGER checkpoint_heads_no_truncate BEFORE TRUNCATE ON checkpoint_heads
     FOR EACH STATEMENT EXECUTE FUNCTION audit_reject_change();
 
--- The Gateway writes checkpoints (replay.checkpoints.write_checkpoint) but never rewrites them.
+-- The Gateway writes checkpoints (persistence.checkpoints.write_checkpoint) but never rewrites them.
 GRANT SELECT, INSERT ON checkpoints, checkpoint_heads TO leasehold_app;
 GRANT USAGE ON SEQUENCE checkpoints_id_seq TO leasehold_app;
 

@@ -23,7 +23,7 @@ async def test_two_processes_serve_one_port(database_url: str, pki: Any) -> None
     worker_port, operator_port = free_port(), free_port()
     env = {**os.environ, "LEASEHOLD_LOG_LEVEL": "WARNING"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "gateway", "serve", "--processes", "2", "--database-url", database_url,
+        sys.executable, "-m", "cli.main", "gateway", "serve", "--processes", "2", "--database-url", database_url,
         "--pki-dir", str(pki.directory), "--worker-port", str(worker_port), "--operator-port", str(operator_port),
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     ctx = ssl.create_default_context(cafile=str(pki.ca_cert))

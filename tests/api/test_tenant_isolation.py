@@ -23,10 +23,11 @@ import orjson
 import pytest
 from test_operator_api import Tenant, assert_problem, changes, make_tenant
 
-from gateway import operator_api, worker_api
+from gateway.api import operator as operator_api
+from gateway.api import worker as worker_api
+from gateway.api.operator import ASSIGNMENT_PATH, PROFILE_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
+from gateway.api.worker import ATTEMPT_PATH
 from gateway.app import service_routes
-from gateway.operator_api import ASSIGNMENT_PATH, PROFILE_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
-from gateway.worker_api import ATTEMPT_PATH
 from support.gateway import RunningGateway, WorkerClient
 
 WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from domain.results import payload_sha256
 from gateway.commands import Lifecycle, Registry
-from projections.connection import create_pool
+from persistence.connection import create_pool
 from support.core import ManualClock, World
 
 QUEUED = 300

@@ -7,8 +7,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from projections.chain import verify_chains
-from projections.connection import connect
+from persistence.chain import verify_chains
+from persistence.connection import connect
 from support.core import World
 
 

@@ -12,9 +12,9 @@ from domain.errors import LeaseholdError
 from domain.events import ProfileStep
 from domain.results import payload_sha256
 from gateway.commands.ingestion import ingest_batch
-from gateway.commands.rows import task_from_row
-from gateway.commands.unit_of_work import transaction
-from gateway.sql import QUERIES
+from persistence.queries import QUERIES
+from persistence.task_rows import task_from_row
+from persistence.transaction import transaction
 from support.core import World
 
 TABLES = ("assets", "asset_sightings", "threats", "threat_detections", "file_records", "exposure_changes",

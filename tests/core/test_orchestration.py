@@ -9,7 +9,7 @@ from uuid import UUID
 from domain.events import ProfileStep
 from domain.results import payload_sha256
 from gateway.commands import Acquired
-from projections.connection import connect
+from persistence.connection import connect
 from support.core import World, assert_log_rebuilds_live
 
 

@@ -17,12 +17,12 @@ from domain.task import project_task
 from gateway.commands import Acquired, Lifecycle, Registry
 from gateway.commands.legacy import LegacyScans
 from gateway.commands.profiles import Profiles
-from gateway.commands.rows import task_from_row
-from gateway.sql import QUERIES
-from projections.chain import verify_chains
-from projections.connection import connect
+from persistence.chain import verify_chains
+from persistence.connection import connect
+from persistence.event_log import read_stream
+from persistence.queries import QUERIES
+from persistence.task_rows import task_from_row
 from projections.rebuild import diff, fold_log, load_live
-from projections.store import read_stream
 from support.core import ManualClock, World
 
 STEPS = st.lists(

@@ -16,8 +16,8 @@ from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
 from domain.errors import TaskCancelled as TaskCancelledError
 from domain.events import AssignmentChanged, WorkerAssigned, WorkerRegistered, WorkerRevoked, WorkerUpdated
 from domain.registry import WorkerState
-from projections.connection import connect
-from projections.store import read_stream
+from persistence.connection import connect
+from persistence.event_log import read_stream
 from support.core import World, assert_log_rebuilds_live
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

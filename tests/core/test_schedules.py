@@ -19,8 +19,8 @@ from domain.events import ProfileStep
 from domain.profiles import LegacyExecuted
 from domain.schedule import Timing
 from gateway.commands.schedules import FailureBackoff, Schedules
-from projections.chain import verify_chains
-from projections.connection import connect
+from persistence.chain import verify_chains
+from persistence.connection import connect
 from projections.rebuild import diff, fold_log, load_live
 from support.core import ManualClock, World, assert_log_rebuilds_live
 

@@ -7,7 +7,7 @@ import re
 import psycopg
 import pytest
 
-from gateway.sql import QUERIES
+from persistence.queries import QUERIES
 
 PARAM = re.compile(r"%\((\w+)\)s")
 

@@ -12,9 +12,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from domain.errors import Conflict
-from gateway.commands.unit_of_work import transaction
+from persistence.transaction import transaction
+from persistence.writes import TRIGGER_READS, BufferedCursor, WriteBuffer, apply
 from projections.rows import Insert, Update
-from projections.sql import TRIGGER_READS, BufferedCursor, WriteBuffer, apply
 from support.core import World
 
 EVENT = (uuid4(), 1, "topic", b"{}", b"\0" * 32, b"\1" * 32)

@@ -26,8 +26,8 @@ import orjson
 import pytest
 
 from gateway.commands import Lifecycle, Registry
-from gateway.pki import PkiPaths
-from projections.connection import create_pool
+from gateway.tls import PkiPaths
+from persistence.connection import create_pool
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient
 
 

@@ -27,10 +27,11 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import AsyncConnectionPool
 
+from cli.dev_ca import issue_worker_certificate
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
-from gateway.pki import PkiPaths, issue_worker_certificate
-from projections.connection import create_pool
+from gateway.tls import PkiPaths
+from persistence.connection import create_pool
 from support.agent import AgentProcess, agent_process, eventually, write_plugin
 from support.gateway import GatewayProcess
 

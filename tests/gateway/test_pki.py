@@ -26,22 +26,24 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from gateway import pki_cli
-from gateway.pki import (
+from cli import pki as pki_cli
+from cli.dev_ca import (
     IssuedCertificate,
-    PkiError,
     PkiExistsError,
-    PkiPaths,
-    client_ssl_context,
-    fingerprint_of_der,
-    fingerprint_of_pem,
     init_pki,
     issue_self_signed,
     issue_worker_certificate,
+)
+from gateway.tls import (
+    PkiError,
+    PkiPaths,
+    fingerprint_of_der,
+    fingerprint_of_pem,
     load_pki,
     peer_fingerprint,
     server_ssl_context,
 )
+from worker.client import client_ssl_context
 
 # OpenSSL X509_V_ERR_* codes, stable across OpenSSL versions (the messages are not).
 X509_V_ERR_CERT_NOT_YET_VALID = 9

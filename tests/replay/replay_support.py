@@ -16,9 +16,9 @@ from uuid import UUID
 import orjson
 import psycopg
 
+from cli.main import main
 from domain.errors import LeaseholdError
 from domain.results import payload_sha256
-from gateway.cli import main
 from support.core import World
 
 

@@ -10,9 +10,9 @@ import orjson
 import pytest
 from replay_support import cli, cli_json
 
-from projections.connection import connect
+from persistence.checkpoints import write_checkpoint
+from persistence.connection import connect
 from replay.bundle import verify_bundle
-from replay.checkpoints import write_checkpoint
 from support.core import World
 
 

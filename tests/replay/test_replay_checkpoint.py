@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 from replay_support import cli_json, random_workload
 
-from projections.chain import GENESIS, chain_hash
-from projections.connection import connect
-from replay.checkpoints import verify_checkpoints, write_checkpoint
+from persistence.chain import GENESIS, chain_hash
+from persistence.checkpoints import verify_checkpoints, write_checkpoint
+from persistence.connection import connect
 from replay.integrity import verify_log
 from replay.snapshot import snapshot
 from support.core import World

@@ -9,8 +9,8 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 from replay_support import cli, cli_json, random_workload
 
-from projections.codec import MAPPER
-from projections.connection import connect
+from persistence.codec import MAPPER
+from persistence.connection import connect
 from projections.rebuild import diff, fold_log, load_live
 from replay import compare
 from replay.decode import DECODE

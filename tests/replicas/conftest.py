@@ -20,8 +20,8 @@ from replicas_support import Cluster, RedisServer
 
 from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
-from gateway.pki import PkiPaths
-from projections.connection import create_pool
+from gateway.tls import PkiPaths
+from persistence.connection import create_pool
 from support.gateway import GatewayProcess, free_port
 
 

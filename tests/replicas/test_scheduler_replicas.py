@@ -18,8 +18,8 @@ from uuid import UUID
 import pytest
 from replicas_support import Cluster, until
 
-from projections.chain import verify_chains
-from projections.connection import connect
+from persistence.chain import verify_chains
+from persistence.connection import connect
 
 PERIOD = timedelta(seconds=1)
 

@@ -13,7 +13,7 @@ import pytest
 from domain.errors import Conflict
 from domain.results import payload_sha256
 from gateway.commands import Registry
-from projections.connection import create_pool
+from persistence.connection import create_pool
 from support.gateway import RunningGateway, WorkerClient
 
 

@@ -12,8 +12,8 @@ from uuid import UUID, uuid4
 from domain.results import payload_sha256
 from gateway.commands import Acquired, Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
-from projections.chain import verify_chains
-from projections.connection import connect
+from persistence.chain import verify_chains
+from persistence.connection import connect
 from projections.rebuild import diff, fold_log, load_live
 
 

@@ -22,11 +22,13 @@ from uuid import UUID
 import aiohttp
 import orjson
 
+from cli.dev_ca import issue_worker_certificate
 from domain.results import payload_sha256
 from gateway.commands import Lifecycle, Registry
-from gateway.pki import PkiPaths, client_ssl_context, issue_worker_certificate
 from gateway.serve import start
 from gateway.settings import GatewaySettings
+from gateway.tls import PkiPaths
+from worker.client import client_ssl_context
 
 ADMIN_KEY = "test-admin-key-0123456789"
 
@@ -178,7 +180,7 @@ class GatewayProcess:
         """Start the process and wait until it is ready (``/readyz`` 200, and listening unless
         LISTEN is turned off)."""
         values = {"log_level": "WARNING", "sweep_interval_seconds": 0.2, **self.options}
-        args = [sys.executable, "-m", "gateway.cli", "gateway", "serve", "--database-url", self.database_url,
+        args = [sys.executable, "-m", "cli.main", "gateway", "serve", "--database-url", self.database_url,
                 "--pki-dir", str(self.pki.directory), "--worker-port", str(self.worker_port),
                 "--operator-port", str(self.operator_port)]
         for name, value in values.items():

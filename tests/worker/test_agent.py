@@ -18,9 +18,9 @@ from uuid import uuid4
 import pytest
 from aiohttp import web
 
+from cli.dev_ca import issue_self_signed
+from cli.main import build_parser
 from domain.results import payload_sha256
-from gateway.cli import build_parser
-from gateway.pki import issue_self_signed
 from support.agent import (
     attempts,
     batches,

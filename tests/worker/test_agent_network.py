@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway.pki import server_ssl_context
+from gateway.tls import server_ssl_context
 from support.agent import (
     attempts,
     batches,

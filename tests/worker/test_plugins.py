@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.pki import IssuedCertificate, init_pki, issue_self_signed
+from cli.dev_ca import IssuedCertificate, init_pki, issue_self_signed
 from worker.plugins.common import PluginInputError, Scope, parse_ports, parse_service, parse_target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -24,16 +24,21 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import orjson
 import psycopg
 from psycopg import sql
 
+from cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
+from cli.embedded import database_url, with_database
 from domain.events import ProfileStep
 from gateway.commands import Registry
-from gateway.pki import init_pki, issue_self_signed, issue_worker_certificate
+from gateway.keys import POOL, REGISTRY
 from gateway.serve import start
 from gateway.settings import GatewaySettings
-from projections import migrate
-from projections.database import database_url, with_database
+from migrations import runner as migrate
+from persistence.chain import verify_chains
+from persistence.connection import connect
+from projections.rebuild import diff, fold_log, load_live
 
 HOME = Path(os.environ.get("LEASEHOLD_HOME", ".")) / ".leasehold" / "demo"
 SLOW_PLUGIN = """#!/usr/bin/env python3
@@ -88,7 +93,7 @@ async def start_worker(name: str, gateway_port: int, pki: Any, plugins: Path) ->
     cert = pki.directory / "workers" / f"{name}.pem"
     key = pki.directory / "workers" / f"{name}-key.pem"
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "worker", "run", "--gateway", f"https://localhost:{gateway_port}",
+        sys.executable, "-m", "cli.main", "worker", "run", "--gateway", f"https://localhost:{gateway_port}",
         "--cert", str(cert), "--key", str(key), "--ca", str(pki.ca_cert), "--plugins-dir", str(plugins),
         "--max-concurrency", "2", "--log-format", "json", "--log-level", "WARNING",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
@@ -117,7 +122,6 @@ async def run_demo() -> int:
     settings = GatewaySettings(database_url=url, pki_dir=pki.directory, worker_port=0, operator_port=0,
                                sweep_interval_seconds=0.5, log_level="ERROR", checkpoint_interval_seconds=0)
     runner, (worker_port, _operator_port) = await start(settings)
-    from gateway.keys import POOL, REGISTRY
 
     app = runner.app
     registry: Registry = app[REGISTRY]
@@ -183,8 +187,6 @@ async def run_demo() -> int:
 
 
 async def summary(pool: Any, scan: UUID, url: str) -> None:
-    import orjson
-
     (scan_status,), = await rows(pool, "SELECT status FROM scans WHERE id = %s", scan)
     counts = (await rows(pool, "SELECT (SELECT count(*) FROM worker_tasks WHERE scan_id = %s), "
                          "(SELECT count(*) FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id "
@@ -209,10 +211,6 @@ async def summary(pool: Any, scan: UUID, url: str) -> None:
 
 
 async def audit(url: str) -> None:
-    from projections.chain import verify_chains
-    from projections.connection import connect
-    from projections.rebuild import diff, fold_log, load_live
-
     async with await connect(url) as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         differences = diff(await load_live(conn), (await fold_log(conn)).tables)

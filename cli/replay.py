@@ -24,7 +24,21 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from gateway.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from cli.embedded import configured_database_url
+from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from persistence.checkpoints import write_checkpoint
+from persistence.connection import connect
+from projections.memory import ProjectionError
+from replay import render
+from replay.asof import scan_as_of, task_as_of
+from replay.bundle import export_bundle, verify_bundle
+from replay.decode import DecodeError
+from replay.integrity import verify_log
+from replay.log import NotFound
+from replay.rebuild import RebuildError, check_schema_name, rebuild_schema
+from replay.snapshot import snapshot
+from replay.timeline import scan_timeline, task_timeline
+from replay.verify import verify_projections
 
 __all__ = ["register"]
 
@@ -111,18 +125,11 @@ def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
 
 
 def _url(args: argparse.Namespace) -> str:
-    from projections.database import database_url
-
-    return str(args.database_url or database_url())
+    return configured_database_url(args.database_url)
 
 
 def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from projections.memory import ProjectionError
-        from replay.decode import DecodeError
-        from replay.log import NotFound
-        from replay.rebuild import RebuildError
-
         try:
             return asyncio.run(handler(args))
         except NotFound as exc:
@@ -139,8 +146,6 @@ def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> C
 
 
 async def _connect(args: argparse.Namespace) -> Any:
-    from projections.connection import connect
-
     return await connect(_url(args), application_name="leasehold-replay")
 
 
@@ -166,10 +171,6 @@ def _out(*lines: str) -> None:
 
 
 async def _timeline(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.snapshot import snapshot
-    from replay.timeline import scan_timeline, task_timeline
-
     subject, kind = _subject(args)
     async with await _connect(args) as conn, snapshot(conn):
         entries = await (scan_timeline if kind == "scan" else task_timeline)(conn, subject)
@@ -184,9 +185,6 @@ async def _timeline(args: argparse.Namespace) -> int:
 
 
 async def _rebuild(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.rebuild import check_schema_name, rebuild_schema
-
     check_schema_name(args.schema)
     async with await _connect(args) as source, await _connect(args) as target:
         total = await _estimated_events(source)
@@ -207,9 +205,6 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.verify import verify_projections
-
     async with await _connect(args) as conn:
         total = await _estimated_events(conn)
         with render.progress_bar("verify", total, not args.no_progress) as update:
@@ -231,10 +226,6 @@ async def _verify(args: argparse.Namespace) -> int:
 
 
 async def _as_of(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.asof import scan_as_of, task_as_of
-    from replay.snapshot import snapshot
-
     subject, kind = _subject(args)
     async with await _connect(args) as conn, snapshot(conn):
         if kind == "task":
@@ -256,9 +247,6 @@ async def _as_of(args: argparse.Namespace) -> int:
 
 
 async def _verify_chain(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.integrity import verify_log
-
     async with await _connect(args) as conn:
         total = await _estimated_events(conn)
         with render.progress_bar("verify-chain", total, not args.no_progress) as update:
@@ -286,9 +274,6 @@ async def _verify_chain(args: argparse.Namespace) -> int:
 
 
 async def _checkpoint(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.checkpoints import write_checkpoint
-
     async with await _connect(args) as conn:
         cp = await write_checkpoint(conn)
     if args.json:
@@ -304,10 +289,6 @@ async def _checkpoint(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.bundle import export_bundle
-    from replay.snapshot import snapshot
-
     subject, kind = _subject(args)
     async with await _connect(args) as conn, snapshot(conn):
         result = await export_bundle(conn, subject, kind, args.out)
@@ -323,9 +304,6 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
-    from replay import render
-    from replay.bundle import verify_bundle
-
     summary, problems = verify_bundle(args.out)
     if args.json:
         render.print_json({"ok": not problems, **summary, "problems": problems})

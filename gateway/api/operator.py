@@ -29,15 +29,8 @@ from psycopg import AsyncConnection
 
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
-from gateway.auth import Operator, operator_identity
-from gateway.commands.legacy import LegacyScans
-from gateway.commands.lifecycle import TaskSpec
-from gateway.commands.profiles import Profiles
-from gateway.commands.rows import task_from_row
-from gateway.commands.schedules import Schedules
-from gateway.http import RouteTable, ok, read_json, read_query
-from gateway.keys import LIFECYCLE, POOL, REGISTRY
-from gateway.operator_models import (
+from gateway.api.http import RouteTable, ok, read_json, read_query
+from gateway.api.operator_models import (
     AddAssignment,
     ApiKeyCreated,
     Asset,
@@ -85,8 +78,15 @@ from gateway.operator_models import (
     WorkerPage,
     redact,
 )
-from gateway.sql import QUERIES
-from projections.codec import MAPPER
+from gateway.auth import Operator, operator_identity
+from gateway.commands.legacy import LegacyScans
+from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.profiles import Profiles
+from gateway.commands.schedules import Schedules
+from gateway.keys import LIFECYCLE, POOL, REGISTRY
+from persistence.codec import MAPPER
+from persistence.queries import QUERIES
+from persistence.task_rows import task_from_row
 
 routes = RouteTable()
 TAGS = ("operator",)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.background.loops import every
 from gateway.commands import Lifecycle
-from gateway.loops import every
 
 
 async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:
@@ -27,5 +27,5 @@ async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:
 
 
 async def run(lifecycle: Lifecycle, interval: float, on_pass: Callable[[int], None] | None = None) -> None:
-    """Run :func:`sweep_once` every ``interval`` seconds, forever (see :func:`gateway.loops.every`)."""
+    """Run :func:`sweep_once` every ``interval`` seconds, forever (see :func:`gateway.background.loops.every`)."""
     await every(interval, lambda: sweep_once(lifecycle), name="sweeper", on_pass=on_pass)

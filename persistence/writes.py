@@ -9,11 +9,11 @@ one statement of data-modifying CTEs::
 
     WITH w0 AS (INSERT INTO events …), w1 AS (UPDATE worker_tasks …), … SELECT pg_notify(%s, %s)
 
-Inside :func:`gateway.commands.unit_of_work.transaction` the buffer belongs to the
+Inside :func:`persistence.transaction.transaction` the buffer belongs to the
 transaction's :class:`BufferedCursor`, which sends it before any other statement it (or any
 cursor or savepoint opened from its ``connection``) executes, COMMIT included: a read sees
 every earlier write of its transaction, and nothing is left unsent. On a plain cursor,
-:func:`apply` and :func:`projections.store.append` send their writes at once.
+:func:`apply` and :func:`persistence.event_log.append` send their writes at once.
 
 The sub-statements of one statement share a snapshot, cannot see each other's effects and run
 in no specified order, so a write starts a new statement (still in the same pipeline, in order)

@@ -30,13 +30,18 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from gateway.cli import EXIT_OK, EXIT_USAGE, CommandError
+import redis.asyncio as redis
+from psycopg import AsyncConnection, OperationalError
+from psycopg_pool import PoolTimeout
 
-if TYPE_CHECKING:
-    from domain.errors import LeaseholdError
-    from gateway.commands.legacy import Conversion, LegacyScans
+from cli.embedded import configured_database_url, redact_url
+from cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from domain.errors import Conflict, LeaseholdError, Unavailable
+from domain.legacy import InvalidMessage, parse_message
+from gateway.commands.legacy import Conversion, LegacyScans
+from persistence.connection import create_pool
 
 __all__ = ["drain", "register"]
 
@@ -92,22 +97,13 @@ class Lists:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    import redis.asyncio as redis
-    from psycopg import AsyncConnection, OperationalError
-    from psycopg_pool import PoolTimeout
-
-    from gateway.commands.legacy import LegacyScans
-    from gateway.settings import GatewaySettings
-    from projections.connection import create_pool
-    from projections.database import redact_url
-
     client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=10, socket_timeout=30)
     try:
         try:
             await client.ping()
         except redis.RedisError as exc:
             raise CommandError(f"cannot reach Redis at {redact_url(args.redis_url)}: {exc}") from exc
-        url = args.database_url or GatewaySettings(**{}).resolved_database_url()
+        url = configured_database_url(args.database_url)
         try:  # one plain connection first: a refusal is reported at once, not after the pool's retries
             await (await AsyncConnection.connect(url, connect_timeout=10)).close()
         except OperationalError as exc:
@@ -131,9 +127,6 @@ async def _run(args: argparse.Namespace) -> None:
 async def drain(client: Any, legacy: LegacyScans, queue: str, *, dry_run: bool = False, limit: int | None = None,
                 out: TextIO | None = None, err: TextIO | None = None) -> Counter[str]:
     """Drain ``queue`` with the ``redis.asyncio`` client; the counts per outcome."""
-    from domain.errors import Conflict, LeaseholdError, Unavailable
-    from domain.legacy import InvalidMessage, parse_message
-
     out, err = out or sys.stdout, err or sys.stderr
     lists = Lists(queue)
     counts: Counter[str] = Counter()
@@ -183,8 +176,6 @@ async def drain(client: Any, legacy: LegacyScans, queue: str, *, dry_run: bool =
 
 def _again(same_message: bool) -> Conversion:
     """Dry run: a later message for a legacy id that an earlier message of the run would convert."""
-    from gateway.commands.legacy import Conversion
-
     if same_message:
         return Conversion("already_converted", "would already be converted by an earlier copy of this message")
     return Conversion("refused", "an earlier message of the queue would already make its Gateway scan")

@@ -13,8 +13,8 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from domain.task import TaskState
-from gateway.http import INTEGRAL
-from gateway.models import AttemptView
+from gateway.api.http import INTEGRAL
+from gateway.api.worker_models import AttemptView
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).

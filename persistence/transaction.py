@@ -6,9 +6,9 @@ read syncs when its rows are fetched, and every write after the last read travel
 COMMIT in a single round trip. (psycopg's ``conn.transaction()`` inside a pipeline would add a
 sync of its own for BEGIN, for COMMIT and for the nested pipeline it opens.)
 
-The cursor is a :class:`projections.sql.BufferedCursor`: appends, notifications and the other
+The cursor is a :class:`persistence.writes.BufferedCursor`: appends, notifications and the other
 buffered writes are queued, not executed, and go out combined into as few statements as the
-rules in :mod:`projections.sql` allow, right before the next statement of the transaction (a
+rules in :mod:`persistence.writes` allow, right before the next statement of the transaction (a
 read, a savepoint, COMMIT) — so reads see the transaction's writes, and a command typically
 sends one statement for all its writes.
 """
@@ -25,7 +25,7 @@ from psycopg import AsyncCursor, errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from projections.sql import BufferedCursor
+from persistence.writes import BufferedCursor
 
 Clock = Callable[[], datetime | None]
 

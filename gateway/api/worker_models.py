@@ -20,7 +20,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from domain.task import AttemptState, TaskState
-from gateway.http import INTEGRAL
+from gateway.api.http import INTEGRAL
 
 Token = Annotated[str, Field(min_length=16, max_length=200, description="the lease token from acquire")]
 

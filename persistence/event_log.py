@@ -18,9 +18,9 @@ from eventsourcing.persistence import StoredEvent
 from psycopg import AsyncConnection, AsyncCursor
 
 from domain.events import DomainEvent
-from projections import sql as sql_apply
-from projections.chain import GENESIS, chain_hash
-from projections.codec import MAPPER
+from persistence import writes as sql_apply
+from persistence.chain import GENESIS, chain_hash
+from persistence.codec import MAPPER
 from projections.projector import project
 
 
@@ -60,7 +60,7 @@ async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[Domai
     """Append ``events`` to the stream at ``head`` and apply their projections; returns the new head.
 
     Must run in the transaction that holds the stream row's lock (``FOR UPDATE``). On the
-    transaction's cursor (:class:`projections.sql.BufferedCursor`) the event rows and row changes
+    transaction's cursor (:class:`persistence.writes.BufferedCursor`) the event rows and row changes
     are queued and travel, combined with the transaction's other writes, before its next read or
     its COMMIT; on a plain cursor they are sent at once.
     """

@@ -16,7 +16,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, pool
 
 import migrations as _migrations_package
 
@@ -91,9 +93,6 @@ def head() -> str | None:
 
 def current(url: str) -> str | None:
     """Return the revision the database at ``url`` is at (``None`` at base / never migrated)."""
-    from alembic.runtime.migration import MigrationContext
-    from sqlalchemy import create_engine, pool
-
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:

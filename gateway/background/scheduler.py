@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.background.loops import every
 from gateway.commands.schedules import Schedules
-from gateway.loops import every
 
 
 async def schedule_once(schedules: Schedules, *, batch: int = 50) -> int:
@@ -26,5 +26,5 @@ async def schedule_once(schedules: Schedules, *, batch: int = 50) -> int:
 
 
 async def run(schedules: Schedules, interval: float, on_pass: Callable[[int], None] | None = None) -> None:
-    """Run :func:`schedule_once` every ``interval`` seconds, forever (see :func:`gateway.loops.every`)."""
+    """Run :func:`schedule_once` every ``interval`` seconds, forever (see :func:`gateway.background.loops.every`)."""
     await every(interval, lambda: schedule_once(schedules), name="scheduler", on_pass=on_pass)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import TYPE_CHECKING
 from uuid import UUID
 
-from gateway.cli import EXIT_OK, EXIT_USAGE, CommandError
-
-if TYPE_CHECKING:
-    from gateway.commands.registry import IssuedKey
+from cli.embedded import configured_database_url
+from cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from domain.errors import LeaseholdError
+from gateway.commands import Registry
+from gateway.commands.registry import IssuedKey
+from persistence.connection import create_pool
 
 __all__ = ["register"]
 
@@ -55,15 +56,7 @@ def _create_key(args: argparse.Namespace) -> int:
 
 
 async def _issue(database_url: str | None, organization: UUID | None, name: str) -> IssuedKey:
-    from domain.errors import LeaseholdError
-    from gateway.commands import Registry
-    from gateway.settings import GatewaySettings
-    from projections.connection import create_pool
-
-    # No arguments: every setting comes from the environment (mypy cannot see that without
-    # pydantic's plugin, hence the dict).
-    settings = GatewaySettings(**{})
-    url = database_url or settings.resolved_database_url()
+    url = configured_database_url(database_url)
     pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:

@@ -16,12 +16,8 @@ from uuid import UUID
 from aiohttp import web
 
 from domain.errors import NotFound
-from gateway import notify
-from gateway.auth import WorkerIdentity, worker_identity
-from gateway.commands.lifecycle import Acquired
-from gateway.http import RouteTable, ok, read_json
-from gateway.keys import LIFECYCLE, NOTIFIER, POOL, SETTINGS
-from gateway.models import (
+from gateway.api.http import RouteTable, ok, read_json
+from gateway.api.worker_models import (
     AcquireRequest,
     AcquireResponse,
     AttemptView,
@@ -35,7 +31,11 @@ from gateway.models import (
     TaskView,
     WorkerWriteRequest,
 )
-from gateway.sql import QUERIES
+from gateway.auth import WorkerIdentity, worker_identity
+from gateway.background import notify
+from gateway.commands.lifecycle import Acquired
+from gateway.keys import LIFECYCLE, NOTIFIER, POOL, SETTINGS
+from persistence.queries import QUERIES
 
 routes = RouteTable()
 B = TypeVar("B", bound=WorkerWriteRequest)

@@ -1,4 +1,4 @@
-"""Rows of the locking queries -> domain state (column order as in ``gateway/sql``)."""
+"""Rows of the locking queries -> domain state (column order as in ``persistence/queries``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from domain.errors import Forbidden
 from domain.task import AttemptState, BatchRecord, TaskState
-from projections.store import StreamHead
+from persistence.event_log import StreamHead
 
 TASK_COLUMNS = 22
 ATTEMPT_COLUMNS = 13

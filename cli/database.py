@@ -13,7 +13,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gateway.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+import psycopg
+from alembic.util import CommandError as AlembicCommandError
+
+from cli.embedded import EmbeddedPostgres, configured_database_url, redact_url
+from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from migrations import runner as migrate
 
 __all__ = ["register"]
 
@@ -60,10 +65,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _ping(url: str) -> None:
     """Fail with a clear message when the database cannot be reached."""
-    import psycopg
-
-    from projections.database import redact_url
-
     conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
     try:
         kwargs = {} if "connect_timeout" in conninfo else {"connect_timeout": 10}
@@ -76,12 +77,7 @@ def _ping(url: str) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from alembic.util import CommandError as AlembicCommandError
-
-    from projections import migrate
-    from projections.database import database_url, redact_url
-
-    url = args.database_url or database_url()
+    url = configured_database_url(args.database_url)
     if not url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
         raise CommandError(f"invalid database URL {redact_url(url)}: expected postgresql://...", EXIT_USAGE)
     _ping(url)
@@ -100,8 +96,6 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _db_start(args: argparse.Namespace) -> int:
-    from projections.database import EmbeddedPostgres
-
     server = EmbeddedPostgres(args.data_dir)
     started = server.start()
     server.keep_running()
@@ -110,8 +104,6 @@ def _db_start(args: argparse.Namespace) -> int:
 
 
 def _db_stop(args: argparse.Namespace) -> int:
-    from projections.database import EmbeddedPostgres
-
     server = EmbeddedPostgres(args.data_dir)
     if server.stop(args.mode):
         print(f"stopped (data dir {server.data_dir})")
@@ -121,8 +113,6 @@ def _db_stop(args: argparse.Namespace) -> int:
 
 
 def _db_status(args: argparse.Namespace) -> int:
-    from projections.database import EmbeddedPostgres
-
     server = EmbeddedPostgres(args.data_dir)
     status = server.status()
     if status is None:
@@ -135,8 +125,6 @@ def _db_status(args: argparse.Namespace) -> int:
 
 
 def _db_url(args: argparse.Namespace) -> int:
-    from projections.database import EmbeddedPostgres
-
     server = EmbeddedPostgres(args.data_dir)
     server.start()
     server.keep_running()

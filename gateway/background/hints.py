@@ -1,4 +1,4 @@
-"""Optional Redis wake-up hints, beside PostgreSQL LISTEN/NOTIFY (:mod:`gateway.notify`).
+"""Optional Redis wake-up hints, beside PostgreSQL LISTEN/NOTIFY (:mod:`gateway.background.notify`).
 
 With ``redis_url`` set, every topic a committed transaction NOTIFYs (a task became available to
 an organisation, a worker's task is to be cancelled) is also published on the Redis channel
@@ -6,7 +6,7 @@ an organisation, a worker's task is to be cancelled) is also published on the Re
 waiters exactly as a NOTIFY would. A hint is only a hint: a woken waiter re-runs its acquire
 query, so a late, lost, duplicated or spurious hint costs one query at most.
 
-Redis is never on a request's path. :func:`gateway.notify.send` also records its topic on the
+Redis is never on a request's path. :func:`gateway.background.notify.send` also records its topic on the
 connection (a :class:`HintingConnection`); the pool's ``reset`` hook (:meth:`Hints.reset`) takes
 them when the connection comes back to the pool, after COMMIT (or after a rollback: then the
 hint is spurious, and harmless), and a background task publishes them with a short timeout.
@@ -47,7 +47,7 @@ class HintingConnection(psycopg.AsyncConnection[Any]):
 
 class Hints:
     """Publishes this process's wake-up topics to Redis and wakes local waiters on the topics
-    any process publishes (``dispatch``: :meth:`gateway.notify.Notifier.dispatch`)."""
+    any process publishes (``dispatch``: :meth:`gateway.background.notify.Notifier.dispatch`)."""
 
     def __init__(self, url: str, dispatch: Callable[[str], None], *, timeout: float = 0.5,
                  initial_backoff: float = 0.2, max_backoff: float = 5.0, queue_size: int = 10_000,

@@ -17,20 +17,23 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+from cli.embedded import EmbeddedPostgresError
 
 __all__ = ["SUBCOMMAND_MODULES", "CommandError", "build_parser", "main"]
 
 #: Dispatch table: modules whose ``register(subparsers)`` contributes subcommands, in help order.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "gateway.dbadmin",  # migrate, db start|stop|status|url
-    "gateway.pki_cli",  # pki init|issue-worker
-    "replay.cli",  # replay timeline|rebuild|verify|as-of|verify-chain|checkpoint|export|verify-bundle
-    "gateway.serve",  # gateway serve
-    "gateway.admin_cli",  # admin create-key
-    "gateway.legacy_cli",  # legacy drain
+    "cli.database",  # migrate, db start|stop|status|url
+    "cli.pki",  # pki init|issue-worker
+    "cli.replay",  # replay timeline|rebuild|verify|as-of|verify-chain|checkpoint|export|verify-bundle
+    "cli.gateway",  # gateway serve
+    "cli.admin",  # admin create-key
+    "cli.legacy",  # legacy drain
     "worker.cli",  # worker run
-    "gateway.demo",  # demo
+    "cli.demo",  # demo
 )
 
 EXIT_OK = 0
@@ -40,15 +43,12 @@ EXIT_USAGE = 2
 
 class CommandError(Exception):
     """An expected failure: printed as ``leasehold: error: <message>``, exits with ``exit_code``."""
-
     def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("leasehold")
     except PackageNotFoundError:
@@ -79,8 +79,6 @@ def _configure_logging(verbosity: int) -> None:
 
 def _database_error_message(exc: BaseException) -> str | None:
     """Return a one-paragraph message for driver/SQLAlchemy/embedded-server errors, else ``None``."""
-    from projections.database import EmbeddedPostgresError
-
     if isinstance(exc, EmbeddedPostgresError):
         return str(exc)
     module = type(exc).__module__
@@ -116,6 +114,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from gateway.cli import main as _main  # same CommandError class as the subcommand modules
+    from cli.main import main as _main  # same CommandError class as the subcommand modules
 
     sys.exit(_main())

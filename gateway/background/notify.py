@@ -7,7 +7,7 @@ keeps one listening connection; waiting acquires wait on :class:`Notifier` with 
 lost notification (or a lost connection) costs at most one poll interval, never correctness.
 A lost listening connection (a database restart) is re-established with backoff (0.2 s doubling
 to 2 s), then every waiter re-checks. With Redis configured, the same topics also travel as
-hints (:mod:`gateway.hints`), which wake waiters through :meth:`Notifier.dispatch` as well.
+hints (:mod:`gateway.background.hints`), which wake waiters through :meth:`Notifier.dispatch` as well.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from projections import sql as sql_writes
+from persistence import writes as sql_writes
 
 log = logging.getLogger("leasehold.notify")
 
@@ -136,9 +136,9 @@ class Notifier:
 
 async def send(cur: Any, payload: str) -> None:
     """Queue a notification in the current transaction (delivered at commit): on the
-    transaction's cursor it joins the buffered writes (:mod:`projections.sql`), elsewhere it is
+    transaction's cursor it joins the buffered writes (:mod:`persistence.writes`), elsewhere it is
     sent at once. On a connection that carries Redis hints
-    (:class:`gateway.hints.HintingConnection`), the topic is also kept for the hint published
+    (:class:`gateway.background.hints.HintingConnection`), the topic is also kept for the hint published
     once the connection is back in its pool."""
     writes = sql_writes.buffer_of(cur)
     writes.notify(CHANNEL, payload)

@@ -1,31 +1,17 @@
-"""The Gateway's small private PKI for worker mTLS, built on ``cryptography``.
+"""The development PKI: a CA, the Gateway's server certificate and worker certificates, built on
+``cryptography`` (``leasehold pki``, the demo, the tests and the benchmarks use it).
 
-Layout of a PKI directory::
-
-    ca.pem              the CA certificate (the only trust anchor for worker certificates)
-    ca-key.pem          the CA private key (mode 0600)
-    server.pem          the Gateway's TLS server certificate, signed by the CA
-    server-key.pem      its private key (mode 0600)
-    workers/NAME.pem    a worker's client certificate, signed by the CA
-    workers/NAME-key.pem
-
-A worker *is* its client certificate: the Gateway identifies it by the SHA-256 fingerprint of
-the DER certificate (lowercase hex), see :func:`fingerprint_of_der` and :func:`peer_fingerprint`.
-
-The TLS contexts built here trust **only** the PKI's CA, never the system trust store: a
-certificate from a public CA must not authenticate a worker, and a worker must only talk to a
-Gateway whose certificate our CA signed.
+In production bring your own CA (see the README); the Gateway itself only reads a PKI directory
+(:mod:`gateway.tls`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import ipaddress
 import os
 import re
 import secrets
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,35 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = [
-    "CA_CERT_FILE",
-    "CA_KEY_FILE",
-    "DEFAULT_SERVER_NAMES",
-    "SERVER_CERT_FILE",
-    "SERVER_KEY_FILE",
-    "WORKERS_DIR",
-    "IssuedCertificate",
-    "PkiError",
-    "PkiExistsError",
-    "PkiNotFoundError",
-    "PkiPaths",
-    "client_ssl_context",
-    "fingerprint_of_der",
-    "fingerprint_of_pem",
-    "init_pki",
-    "issue_self_signed",
-    "issue_server_certificate",
-    "issue_worker_certificate",
-    "load_pki",
-    "peer_fingerprint",
-    "server_ssl_context",
-]
+from gateway.tls import SERVER_CERT_FILE, PkiError, PkiNotFoundError, PkiPaths, fingerprint_of_der
 
-CA_CERT_FILE = "ca.pem"
-CA_KEY_FILE = "ca-key.pem"
-SERVER_CERT_FILE = "server.pem"
-SERVER_KEY_FILE = "server-key.pem"
-WORKERS_DIR = "workers"
 DEFAULT_SERVER_NAMES: tuple[str, ...] = ("localhost", "127.0.0.1")
 
 _CA_DAYS = 3650
@@ -75,44 +34,8 @@ _KEY_MODE = 0o600
 _CERT_MODE = 0o644
 
 
-class PkiError(Exception):
-    """A PKI operation could not be carried out."""
-
-
 class PkiExistsError(PkiError, FileExistsError):
     """The file or CA already exists and ``force`` was not given."""
-
-
-class PkiNotFoundError(PkiError, FileNotFoundError):
-    """The PKI directory does not hold the expected files."""
-
-
-@dataclass(frozen=True, slots=True)
-class PkiPaths:
-    """Where the files of one PKI directory live."""
-
-    directory: Path
-    ca_cert: Path
-    ca_key: Path
-    server_cert: Path
-    server_key: Path
-
-    @classmethod
-    def for_directory(cls, directory: Path | str) -> PkiPaths:
-        """Return the standard file locations inside ``directory`` (nothing is read or created)."""
-        base = Path(directory)
-        return cls(
-            directory=base,
-            ca_cert=base / CA_CERT_FILE,
-            ca_key=base / CA_KEY_FILE,
-            server_cert=base / SERVER_CERT_FILE,
-            server_key=base / SERVER_KEY_FILE,
-        )
-
-    @property
-    def workers_dir(self) -> Path:
-        """The folder that holds issued worker certificates."""
-        return self.directory / WORKERS_DIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,38 +50,6 @@ class IssuedCertificate:
     serial_number: int
     not_before: dt.datetime
     not_after: dt.datetime
-
-
-# --------------------------------------------------------------------------------------------
-# Fingerprints
-# --------------------------------------------------------------------------------------------
-
-
-def fingerprint_of_der(der: bytes) -> str:
-    """Return the SHA-256 fingerprint (lowercase hex) of a DER-encoded certificate."""
-    return hashlib.sha256(der).hexdigest()
-
-
-def fingerprint_of_pem(pem: bytes) -> str:
-    """Return the SHA-256 fingerprint (lowercase hex) of the first certificate in ``pem``."""
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-    except ValueError as exc:
-        raise PkiError(f"not a PEM certificate: {exc}") from exc
-    return fingerprint_of_der(cert.public_bytes(serialization.Encoding.DER))
-
-
-def peer_fingerprint(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
-    """Return the fingerprint of the peer's certificate on a TLS connection, or ``None``.
-
-    With aiohttp: ``peer_fingerprint(request.transport.get_extra_info("ssl_object"))``.
-    """
-    if ssl_object is None:
-        return None
-    der = ssl_object.getpeercert(binary_form=True)
-    if not der:
-        return None
-    return fingerprint_of_der(der)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,16 +132,6 @@ def init_pki(
     issue_server_certificate(paths.directory, server_names=names, days=days)
     return paths
 
-
-def load_pki(directory: Path | str) -> PkiPaths:
-    """Return the paths of an existing PKI directory, checking that its files are there."""
-    paths = PkiPaths.for_directory(directory)
-    missing = [
-        str(p) for p in (paths.ca_cert, paths.ca_key, paths.server_cert, paths.server_key) if not p.is_file()
-    ]
-    if missing:
-        raise PkiNotFoundError(f"incomplete PKI in {paths.directory}: missing {', '.join(missing)}")
-    return paths
 
 
 def issue_server_certificate(
@@ -380,54 +261,6 @@ def issue_self_signed(
     _write_private_key(key_path, key)
     _write_certificate(cert_path, cert)
     return _issued(name, cert, cert_path, key_path)
-
-
-# --------------------------------------------------------------------------------------------
-# TLS contexts
-# --------------------------------------------------------------------------------------------
-
-
-def server_ssl_context(pki: PkiPaths | Path | str) -> ssl.SSLContext:
-    """Build the Gateway's TLS server context: TLS 1.2+, client certificate required.
-
-    Only the PKI's own CA is trusted for client certificates (never the system store), and the
-    client certificate must carry EKU clientAuth (OpenSSL's default purpose check on a server).
-    The worker's identity is then :func:`peer_fingerprint` of the connection.
-    """
-    paths = pki if isinstance(pki, PkiPaths) else load_pki(pki)
-    # A bare PROTOCOL_TLS_SERVER context, not ssl.create_default_context(): that one would load
-    # the system CA store and so let any publicly issued certificate authenticate as a worker.
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
-    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
-    ctx.load_cert_chain(certfile=str(paths.server_cert), keyfile=str(paths.server_key))
-    ctx.load_verify_locations(cafile=str(paths.ca_cert))
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def client_ssl_context(
-    ca: Path | str,
-    cert: Path | str,
-    key: Path | str,
-    *,
-    check_hostname: bool = True,
-) -> ssl.SSLContext:
-    """Build a worker's TLS client context: TLS 1.2+, presents ``cert``/``key``.
-
-    The Gateway's certificate is verified against ``ca`` only (not the system store), including
-    its host name unless ``check_hostname=False``.
-    """
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname by default
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.options |= ssl.OP_NO_COMPRESSION
-    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
-    ctx.load_verify_locations(cafile=str(ca))
-    ctx.load_cert_chain(certfile=str(cert), keyfile=str(key))
-    ctx.check_hostname = check_hostname
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
 
 
 # --------------------------------------------------------------------------------------------

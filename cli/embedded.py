@@ -22,7 +22,7 @@ The embedded server:
   exiting process is the last live process that asked for it. A server started explicitly
   (``leasehold db start``) keeps running until ``leasehold db stop``.
 
-Nothing here prints; everything goes through :mod:`logging` (logger ``projections.database``).
+Nothing here prints; everything goes through :mod:`logging` (logger ``cli.embedded``).
 """
 
 from __future__ import annotations
@@ -675,3 +675,10 @@ def database_url(env_var: str = "DATABASE_URL", *, stop_at_exit: bool = True) ->
             server = _default_servers[data_dir] = EmbeddedPostgres(data_dir, stop_at_exit=stop_at_exit)
     server.start()
     return server.url()
+
+
+def configured_database_url(explicit: str | None = None) -> str:
+    """The database a command works on, the same way for every command: ``explicit`` (its
+    ``--database-url``), else ``$LEASEHOLD_DATABASE_URL``, else ``$DATABASE_URL``, else the
+    embedded server."""
+    return explicit or os.environ.get("LEASEHOLD_DATABASE_URL") or database_url()

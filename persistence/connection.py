@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 from psycopg import AsyncConnection
-from psycopg.types.json import set_json_dumps, set_json_loads
+from psycopg.types.json import JsonbDumper, set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 # One JSON path for the database too: orjson both ways.
@@ -16,9 +16,7 @@ set_json_loads(orjson.loads)
 
 async def configure(conn: AsyncConnection[Any]) -> None:
     """Per-connection setup: Python dicts travel as jsonb; autocommit, so that commands send
-    their own BEGIN/COMMIT inside one pipeline (see ``gateway.commands.unit_of_work``)."""
-    from psycopg.types.json import JsonbDumper
-
+    their own BEGIN/COMMIT inside one pipeline (see ``persistence.transaction``)."""
     conn.adapters.register_dumper(dict, JsonbDumper)
     await conn.set_autocommit(True)
 

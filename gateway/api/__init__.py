@@ -1,0 +1,1 @@
+"""The Gateway's HTTP APIs: worker (mTLS), operator (API keys), service endpoints."""

@@ -1,0 +1,1 @@
+"""Background work of a Gateway process: sweeper, scheduler, wake-ups, checkpoints."""
