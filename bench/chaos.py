@@ -64,9 +64,10 @@ from psycopg_pool import AsyncConnectionPool
 from cli.dev_ca import init_pki, issue_worker_certificate
 from cli.embedded import EmbeddedPostgres, _bin_dir
 from domain.events import ProfileStep
-from gateway.commands import Registry
+from gateway.services import Services, build_services
 from migrations import runner as migrate
 from persistence.connection import create_pool
+from persistence.transaction import Database
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the test suite's fault proxy is the one to use
@@ -228,7 +229,7 @@ class Run:
     server: EmbeddedPostgres
     database_url: str
     pool: AsyncConnectionPool
-    registry: Registry
+    services: Services
     org: UUID
     gateway: GatewayProcess
     workers: list[WorkerProcess]
@@ -276,7 +277,7 @@ async def feed(run: Run, seconds: float) -> None:
         targets = {"targets": [f"chaos-{n}"]}
         while True:
             try:
-                await run.registry.create_scan(run.org, targets, profile=[step], execution_mode="gateway")
+                await run.services.scans.create_scan(run.org, targets, profile=[step], execution_mode="gateway")
                 break
             except Exception as exc:  # the server may be restarting; did the commit happen?
                 run.notes["feeder_retries"] += 1
@@ -541,7 +542,8 @@ async def provision(settings: argparse.Namespace, workdir: Path, server: Embedde
         conn.execute(SIDE_TABLE)
     pool = create_pool(url, min_size=2, max_size=6, check=AsyncConnectionPool.check_connection)
     await pool.open()
-    registry = Registry(pool)
+    services = build_services(Database(pool))
+    registry = services.registry
     org = await registry.create_organization("chaos")
     pki = init_pki(workdir / "pki")
     plugins = workdir / "plugins"
@@ -572,7 +574,7 @@ async def provision(settings: argparse.Namespace, workdir: Path, server: Embedde
                "CHAOS_LONG_SECONDS": str(settings.long_seconds or 1.5 * settings.lease_seconds),
                "CHAOS_RECORDS": "3"}
         workers.append(WorkerProcess(i, argv, env, workdir / f"worker-{i}.log"))
-    return Run(settings, random.Random(settings.seed), server, url, pool, registry, org, gateway, workers, proxies)
+    return Run(settings, random.Random(settings.seed), server, url, pool, services, org, gateway, workers, proxies)
 
 
 async def soak(settings: argparse.Namespace, workdir: Path, server: EmbeddedPostgres) -> dict[str, Any]:

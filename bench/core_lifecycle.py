@@ -61,11 +61,14 @@ from psycopg_pool import AsyncConnectionPool
 from cli.embedded import redact_url
 from domain.results import payload_sha256
 from domain.task import project_task
-from gateway.commands import Lifecycle, Registry
-from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.lifecycle import Lifecycle, TaskSpec
+from gateway.commands.registry import Registry
+from gateway.commands.scans import Scans
+from gateway.services import build_services
 from migrations import runner as migrate
 from persistence.connection import connect, create_pool
 from persistence.event_log import read_stream
+from persistence.transaction import Database
 
 BENCH_DB = "leasehold_bench"
 LIMIT_DB = "leasehold_bench_limit"
@@ -224,22 +227,22 @@ async def make_loop(registry: Registry, name: str) -> BenchLoop:
     return BenchLoop(org, worker)
 
 
-async def new_scan(registry: Registry, loop: BenchLoop) -> UUID:
-    return await registry.create_scan(loop.org, {"hosts": ["bench.example.test"]})
+async def new_scan(scans: Scans, loop: BenchLoop) -> UUID:
+    return await scans.create_scan(loop.org, {"hosts": ["bench.example.test"]})
 
 
-async def provision(registry: Registry, loop: BenchLoop, count: int) -> None:
+async def provision(scans: Scans, loop: BenchLoop, count: int) -> None:
     for _ in range(count):
-        loop.scans.append(await new_scan(registry, loop))
+        loop.scans.append(await new_scan(scans, loop))
 
 
-async def one_lifecycle(lifecycle: Lifecycle, registry: Registry, loop: BenchLoop,
+async def one_lifecycle(lifecycle: Lifecycle, scans: Scans, loop: BenchLoop,
                         steps: dict[str, list[float]] | None,
                         hook: Callable[[str], None] | None = None) -> None:
     """create_task -> acquire -> one final 1-record batch -> complete, on a fresh scan."""
     if not loop.scans:
         loop.refills += 1
-        loop.scans.append(await new_scan(registry, loop))
+        loop.scans.append(await new_scan(scans, loop))
     scan = loop.scans.popleft()
     t0 = time.perf_counter()
     task = await lifecycle.create_task(scan, SPEC)
@@ -273,7 +276,7 @@ async def one_lifecycle(lifecycle: Lifecycle, registry: Registry, loop: BenchLoo
         steps["complete"].append(t4 - t3)
 
 
-async def drive(lifecycle: Lifecycle, registry: Registry, loops: list[BenchLoop], seconds: float,
+async def drive(lifecycle: Lifecycle, scans: Scans, loops: list[BenchLoop], seconds: float,
                 ) -> tuple[int, float, dict[str, list[float]]]:
     """Run every loop until ``seconds`` have passed; (lifecycles, elapsed, step durations)."""
     steps: dict[str, list[float]] = {name: [] for name in STEPS}
@@ -283,7 +286,7 @@ async def drive(lifecycle: Lifecycle, registry: Registry, loops: list[BenchLoop]
     async def run(loop: BenchLoop) -> int:
         done = 0
         while time.perf_counter() < deadline:
-            await one_lifecycle(lifecycle, registry, loop, steps)
+            await one_lifecycle(lifecycle, scans, loop, steps)
             done += 1
         return done
 
@@ -298,17 +301,18 @@ async def throughput_process(url: str, proc: int, conc: int, seconds: float, war
     pool = create_pool(url, min_size=conc, max_size=conc)
     await pool.open(wait=True)
     try:
-        registry, lifecycle = Registry(pool), Lifecycle(pool)
+        services = build_services(Database(pool))
+        registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
         loops = list(await asyncio.gather(*(make_loop(registry, f"bench-{tag}-p{proc}-l{i}")
                                             for i in range(conc))))
         if barrier is not None:
             await asyncio.to_thread(barrier.wait)
-        warm_n, _, warm_steps = await drive(lifecycle, registry, loops, warmup)
+        warm_n, _, warm_steps = await drive(lifecycle, scans, loops, warmup)
         busy = sum(sum(v) for v in warm_steps.values())
         per_loop_rate = warm_n / busy if busy > 0 else 100.0
         need = math.ceil(per_loop_rate * seconds * 1.5) + 20
         started = time.perf_counter()
-        await asyncio.gather(*(provision(registry, loop, need) for loop in loops))
+        await asyncio.gather(*(provision(scans, loop, need) for loop in loops))
         provision_s = time.perf_counter() - started
         for loop in loops:
             loop.refills = loop.misses = 0
@@ -321,7 +325,7 @@ async def throughput_process(url: str, proc: int, conc: int, seconds: float, war
             profiler.enable()
         window.start()
         cpu0 = time.process_time()
-        count, elapsed, steps = await drive(lifecycle, registry, loops, seconds)
+        count, elapsed, steps = await drive(lifecycle, scans, loops, seconds)
         cpu = time.process_time() - cpu0
         box = window.stop()
         if profiler is not None:
@@ -599,11 +603,12 @@ async def measure_cost(server_url: str, url: str, lifecycles: int) -> dict[str, 
     try:
         setup = create_pool(relayed, min_size=1, max_size=1)
         await setup.open(wait=True)
-        registry, lifecycle = Registry(setup), Lifecycle(setup)
+        services = build_services(Database(setup))
+        registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
         loop = await make_loop(registry, f"bench-cost-{secrets.token_hex(4)}")
-        await provision(registry, loop, warm + lifecycles)
+        await provision(scans, loop, warm + lifecycles)
         for _ in range(warm):
-            await one_lifecycle(lifecycle, registry, loop, None)
+            await one_lifecycle(lifecycle, scans, loop, None)
         await setup.close()  # its backend exits, so its statistics are flushed
         await asyncio.to_thread(vacuum_analyze, url)
         before_db = await asyncio.to_thread(settled_counters, server_url, BENCH_DB)
@@ -611,7 +616,8 @@ async def measure_cost(server_url: str, url: str, lifecycles: int) -> dict[str, 
         pool = create_pool(relayed, min_size=1, max_size=1)
         await pool.open(wait=True)
         backend = await asyncio.to_thread(bench_backend_pid, server_url)
-        registry, lifecycle = Registry(pool), Lifecycle(pool)
+        services = build_services(Database(pool))
+        registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
         per_command = {name: WireStats() for name in STEPS}
         server_cpu = dict.fromkeys(STEPS, 0.0)
         mark = [relay.stats.copy()]
@@ -626,7 +632,7 @@ async def measure_cost(server_url: str, url: str, lifecycles: int) -> dict[str, 
         start, cpu_start = relay.stats.copy(), backend_cpu(backend)
         for _ in range(lifecycles):
             mark[0], cpu_mark[0] = relay.stats.copy(), backend_cpu(backend)
-            await one_lifecycle(lifecycle, registry, loop, None, hook)
+            await one_lifecycle(lifecycle, scans, loop, None, hook)
         total = relay.stats.minus(start)
         cpu_total = backend_cpu(backend) - cpu_start
         await pool.close()
@@ -915,14 +921,14 @@ def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
             "execution_ms": round(float(top["Execution Time"]), 3)}
 
 
-async def acquire_latencies(registry: Registry, lifecycle: Lifecycle, loop: BenchLoop, n: int, url: str,
+async def acquire_latencies(scans: Scans, lifecycle: Lifecycle, loop: BenchLoop, n: int, url: str,
                             analyze_first: bool) -> dict[str, Any]:
     """Queue ``n`` (+ warm-up) pending tasks, ``ANALYZE`` if ``analyze_first``, then acquire them
     one by one, timing only ``acquire``; each acquired task is completed (untimed) before the next
     acquire, so the worker holds at most one live attempt. Also the CPU its backend spent in the
     acquires (the pool has one connection), the plan, and who else used the CPU meanwhile."""
     total = n + ACQUIRE_WARMUP
-    scans = [await new_scan(registry, loop) for _ in range(math.ceil(total / HISTORY_JOBS_PER_SCAN))]
+    scans = [await new_scan(scans, loop) for _ in range(math.ceil(total / HISTORY_JOBS_PER_SCAN))]
 
     def creator(scan: UUID, count: int) -> Callable[[], Awaitable[None]]:
         async def create() -> None:
@@ -981,7 +987,8 @@ async def measure_history(url: str, history: int, acquires: int, chunk: int, par
     await pool.open(wait=True)
     samples: dict[str, dict[str, Any]] = {}
     try:
-        registry, lifecycle = Registry(pool), Lifecycle(pool)
+        services = build_services(Database(pool))
+        registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
         loop = await make_loop(registry, f"bench-history-{secrets.token_hex(4)}")
         await asyncio.to_thread(vacuum_analyze, url)
         load: dict[str, Any] = {"tasks": 0}
@@ -993,7 +1000,7 @@ async def measure_history(url: str, history: int, acquires: int, chunk: int, par
             for stats in ("stale", "analyzed"):
                 log(f"history: {acquires} acquires, {state} database, {stats} statistics")
                 samples[f"{state}_{stats}"] = await acquire_latencies(
-                    registry, lifecycle, loop, acquires, url, stats == "analyzed")
+                    scans, lifecycle, loop, acquires, url, stats == "analyzed")
     finally:
         await pool.close()
     result: dict[str, Any] = {"history_tasks": load["tasks"], "load": load}

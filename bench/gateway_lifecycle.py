@@ -40,10 +40,12 @@ from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
 
 from cli.dev_ca import init_pki, issue_worker_certificate
 from domain.results import payload_sha256
-from gateway.commands import Lifecycle, Registry
-from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.lifecycle import Lifecycle, TaskSpec
+from gateway.commands.scans import Scans
+from gateway.services import build_services
 from migrations import runner as migrate
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from worker.client import client_ssl_context
 
 RECORDS = [{"type": "asset", "kind": "service", "value": "127.0.0.1:443/tcp"}]
@@ -114,10 +116,11 @@ class Worker:
 
 
 async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -> tuple[list[Path], Lifecycle,
-                                                                                        Registry, Any]:
+                                                                                        Scans, Any]:
     pool = create_pool(url, min_size=4, max_size=16)
     await pool.open()
-    registry, lifecycle = Registry(pool), Lifecycle(pool)
+    services = build_services(Database(pool))
+    registry, lifecycle = services.registry, services.lifecycle
     org = await registry.create_organization("bench")
     certs = []
     for i in range(workers):
@@ -126,7 +129,7 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
                                              max_concurrent_tasks=64)
         await registry.assign_worker(wid, org)
         certs.append(cert.cert_path)
-    scan_ids = [await registry.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
+    scan_ids = [await services.scans.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
     spec = TaskSpec(task_type="probe", scope={"targets": ["127.0.0.1"]}, lease_seconds=60,
                     execution_timeout_seconds=600)
     sem = asyncio.Semaphore(8)
@@ -136,7 +139,7 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
             await lifecycle.create_task(scan_ids[i % scans], spec)
 
     await asyncio.gather(*(create(i) for i in range(tasks)))
-    return certs, lifecycle, registry, (pool, org)
+    return certs, lifecycle, services.scans, (pool, org)
 
 
 async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]:
@@ -244,14 +247,14 @@ def ceiling(cpu: dict[str, float], results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def long_poll(worker: Worker, lifecycle: Lifecycle, registry: Registry, org: UUID,
+async def long_poll(worker: Worker, lifecycle: Lifecycle, scans: Scans, org: UUID,
                     tries: int) -> dict[str, float]:
     delays = []
     spec = TaskSpec(task_type="probe", lease_seconds=60, execution_timeout_seconds=600)
     for _ in range(tries):
         waiting = asyncio.create_task(worker.post("/v1/tasks/acquire", {"wait_seconds": 10}))
         await asyncio.sleep(0.05)  # the acquire is now waiting on the Gateway
-        scan = await registry.create_scan(org, {"targets": ["long-poll"]})  # a scan per try: it ends
+        scan = await scans.create_scan(org, {"targets": ["long-poll"]})  # a scan per try: it ends
         t0 = time.perf_counter()
         await lifecycle.create_task(scan, spec)
         status, body = await waiting
@@ -284,7 +287,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     migrate.upgrade(url)
     with tempfile.TemporaryDirectory() as tmp:
         pki = init_pki(Path(tmp) / "pki")
-        certs, lifecycle, registry, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks,
+        certs, lifecycle, scans, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks,
                                                               args.scans)
         profile = Path(args.profile) if args.profile else None
         gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile)
@@ -309,7 +312,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                   + " (CPU of the whole box per completed task, and who spent it)")
             results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
             print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
-            results["long_poll"] = await long_poll(workers[0], lifecycle, registry, org, args.long_poll_tries)
+            results["long_poll"] = await long_poll(workers[0], lifecycle, scans, org, args.long_poll_tries)
             lp = results["long_poll"]
             print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
         finally:

@@ -58,11 +58,12 @@ from common import recreate_database, resolve_server_url  # noqa: E402
 from cli.embedded import redact_url, with_database  # noqa: E402
 from domain.errors import LeaseholdError  # noqa: E402
 from domain.results import payload_sha256  # noqa: E402
-from gateway.commands import Lifecycle, Registry  # noqa: E402
-from gateway.commands.lifecycle import TaskSpec  # noqa: E402
+from gateway.commands.lifecycle import Lifecycle, TaskSpec  # noqa: E402
+from gateway.services import build_services  # noqa: E402
 from migrations import runner as migrate  # noqa: E402
 from persistence.chain import GENESIS, chain_hash  # noqa: E402
 from persistence.connection import connect, create_pool  # noqa: E402
+from persistence.transaction import Database  # noqa: E402
 from projections.rebuild import fold_log  # noqa: E402
 from projections.rows import TABLE_ORDER  # noqa: E402
 
@@ -111,8 +112,8 @@ async def run_sample(url: str, scans: int, tasks_per_scan: int) -> int:
     clock = Clock()
     rng = random.Random(20310301)
     try:
-        registry = Registry(pool, clock=clock)
-        lc = Lifecycle(pool, clock=clock, rng=random.Random(1))
+        services = build_services(Database(pool), clock=clock, rng=random.Random(1))
+        registry, lc = services.registry, services.lifecycle
         org = await registry.create_organization("bench-org", actor="operator:bench-key")
         workers = []
         for i in range(4):
@@ -124,7 +125,7 @@ async def run_sample(url: str, scans: int, tasks_per_scan: int) -> int:
             workers.append(w)
         shape_no = 0
         for s in range(scans):
-            scan = await registry.create_scan(org, {"targets": [f"10.{s % 250}.0.0/24"], "ports": [22, 80, 443]},
+            scan = await services.scans.create_scan(org, {"targets": [f"10.{s % 250}.0.0/24"], "ports": [22, 80, 443]},
                                               actor="operator:bench-key")
             tasks = []
             for t in range(tasks_per_scan):

@@ -42,11 +42,12 @@ from core_lifecycle import percentile
 from gateway_lifecycle import free_port
 
 from cli.dev_ca import init_pki, issue_worker_certificate
-from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
+from gateway.services import build_services
 from gateway.tls import PkiPaths
 from migrations import runner as migrate
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from worker.client import client_ssl_context
 
 
@@ -107,9 +108,10 @@ async def measure(a: Gateway, b: Gateway, url: str, pki: PkiPaths, admin_key: st
     """``tries`` wake-ups of a worker waiting on ``b`` by tasks created through ``a``."""
     pool = create_pool(url, min_size=1, max_size=4)
     await pool.open()
-    registry, lifecycle = Registry(pool), Lifecycle(pool)
+    services = build_services(Database(pool))
+    registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
     org = await registry.create_organization(f"wakeup-{secrets.token_hex(4)}")
-    scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
+    scan = await scans.create_scan(org, {"targets": ["127.0.0.1"]})
     # A job no worker takes keeps the scan open for every try's task.
     await lifecycle.create_task(scan, TaskSpec(task_type="hold", lease_seconds=60, execution_timeout_seconds=600))
     name = f"wakeup-{secrets.token_hex(4)}"

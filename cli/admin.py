@@ -16,9 +16,10 @@ from uuid import UUID
 from cli.embedded import configured_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
-from gateway.commands import Registry
 from gateway.commands.registry import IssuedKey
+from gateway.services import build_services
 from persistence.connection import create_pool
+from persistence.transaction import Database
 
 __all__ = ["register"]
 
@@ -60,7 +61,7 @@ async def _issue(database_url: str | None, organization: UUID | None, name: str)
     pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:
-        return await Registry(pool).create_api_key(organization_id=organization, name=name)
+        return await build_services(Database(pool)).registry.create_api_key(organization_id=organization, name=name)
     except LeaseholdError as exc:
         raise CommandError(exc.message) from exc
     finally:

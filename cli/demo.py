@@ -31,8 +31,7 @@ from psycopg import sql
 from cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
 from cli.embedded import database_url, with_database
 from domain.events import ProfileStep
-from gateway.commands import Registry
-from gateway.keys import POOL, REGISTRY
+from gateway.keys import SERVICES
 from gateway.serve import start
 from gateway.settings import GatewaySettings
 from migrations import runner as migrate
@@ -100,8 +99,9 @@ async def start_worker(name: str, gateway_port: int, pki: Any, plugins: Path) ->
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-async def rows(pool: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
+async def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """What the demo shows of the database (its own ad-hoc reads, on a connection of their own)."""
+    async with await connect(url) as conn:
         cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 
@@ -123,9 +123,8 @@ async def run_demo() -> int:
                                sweep_interval_seconds=0.5, log_level="ERROR", checkpoint_interval_seconds=0)
     runner, (worker_port, _operator_port) = await start(settings)
 
-    app = runner.app
-    registry: Registry = app[REGISTRY]
-    pool = app[POOL]
+    services = runner.app[SERVICES]
+    registry = services.registry
     say(f"Gateway serving the worker API on https://localhost:{worker_port} (mTLS)")
     workers: dict[str, asyncio.subprocess.Process] = {}
     try:
@@ -145,9 +144,9 @@ async def run_demo() -> int:
                    ProfileStep(task_type="tls-inspect", lease_seconds=10, execution_timeout_seconds=60)]
         # worker-a starts alone, so it takes the warm-up task; it is then killed mid-task.
         workers["worker-a"] = await start_worker("worker-a", worker_port, pki, plugins)
-        scan = await registry.create_scan(org, {"targets": ["127.0.0.1"], "ports": [port, 1]}, profile=profile)
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"], "ports": [port, 1]}, profile=profile)
         say("scan created with the default profile: " + " -> ".join(step.task_type for step in profile))
-        while not await rows(pool, "SELECT 1 FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id "  # noqa: ASYNC110
+        while not await rows(url, "SELECT 1 FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id "  # noqa: ASYNC110
                              "WHERE t.scan_id = %s AND a.status IN ('leased','running')", scan):
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)
@@ -159,17 +158,17 @@ async def run_demo() -> int:
         last = ""
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline:
-            states = await rows(pool, "SELECT task_type, state, attempt_count FROM worker_tasks WHERE scan_id = %s "
+            states = await rows(url, "SELECT task_type, state, attempt_count FROM worker_tasks WHERE scan_id = %s "
                                 "ORDER BY created_at", scan)
             line = "  ".join(f"{t}={s}({n})" for t, s, n in states)
             if line != last:
                 say(line)
                 last = line
-            (status,), = await rows(pool, "SELECT status FROM scans WHERE id = %s", scan)
+            (status,), = await rows(url, "SELECT status FROM scans WHERE id = %s", scan)
             if status in ("success", "failed", "cancelled"):
                 break
             await asyncio.sleep(0.3)
-        await summary(pool, scan, url)
+        await summary(scan, url)
     finally:
         for proc in workers.values():
             if proc.returncode is None:
@@ -186,15 +185,15 @@ async def run_demo() -> int:
     return 0
 
 
-async def summary(pool: Any, scan: UUID, url: str) -> None:
-    (scan_status,), = await rows(pool, "SELECT status FROM scans WHERE id = %s", scan)
-    counts = (await rows(pool, "SELECT (SELECT count(*) FROM worker_tasks WHERE scan_id = %s), "
+async def summary(scan: UUID, url: str) -> None:
+    (scan_status,), = await rows(url, "SELECT status FROM scans WHERE id = %s", scan)
+    counts = (await rows(url, "SELECT (SELECT count(*) FROM worker_tasks WHERE scan_id = %s), "
                          "(SELECT count(*) FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id "
                          " WHERE t.scan_id = %s), (SELECT count(*) FROM events)", scan, scan))[0]
-    retried = await rows(pool, "SELECT t.task_type, a.attempt_number, a.status, w.name FROM worker_task_attempts a "
+    retried = await rows(url, "SELECT t.task_type, a.attempt_number, a.status, w.name FROM worker_task_attempts a "
                          "JOIN worker_tasks t ON t.id = a.task_id JOIN workers w ON w.id = a.worker_id "
                          "WHERE t.scan_id = %s AND t.attempt_count > 1 ORDER BY a.attempt_number", scan)
-    payloads = await rows(pool, "SELECT p.body FROM worker_result_batches b JOIN result_payloads p "
+    payloads = await rows(url, "SELECT p.body FROM worker_result_batches b JOIN result_payloads p "
                           "ON p.sha256 = b.payload_sha256 JOIN worker_tasks t ON t.id = b.task_id WHERE t.scan_id = %s",
                           scan)
     records = [r for (body,) in payloads for r in orjson.loads(bytes(body))]

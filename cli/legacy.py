@@ -41,7 +41,9 @@ from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import Conflict, LeaseholdError, Unavailable
 from domain.legacy import InvalidMessage, parse_message
 from gateway.commands.legacy import Conversion, LegacyScans
+from gateway.services import build_services
 from persistence.connection import create_pool
+from persistence.transaction import Database
 
 __all__ = ["drain", "register"]
 
@@ -114,7 +116,7 @@ async def _run(args: argparse.Namespace) -> None:
         except PoolTimeout as exc:
             raise CommandError(f"cannot reach PostgreSQL at {redact_url(url)}") from exc
         try:
-            await drain(client, LegacyScans(pool), args.queue, dry_run=args.dry_run, limit=args.limit)
+            await drain(client, build_services(Database(pool)).legacy, args.queue, dry_run=args.dry_run, limit=args.limit)
         except redis.RedisError as exc:
             raise CommandError(f"lost Redis at {redact_url(args.redis_url)}: {exc} (the message being handled, "
                                f"if any, stays in {args.queue}:processing; run the drain again)") from exc

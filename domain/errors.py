@@ -60,7 +60,7 @@ class LeaseLost(Conflict):
     code = "lease-lost"
 
 
-class TaskCancelled(Conflict):
+class TaskWasCancelled(Conflict):
     """The task has been cancelled; the attempt must stop."""
 
     code = "task-cancelled"

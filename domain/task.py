@@ -38,9 +38,7 @@ from domain.errors import (
     InvalidTransition,
     LeaseholdError,
     LeaseLost,
-)
-from domain.errors import (
-    TaskCancelled as TaskCancelledError,
+    TaskWasCancelled,
 )
 from domain.events import (
     AttemptFailed,
@@ -173,7 +171,7 @@ class CreateTask:
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class GrantLease:
     """Gateway acquire: give the task to ``worker`` as a new attempt."""
 
     attempt_id: UUID
@@ -266,7 +264,7 @@ class TerminateCancelling:
 
 
 Command = (
-    CreateTask | Lease | ReissueLease | WorkerWrite | ExpireLease | ExceedDeadline | RequestCancel
+    CreateTask | GrantLease | ReissueLease | WorkerWrite | ExpireLease | ExceedDeadline | RequestCancel
     | TerminateCancelling
 )
 
@@ -292,7 +290,7 @@ def decide(
         raise InvalidRequest("the task does not exist yet")
     d = _Decider(task, now, actor, draw, retry_policy)
     match command:
-        case Lease():
+        case GrantLease():
             return d.lease(command)
         case ReissueLease():
             return d.reissue(command)
@@ -386,7 +384,7 @@ class _Decider:
 
     # acquisition -------------------------------------------------------------------------
 
-    def lease(self, c: Lease) -> list[DomainEvent]:
+    def lease(self, c: GrantLease) -> list[DomainEvent]:
         task, w = self.task, c.worker
         if task.state not in ACQUIRABLE_STATES:
             raise InvalidTransition(f"a {task.state} task cannot be leased")
@@ -558,7 +556,7 @@ class _Decider:
 
 _REJECTION_ERRORS: dict[str, type[LeaseholdError]] = {
     "superseded": LeaseLost, "bad_token": LeaseLost, "lease_expired": LeaseLost, "finished": LeaseLost,
-    "cancelled": TaskCancelledError, "deadline_passed": DeadlineExceeded,
+    "cancelled": TaskWasCancelled, "deadline_passed": DeadlineExceeded,
     "idempotency_conflict": IdempotencyConflict, "not_started": InvalidTransition,
     "final_missing": InvalidTransition, "out_of_order": InvalidTransition,
 }

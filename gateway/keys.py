@@ -1,20 +1,34 @@
-"""AppKeys: the typed slots of the aiohttp application, in one place."""
+"""The typed slots of the aiohttp application and of its requests, in one place."""
 
 from __future__ import annotations
 
-from aiohttp import web
-from psycopg_pool import AsyncConnectionPool
+from collections.abc import Callable
 
+from aiohttp import web
+
+from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
-from gateway.commands import Lifecycle, Registry
+from gateway.identity import KnownCertificates, Operator, TokenBuckets, WorkerIdentity
+from gateway.metrics import Metrics
+from gateway.services import Services
 from gateway.settings import GatewaySettings
 
-SETTINGS = web.AppKey("settings", GatewaySettings)
-POOL = web.AppKey("pool", AsyncConnectionPool)
-LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
-REGISTRY = web.AppKey("registry", Registry)
-NOTIFIER = web.AppKey("notifier", Notifier)
+#: Called once per request with (method, route template, status, seconds): metrics hook.
+ObserveRequest = Callable[[str, str, int, float], None]
 
-# Per-request storage.
+# Per application (one per process).
+SETTINGS = web.AppKey("settings", GatewaySettings)
+SERVICES = web.AppKey("services", Services)
+NOTIFIER = web.AppKey("notifier", Notifier)
+HINTS = web.AppKey("hints", Hints)
+METRICS = web.AppKey("metrics", Metrics)
+OBSERVE_REQUEST: web.AppKey[ObserveRequest] = web.AppKey("observe_request")
+ROUTES = web.AppKey("routes", list)
+BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
+CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
+
+# Per request.
 REQUEST_ID = web.RequestKey("request_id", str)
 WORKER_FINGERPRINT = web.RequestKey("worker_fingerprint", str)
+WORKER = web.RequestKey("worker", WorkerIdentity)
+OPERATOR = web.RequestKey("operator", Operator)

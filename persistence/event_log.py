@@ -1,10 +1,11 @@
-"""Appending to and reading from the event log, inside the caller's transaction.
+"""The event log: stream heads, recording events (serialised, hash-chained) and reading them.
 
-No table-wide lock: the caller already holds the row lock of the stream's own row (the task,
-scan, worker…), so stream versions and the hash chain advance without contention, and the
+Appending happens in a command's transaction (:meth:`persistence.transaction.Transaction.append`)
+with no table-wide lock: the caller already holds the row lock of the stream's own row (the
+task, scan, worker…), so stream versions and the hash chain advance without contention, and the
 unique ``(originator_id, originator_version)`` key turns any unlocked concurrent append into
-an error instead of a fork. Global order for readers comes from ``transaction_id`` (see
-``read_committed_since``), not from a lock.
+an error instead of a fork. Global order for readers comes from ``transaction_id``, not from a
+lock.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 
 from domain.events import DomainEvent
-from persistence import writes as sql_apply
 from persistence.chain import GENESIS, chain_hash
 from persistence.codec import MAPPER
-from projections.projector import project
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,23 +55,10 @@ def record(head: StreamHead, events: Sequence[DomainEvent]) -> tuple[list[Record
     return out, StreamHead(head.id, version, prev)
 
 
-async def append(cur: AsyncCursor[Any], head: StreamHead, events: Sequence[DomainEvent]) -> StreamHead:
-    """Append ``events`` to the stream at ``head`` and apply their projections; returns the new head.
-
-    Must run in the transaction that holds the stream row's lock (``FOR UPDATE``). On the
-    transaction's cursor (:class:`persistence.writes.BufferedCursor`) the event rows and row changes
-    are queued and travel, combined with the transaction's other writes, before its next read or
-    its COMMIT; on a plain cursor they are sent at once.
-    """
-    if not events:
-        return head
-    recorded, new_head = record(head, events)
-    writes = sql_apply.buffer_of(cur)
-    writes.events((r.stored.originator_id, r.stored.originator_version, r.stored.topic, r.stored.state,
-                   r.prev_hash, r.hash) for r in recorded)
-    writes.ops([op for r in recorded for op in project(r.event, r.hash)])
-    await sql_apply.send_unless_buffered(cur, writes)
-    return new_head
+def decode_event(originator_id: UUID, originator_version: int, topic: str, state: bytes) -> DomainEvent:
+    """The domain event a stored row holds (upcast to the current class version)."""
+    return MAPPER.to_domain_event(StoredEvent(originator_id=originator_id, originator_version=originator_version,
+                                              topic=topic, state=state))
 
 
 async def read_stream(conn: AsyncConnection[Any], originator_id: UUID, *,
@@ -85,5 +71,4 @@ async def read_stream(conn: AsyncConnection[Any], originator_id: UUID, *,
             " ORDER BY originator_version",
             (originator_id, up_to_version, up_to_version))
         rows = await cur.fetchall()
-    return [MAPPER.to_domain_event(StoredEvent(originator_id=r[0], originator_version=r[1], topic=r[2],
-                                               state=bytes(r[3]))) for r in rows]
+    return [decode_event(r[0], r[1], r[2], bytes(r[3])) for r in rows]

@@ -1,33 +1,53 @@
-"""One transaction per command, pipelined, with psycopg errors translated once.
+"""The unit of work: one command, one transaction, and the only way service code reaches SQL.
+
+``Database.transaction()`` yields a :class:`Transaction`. It rolls back unless the command
+calls :meth:`Transaction.commit`, and translates psycopg errors into :mod:`domain.errors` once,
+here. Service code names its statements (``persistence/queries/*.sql``); it never sees a cursor.
+
+Reads go out at once and wait for their rows; :meth:`Transaction.read` sends several reads in
+one round trip (``lock, row = await tx.read(one("task_lock", p), one("task_read", p))``).
+Writes wait: appended events, their projections' row changes, other data-modifying statements
+and ``pg_notify`` calls are queued and travel combined (:class:`persistence.writes.WriteBuffer`)
+right before the transaction's next read, savepoint or COMMIT — so a read sees every earlier
+write of its transaction, and a command typically sends all its writes as one statement.
 
 The whole transaction runs inside one psycopg pipeline, with BEGIN and COMMIT sent as ordinary
-statements (pool connections are in autocommit mode): BEGIN travels with the first reads, a
-read syncs when its rows are fetched, and every write after the last read travels with the
-COMMIT in a single round trip. (psycopg's ``conn.transaction()`` inside a pipeline would add a
-sync of its own for BEGIN, for COMMIT and for the nested pipeline it opens.)
+statements (pool connections are in autocommit mode): BEGIN travels with the first reads, and
+the writes travel with the COMMIT. Every statement runs on a cursor of its own: in a pipeline,
+psycopg may stop fetching between two queued commands, and a cursor with two commands queued
+would hand its reader the first one's rows.
 
-The cursor is a :class:`persistence.writes.BufferedCursor`: appends, notifications and the other
-buffered writes are queued, not executed, and go out combined into as few statements as the
-rules in :mod:`persistence.writes` allow, right before the next statement of the transaction (a
-read, a savepoint, COMMIT) — so reads see the transaction's writes, and a command typically
-sends one statement for all its writes.
+``Database.read()`` is the read side: statements outside any command's transaction, each its
+own, never committing anything; ``Database.snapshot()`` gives several reads one consistent
+``REPEATABLE READ`` view.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
-from psycopg import AsyncCursor, errors
+from psycopg import AsyncConnection, AsyncCursor, errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from persistence.writes import BufferedCursor
+from domain.events import DomainEvent
+from persistence.event_log import StreamHead, record
+from persistence.queries import QUERIES
+from persistence.writes import WriteBuffer
+from projections.projector import project
+from projections.rows import RowOp
 
 Clock = Callable[[], datetime | None]
+Params = dict[str, Any]
+Row = tuple[Any, ...]
+
+#: The channel every wake-up travels on (see :mod:`gateway.background.notify`).
+NOTIFY_CHANNEL = "leasehold"
 
 
 def system_clock() -> datetime | None:
@@ -35,34 +55,254 @@ def system_clock() -> datetime | None:
     return None
 
 
-@asynccontextmanager
-async def transaction(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCursor[Any]]:
-    """A cursor in a fresh transaction that commits on normal exit and rolls back on error."""
-    try:
-        async with pool.connection() as conn:
-            try:
-                async with conn.pipeline(), BufferedCursor(conn) as cur:
-                    # BEGIN on a cursor of its own: a cursor must never have two commands queued
-                    # before its reader fetches (see BufferedCursor), and cur's first read follows.
-                    await conn.execute("BEGIN")
-                    yield cur
-                    await cur.commit()  # sends the queued writes first
-            except BaseException:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
-                    # conn.rollback(), not a ROLLBACK statement: it also forgets psycopg's prepared
-                    # statements. A statement psycopg meant to prepare in the failed pipeline was
-                    # skipped by the server, and would otherwise be "prepared" only client-side.
-                    await conn.rollback()
-                raise
-    except errors.UniqueViolation as exc:
-        constraint = exc.diag.constraint_name
-        raise Conflict(f"conflicts with an existing record ({constraint})", constraint=constraint) from exc
-    except errors.ForeignKeyViolation as exc:
-        raise NotFound("a referenced resource does not exist") from exc
-    except (errors.CheckViolation, errors.NotNullViolation, errors.InvalidTextRepresentation,
-            errors.NumericValueOutOfRange, errors.StringDataRightTruncation) as exc:
-        raise InvalidRequest(f"rejected by the database: {exc.diag.message_primary}") from exc
-    except (errors.SerializationFailure, errors.DeadlockDetected) as exc:
-        raise Conflict("the change raced with another; retry") from exc
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        raise Unavailable("the database is unavailable") from exc
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A named statement to run, and the shape of its answer."""
+
+    name: str
+    params: Params
+    shape: Literal["one", "all", "dicts"] = "one"
+
+
+def one(name: str, params: Params) -> Read:
+    """The statement's first row, or None."""
+    return Read(name, params, "one")
+
+
+def rows(name: str, params: Params) -> Read:
+    """Every row of the statement."""
+    return Read(name, params, "all")
+
+
+def dicts(name: str, params: Params) -> Read:
+    """Every row of the statement, as ``{column: value}``."""
+    return Read(name, params, "dicts")
+
+
+async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
+    if shape == "one":
+        return await cur.fetchone()
+    found = await cur.fetchall()
+    if shape == "all":
+        return found
+    names = [c.name for c in cur.description or ()]
+    return [dict(zip(names, r, strict=True)) for r in found]
+
+
+class Transaction:
+    """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
+
+    __slots__ = ("_conn", "_writes", "_topics", "committed")
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self._conn = conn
+        self._writes = WriteBuffer()
+        self._topics: list[str] = []
+        self.committed = False
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def read(self, *reads: Read) -> list[Any]:
+        """Run ``reads`` in one round trip (after the queued writes); their answers, in order."""
+        await self._flush()
+        cursors = []
+        for r in reads:
+            cur = self._conn.cursor()
+            await cur.execute(QUERIES[r.name], r.params)
+            cursors.append(cur)
+        return [await _answer(cur, r.shape) for cur, r in zip(cursors, reads, strict=True)]
+
+    async def one(self, name: str, params: Params) -> Row | None:
+        (found,) = await self.read(one(name, params))
+        return found
+
+    async def all(self, name: str, params: Params) -> list[Row]:
+        (found,) = await self.read(rows(name, params))
+        return found
+
+    async def value(self, name: str, params: Params) -> Row:
+        """The one row an aggregate statement always returns."""
+        found = await self.one(name, params)
+        assert found is not None, f"{name} always returns a row"
+        return found
+
+    # --- writes (queued) -------------------------------------------------------------------
+
+    def append(self, head: StreamHead, events: Sequence[DomainEvent]) -> StreamHead:
+        """Append ``events`` to the stream at ``head`` and apply their projections; the new head.
+
+        Must run in the transaction that holds the stream row's lock (``FOR UPDATE``): that
+        lock serialises the stream, so versions and the hash chain advance without a table
+        lock, and the unique ``(originator_id, originator_version)`` key turns any unlocked
+        concurrent append into an error instead of a fork.
+        """
+        if not events:
+            return head
+        recorded, new_head = record(head, events)
+        self._writes.events((r.stored.originator_id, r.stored.originator_version, r.stored.topic,
+                             r.stored.state, r.prev_hash, r.hash) for r in recorded)
+        self._writes.ops([op for r in recorded for op in project(r.event, r.hash)])
+        return new_head
+
+    def apply(self, ops: Iterable[RowOp]) -> None:
+        """Queue row changes that are not an event's projection."""
+        self._writes.ops(ops)
+
+    def write(self, table: str, name: str, params: Params) -> None:
+        """Queue the named data-modifying statement on ``table`` (see :meth:`WriteBuffer.statement`)."""
+        self._writes.statement(table, QUERIES[name], params)
+
+    def notify(self, topic: str) -> None:
+        """Wake whoever waits on ``topic`` once (and only if) this transaction commits."""
+        self._writes.notify(NOTIFY_CHANNEL, topic)
+        self._topics.append(topic)
+
+    async def execute(self, name: str, params: Params) -> None:
+        """Run the named statement now, in order with the queued writes (for statements whose
+        effect a later read in this transaction must see and that cannot be queued as a CTE)."""
+        await self._flush()
+        await self._conn.cursor().execute(QUERIES[name], params)
+
+    # --- structure -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        """A block whose writes are undone, alone, if it raises (the error propagates)."""
+        await self._flush()
+        topics = len(self._topics)
+        try:
+            async with self._conn.transaction():
+                yield
+                await self._flush()
+        except BaseException:
+            self._writes.clear()
+            del self._topics[topics:]
+            raise
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection itself failed (nothing more can run on it)."""
+        return self._conn.broken or self._conn.closed
+
+    async def commit(self) -> None:
+        """Send the queued writes, then COMMIT. Without this call the transaction rolls back."""
+        await self._flush()
+        await self._conn.cursor().execute("COMMIT")
+        self.committed = True
+
+    async def _flush(self) -> None:
+        if self._writes:
+            await self._writes.flush(self._conn.cursor())
+
+
+class Reader:
+    """Statements outside any command: each runs on its own (or inside one snapshot), and
+    nothing commits. Made by :meth:`Database.read` and :meth:`Database.snapshot`."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def one(self, name: str, params: Params) -> Row | None:
+        cur = await self._conn.execute(QUERIES[name], params)
+        return await cur.fetchone()
+
+    async def all(self, name: str, params: Params) -> list[Row]:
+        cur = await self._conn.execute(QUERIES[name], params)
+        return await cur.fetchall()
+
+    async def dicts(self, name: str, params: Params) -> list[dict[str, Any]]:
+        cur = await self._conn.execute(QUERIES[name], params)
+        return await _answer(cur, "dicts")
+
+
+class Database:
+    """The pool, and the two ways to use it: a command's transaction, or reads.
+
+    ``on_commit`` is called with the wake-up topics of every committed transaction (the
+    Gateway's Redis hints publish them).
+    """
+
+    def __init__(self, pool: AsyncConnectionPool, *,
+                 on_commit: Callable[[list[str]], None] | None = None) -> None:
+        self.pool = pool
+        self.on_commit = on_commit
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A fresh transaction; it commits only through :meth:`Transaction.commit`."""
+        with translated_errors():
+            async with self.pool.connection() as conn:
+                tx = Transaction(conn)
+                try:
+                    async with conn.pipeline():
+                        # BEGIN on a cursor of its own, like every statement (see the module doc).
+                        await conn.cursor().execute("BEGIN")
+                        try:
+                            yield tx
+                        finally:
+                            if not tx.committed and not conn.broken:
+                                tx._writes.clear()
+                                await conn.cursor().execute("ROLLBACK")
+                except BaseException:
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
+                        # conn.rollback(), not a ROLLBACK statement: it also forgets psycopg's
+                        # prepared statements. A statement psycopg meant to prepare in the failed
+                        # pipeline was skipped by the server, and would otherwise be "prepared"
+                        # only client-side.
+                        await conn.rollback()
+                    raise
+            if tx.committed and tx._topics and self.on_commit is not None:
+                self.on_commit(tx._topics)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[Reader]:
+        """Reads outside a command, each statement on its own."""
+        with translated_errors():
+            async with self.pool.connection() as conn:
+                yield Reader(conn)
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Reader]:
+        """Several reads that see one moment (``REPEATABLE READ, READ ONLY``)."""
+        with translated_errors():
+            async with self.pool.connection() as conn, conn.transaction():
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                yield Reader(conn)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection for the persistence functions that run a whole job of their own
+        (:func:`persistence.checkpoints.write_checkpoint`)."""
+        with translated_errors():
+            async with self.pool.connection() as conn:
+                yield conn
+
+    async def ping(self) -> None:
+        """Raise :class:`domain.errors.Unavailable` unless the database answers."""
+        async with self.read() as reader:
+            await reader.one("ping", {})
+
+
+class translated_errors:
+    """psycopg errors -> :mod:`domain.errors`, the one place where they are translated."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, psycopg.Error | PoolTimeout):
+            return
+        if isinstance(exc, errors.UniqueViolation):
+            constraint = exc.diag.constraint_name
+            raise Conflict(f"conflicts with an existing record ({constraint})", constraint=constraint) from exc
+        if isinstance(exc, errors.ForeignKeyViolation):
+            raise NotFound("a referenced resource does not exist") from exc
+        if isinstance(exc, errors.CheckViolation | errors.NotNullViolation | errors.InvalidTextRepresentation
+                      | errors.NumericValueOutOfRange | errors.StringDataRightTruncation):
+            raise InvalidRequest(f"rejected by the database: {exc.diag.message_primary}") from exc
+        if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected):
+            raise Conflict("the change raced with another; retry") from exc
+        if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+            raise Unavailable("the database is unavailable") from exc

@@ -1,4 +1,4 @@
-"""Applies row changes to PostgreSQL inside the caller's transaction (the live path).
+"""A command's writes, combined into as few statements as possible (the live write path).
 
 Statements are composed with ``psycopg.sql`` from the fixed table and column names of the
 projector (never from input) and cached per shape, so psycopg can prepare them.
@@ -9,11 +9,9 @@ one statement of data-modifying CTEs::
 
     WITH w0 AS (INSERT INTO events …), w1 AS (UPDATE worker_tasks …), … SELECT pg_notify(%s, %s)
 
-Inside :func:`persistence.transaction.transaction` the buffer belongs to the
-transaction's :class:`BufferedCursor`, which sends it before any other statement it (or any
-cursor or savepoint opened from its ``connection``) executes, COMMIT included: a read sees
-every earlier write of its transaction, and nothing is left unsent. On a plain cursor,
-:func:`apply` and :func:`persistence.event_log.append` send their writes at once.
+Each :class:`persistence.transaction.Transaction` owns one buffer and sends it before any other
+statement it runs (a read, a savepoint, COMMIT): a read sees every earlier write of its
+transaction, and nothing is left unsent.
 
 The sub-statements of one statement share a snapshot, cannot see each other's effects and run
 in no specified order, so a write starts a new statement (still in the same pipeline, in order)
@@ -28,11 +26,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, Self, cast
+from typing import Any
 
-from psycopg import AsyncConnection, AsyncCursor, sql
-from psycopg.abc import Params, Query
+from psycopg import AsyncCursor, sql
 
 from projections.rows import PRIMARY_KEYS, Insert, RowOp, Update, Upsert
 
@@ -257,135 +253,12 @@ class WriteBuffer:
         self._statements.clear()
 
     async def flush(self, cur: AsyncCursor[Any]) -> None:
-        """Send the queued writes on ``cur`` (pipelined: no round trip of their own)."""
+        """Send the queued writes on ``cur``, a cursor nobody reads from (in a pipeline they
+        need no round trip of their own)."""
         statements, self._statements = self._statements, []
         for statement in statements:
             shape = statement.shape()
             text = _statement_text.get(shape)
             if text is None:
                 text = _statement_text[shape] = statement.compose().as_bytes(cur)
-            await AsyncCursor.execute(cur, text, statement.params())
-
-
-class BufferedCursor(AsyncCursor[Any]):
-    """A transaction's cursor: queues writes in :attr:`writes` and sends them before anything
-    else it executes. Cursors and savepoints opened from its ``connection`` share the buffer.
-
-    The writes travel on a cursor of their own, never on the one about to read: in a pipeline,
-    psycopg may stop fetching between two commands ("no more results to fetch, but there may
-    still be pending commands"), and a cursor with two queued commands would then hand its
-    reader the first one's rows (the writes' ``SELECT 1``) instead of its own."""
-
-    __slots__ = ("writes", "_unread")
-
-    def __init__(self, connection: AsyncConnection[Any], writes: WriteBuffer | None = None) -> None:
-        super().__init__(connection)
-        self.writes = writes if writes is not None else WriteBuffer()
-        self._unread = 0  # commands executed on this cursor since its last fetch
-
-    async def execute(self, query: Any, params: Params | None = None, *,
-                      prepare: bool | None = None, binary: bool | None = None) -> Self:
-        if self.writes:
-            await self.writes.flush(AsyncCursor(self._conn))
-        await super().execute(query, params, prepare=prepare, binary=binary)
-        self._unread += 1
-        return self
-
-    def _reading(self) -> None:
-        """Refuse, where the mistake is made, to read from a cursor that has had two commands
-        queued in a pipeline since its last read: the rows could be the first one's."""
-        if self._unread > 1 and self._conn._pipeline is not None:
-            raise RuntimeError("this cursor ran another command since its last read, in a pipeline: "
-                               "run the read on a cursor of its own")
-        self._unread = 0
-
-    async def fetchone(self) -> Any:
-        self._reading()
-        return await super().fetchone()
-
-    async def fetchmany(self, size: int = 0) -> list[Any]:
-        self._reading()
-        return await super().fetchmany(size)
-
-    async def fetchall(self) -> list[Any]:
-        self._reading()
-        return await super().fetchall()
-
-    async def commit(self) -> None:
-        """Send the queued writes, then COMMIT (each on a cursor of its own: nobody reads them,
-        and this cursor's last command may be a write nobody fetched)."""
-        if self.writes:
-            await self.writes.flush(AsyncCursor(self._conn))
-        await AsyncCursor(self._conn).execute("COMMIT")
-
-    async def executemany(self, query: Query, params_seq: Iterable[Params], *, returning: bool = False) -> None:
-        if self.writes:
-            await self.writes.flush(AsyncCursor(self._conn))
-        await super().executemany(query, params_seq, returning=returning)
-
-    @property
-    def connection(self) -> AsyncConnection[Any]:
-        return cast(AsyncConnection[Any], _SharedBuffer(self._conn, self.writes))
-
-
-class _SharedBuffer:
-    """The connection as seen from a :class:`BufferedCursor`: what runs through it sends the
-    queued writes first; a savepoint sends them before it starts and before it is released,
-    and drops the ones queued inside it when it is rolled back."""
-
-    __slots__ = ("_conn", "_writes")
-
-    def __init__(self, conn: AsyncConnection[Any], writes: WriteBuffer) -> None:
-        self._conn, self._writes = conn, writes
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def cursor(self) -> BufferedCursor:
-        return BufferedCursor(self._conn, self._writes)
-
-    async def execute(self, query: Query, params: Params | None = None) -> BufferedCursor:
-        return await self.cursor().execute(query, params)
-
-    @asynccontextmanager
-    async def transaction(self, savepoint_name: str | None = None,
-                          force_rollback: bool = False) -> Any:
-        await self._send()
-        async with self._conn.transaction(savepoint_name, force_rollback) as tx:
-            try:
-                yield tx
-                await self._send()
-            except BaseException:
-                self._writes.clear()
-                raise
-
-    async def _send(self) -> None:
-        if self._writes:
-            await self._writes.flush(AsyncCursor(self._conn))
-
-
-def buffer_of(cur: AsyncCursor[Any]) -> WriteBuffer:
-    """The buffer to queue writes on: the transaction's, or a fresh one (send it with
-    :func:`send_unless_buffered`)."""
-    return cur.writes if isinstance(cur, BufferedCursor) else WriteBuffer()
-
-
-async def send_unless_buffered(cur: AsyncCursor[Any], writes: WriteBuffer) -> None:
-    """Send ``writes`` now unless they are the transaction's buffer (sent before its next read)."""
-    if not isinstance(cur, BufferedCursor):
-        await writes.flush(cur)
-
-
-async def write(cur: AsyncCursor[Any], table: str, query: str, params: dict[str, Any]) -> None:
-    """Run a data-modifying statement on ``table`` (see :meth:`WriteBuffer.statement`): queued on a
-    transaction's cursor, else sent now."""
-    writes = buffer_of(cur)
-    writes.statement(table, query, params)
-    await send_unless_buffered(cur, writes)
-
-
-async def apply(cur: AsyncCursor[Any], ops: Iterable[RowOp]) -> None:
-    """Apply ``ops`` in order: queued on a transaction's cursor, else sent now."""
-    writes = buffer_of(cur)
-    writes.ops(ops)
-    await send_unless_buffered(cur, writes)
+            await cur.execute(text, statement.params())

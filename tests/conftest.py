@@ -51,10 +51,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from cli.dev_ca import init_pki
 from cli.embedded import EmbeddedPostgres, redact_url, with_database
-from gateway.commands import Lifecycle, Registry
+from gateway.services import Services, build_services
 from gateway.tls import PkiPaths
 from migrations import runner as migrate
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from support.core import ManualClock, World
 from support.gateway import RunningGateway, running_gateway
 
@@ -368,10 +369,14 @@ async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool]:
 
 
 @pytest.fixture
-async def world(pool: AsyncConnectionPool, clock: ManualClock) -> World:
+def services(pool: AsyncConnectionPool, clock: ManualClock) -> Services:
+    """The service layer on this test's database, with the test's clock and a seeded random source."""
+    return build_services(Database(pool), clock=clock, rng=random.Random(7))
+
+
+@pytest.fixture
+async def world(services: Services, clock: ManualClock) -> World:
     """One organisation and scan, and factories for workers and tasks in any state."""
-    registry = Registry(pool, clock=clock)
-    lifecycle = Lifecycle(pool, clock=clock, rng=random.Random(7))
-    org = await registry.create_organization("acme")
-    scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
-    return World(registry, lifecycle, clock, org, scan)
+    org = await services.registry.create_organization("acme")
+    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    return World(services, clock, org, scan)

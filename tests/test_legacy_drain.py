@@ -25,8 +25,6 @@ import pytest
 from cli import legacy as legacy_cli
 from cli.main import main
 from domain.events import ProfileStep
-from gateway.commands.legacy import LegacyScans
-from gateway.commands.profiles import Profiles
 from support.core import World, assert_log_rebuilds_live
 
 redis = pytest.importorskip("redis")
@@ -76,7 +74,7 @@ async def drain(database_url: str, name: str, *extra: str) -> tuple[int, str, st
 
 
 async def _rows(world: World, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with world.lifecycle.pool.connection() as conn:
+    async with world.pool.connection() as conn:
         cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 
@@ -92,7 +90,7 @@ async def _gateway_scans(world: World) -> dict[str, tuple[Any, ...]]:
 
 async def test_draining_twice_creates_each_scan_once(world: World, database_url: str, queue: Any) -> None:
     client, name = queue
-    profile = await Profiles(world.lifecycle.pool).create(world.org, name="legacy-default",
+    profile = await world.services.profiles.create(world.org, name="legacy-default",
                                                           steps=(ProfileStep(task_type="discover"),))
     first = _message(world.org, "L-1")
     client.lpush(name, first, _message(world.org, 2, profile="legacy-default"),
@@ -148,10 +146,10 @@ async def test_a_crash_between_commit_and_removal_still_creates_the_scan_once(
 async def test_scans_already_running_in_either_mode_are_refused(world: World, database_url: str,
                                                                 queue: Any) -> None:
     client, name = queue
-    legacy = LegacyScans(world.lifecycle.pool)
-    running = await world.registry.create_scan(world.org, {}, execution_mode="legacy", legacy_scan_id="L-running")
+    legacy = world.services.legacy
+    running = await world.scans.create_scan(world.org, {}, execution_mode="legacy", legacy_scan_id="L-running")
     await legacy.record_status(running, "running")
-    pending = await world.registry.create_scan(world.org, {}, profile=(ProfileStep(task_type="discover"),),
+    pending = await world.scans.create_scan(world.org, {}, profile=(ProfileStep(task_type="discover"),),
                                                execution_mode="legacy", legacy_scan_id="L-pending")
     started = _message(world.org, "L-started")
     client.lpush(name, started)

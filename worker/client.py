@@ -7,7 +7,7 @@ result batches by their idempotency key, the other writes by design):
   failure, timeout, connection closed before the answer), ``5xx``, ``408``, and ``429`` (not
   before its ``Retry-After``);
 * **final**, raised at once: every other ``4xx``. On an attempt, ``409 task-cancelled`` is
-  :class:`TaskCancelled`; ``409 lease-lost``/``deadline-exceeded``, ``404`` (unknown attempt),
+  :class:`TaskWasCancelled`; ``409 lease-lost``/``deadline-exceeded``, ``404`` (unknown attempt),
   ``401`` and ``403`` (worker revoked) are :class:`LeaseLost`; anything else is :class:`Rejected`.
 
 A caller bounds retrying with ``retry_while`` (e.g. "while my lease can still be alive") and
@@ -52,7 +52,7 @@ __all__ = [
     "Rejected",
     "RenewAnswer",
     "Stopped",
-    "TaskCancelled",
+    "TaskWasCancelled",
     "client_ssl_context",
 ]
 
@@ -91,7 +91,7 @@ class LeaseLost(Rejected):
     or the worker was revoked): stop and discard, nothing more can be written for it."""
 
 
-class TaskCancelled(Rejected):
+class TaskWasCancelled(Rejected):
     """The task is being cancelled: stop the plugin and acknowledge."""
 
 
@@ -390,7 +390,7 @@ def _rejection(status: int, body: Any, *, attempt_write: bool) -> Rejected:
         detail = str(body.get("detail") or body.get("title") or detail)
     if attempt_write:
         if status == 409 and code in _CANCELLED_CODES:
-            return TaskCancelled(status, code, detail)
+            return TaskWasCancelled(status, code, detail)
         if (status == 409 and code in _LOST_CODES) or status in (401, 403, 404):
             return LeaseLost(status, code, detail)
     return Rejected(status, code, detail)

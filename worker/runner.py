@@ -55,7 +55,7 @@ from worker.client import (
     LeaseInfo,
     LeaseLost,
     Rejected,
-    TaskCancelled,
+    TaskWasCancelled,
 )
 from worker.plugin import (
     EXIT_BAD_INPUT,
@@ -229,7 +229,7 @@ class TaskRunner:
     async def _complete(self, batcher: Batcher) -> str:
         try:
             await self.client.complete(self.attempt, retry_while=self.lease_alive)
-        except TaskCancelled:
+        except TaskWasCancelled:
             return await self._acknowledge_cancel("cancelled before completion")
         except GatewayError as exc:
             return self._lost(f"complete failed: {exc}")
@@ -299,7 +299,7 @@ class TaskRunner:
                 if batch.final:
                     self._final_acked.set()
                     return
-        except TaskCancelled as exc:
+        except TaskWasCancelled as exc:
             self._end(Ending("cancelled", f"the Gateway refused a write: {exc.detail}"))
         except LeaseLost as exc:
             self._end(Ending("lost", exc.detail))
@@ -318,7 +318,7 @@ class TaskRunner:
             sent = time.monotonic()
             try:
                 answer = await self.client.renew(self.attempt, retry_while=self.lease_alive)
-            except TaskCancelled as exc:
+            except TaskWasCancelled as exc:
                 self._end(Ending("cancelled", f"renewal refused: {exc.detail}"))
                 return
             except LeaseLost as exc:
@@ -372,7 +372,7 @@ class TaskRunner:
         self.status.task_phase(self.attempt.attempt_id, "failing")
         try:
             await self.client.fail(self.attempt, error=error, retryable=retryable, retry_while=self.lease_alive)
-        except TaskCancelled:
+        except TaskWasCancelled:
             return await self._acknowledge_cancel("cancelled while failing")
         except GatewayError as exc:
             return self._lost(f"fail could not be reported: {exc}")

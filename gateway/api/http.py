@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
-from gateway.keys import REQUEST_ID, WORKER_FINGERPRINT
+from gateway.keys import OBSERVE_REQUEST, REQUEST_ID, WORKER_FINGERPRINT
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -28,10 +28,6 @@ Auth = Literal["worker", "operator", "none"]
 M = TypeVar("M", bound=BaseModel)
 
 PROBLEM_TYPE = "https://leasehold.dev/problems/"
-
-#: Called once per request with (method, route template, status, seconds): metrics hook.
-ObserveRequest = Callable[[str, str, int, float], None]
-OBSERVE_REQUEST: web.AppKey[ObserveRequest] = web.AppKey("observe_request")
 
 
 @dataclass(frozen=True)

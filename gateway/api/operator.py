@@ -24,8 +24,6 @@ from typing import Any
 from uuid import UUID
 
 from aiohttp import web
-from eventsourcing.persistence import StoredEvent
-from psycopg import AsyncConnection
 
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
@@ -78,15 +76,14 @@ from gateway.api.operator_models import (
     WorkerPage,
     redact,
 )
-from gateway.auth import Operator, operator_identity
-from gateway.commands.legacy import LegacyScans
+from gateway.auth import operator_identity
 from gateway.commands.lifecycle import TaskSpec
-from gateway.commands.profiles import Profiles
-from gateway.commands.schedules import Schedules
-from gateway.keys import LIFECYCLE, POOL, REGISTRY
-from persistence.codec import MAPPER
-from persistence.queries import QUERIES
+from gateway.identity import Operator
+from gateway.keys import SERVICES
+from gateway.services import Services
+from persistence.event_log import decode_event
 from persistence.task_rows import task_from_row
+from persistence.transaction import Reader
 
 routes = RouteTable()
 TAGS = ("operator",)
@@ -106,6 +103,10 @@ def _links(parameter: str, *operation_ids: str) -> dict[str, dict[str, Any]]:
 # --- reading (no transactions of their own that write; every read checks visibility) --------
 
 
+def _services(request: web.Request) -> Services:
+    return request.app[SERVICES]
+
+
 def _path_id(request: web.Request, name: str, what: str) -> UUID:
     try:
         return UUID(request.match_info[name])
@@ -120,63 +121,54 @@ def _see_organization(operator: Operator, organization_id: UUID) -> None:
 
 async def _organization(request: web.Request, operator: Operator, organization_id: UUID) -> Organization:
     _see_organization(operator, organization_id)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["organization_get"], {"organization_id": organization_id})
-        row = await cur.fetchone()
+    async with _services(request).db.read() as reader:
+        row = await reader.one("organization_get", {"organization_id": organization_id})
     if row is None:
         raise NotFound("no such organisation", organization_id=str(organization_id))
     return Organization.of(row)
 
 
-async def _workers(conn: AsyncConnection[Any], operator: Operator, rows: list[Any]) -> list[Worker]:
-    cur = await conn.execute(QUERIES["assignments_of_workers"], {
-        "worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id})
+async def _workers(reader: Reader, operator: Operator, rows: list[Any]) -> list[Worker]:
     assignments: dict[UUID, list[AssignmentView]] = {}
-    for a in await cur.fetchall():
+    for a in await reader.all("assignments_of_workers", {"worker_ids": [r[0] for r in rows],
+                                                         "organization_id": operator.organization_id}):
         assignments.setdefault(a[0], []).append(AssignmentView.of(a))
     return [Worker.of(r, assignments.get(r[0], [])) for r in rows]
 
 
 async def _worker(request: web.Request, operator: Operator, worker_id: UUID) -> Worker:
     """The worker as ``operator`` may see it; 404 when it does not exist or is not theirs."""
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["worker_get"], {"worker_id": worker_id,
-                                                         "organization_id": operator.organization_id})
-        row = await cur.fetchone()
+    async with _services(request).db.read() as reader:
+        row = await reader.one("worker_get", {"worker_id": worker_id, "organization_id": operator.organization_id})
         if row is None:
             raise NotFound("no such worker", worker_id=str(worker_id))
-        (worker,) = await _workers(conn, operator, [row])
+        (worker,) = await _workers(reader, operator, [row])
     return worker
 
 
 async def _scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["scan_get"], {"scan_id": scan_id})
-        row = await cur.fetchone()
+    async with _services(request).db.read() as reader:
+        row = await reader.one("scan_get", {"scan_id": scan_id})
     if row is None or not operator.can_see(row[1]):
         raise NotFound("no such scan", scan_id=str(scan_id))
     return Scan.of(row)
 
 
 async def _see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["task_organization"], {"task_id": task_id})
-        row = await cur.fetchone()
+    async with _services(request).db.read() as reader:
+        row = await reader.one("task_organization", {"task_id": task_id})
     if row is None or not operator.can_see(row[0]):
         raise NotFound("no such task", task_id=str(task_id))
 
 
 async def _task(request: web.Request, operator: Operator, task_id: UUID) -> Task:
     """The task with every attempt, read in one snapshot."""
-    async with request.app[POOL].connection() as conn, conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        cur = await conn.execute(QUERIES["task_get"], {"task_id": task_id})
-        row = await cur.fetchone()
+    async with _services(request).db.snapshot() as reader:
+        row = await reader.one("task_get", {"task_id": task_id})
         if row is None or not operator.can_see(row[5]):
             raise NotFound("no such task", task_id=str(task_id))
         task, _ = task_from_row(row)
-        cur = await conn.execute(QUERIES["attempts_of_task"], {"task_id": task_id})
-        attempts = [Attempt.from_row(a) for a in await cur.fetchall()]
+        attempts = [Attempt.from_row(a) for a in await reader.all("attempts_of_task", {"task_id": task_id})]
     return Task.of(task, attempts)
 
 
@@ -193,7 +185,7 @@ async def create_organization(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     operator.require_admin()
     body = await read_json(request, CreateOrganization)
-    org_id = await request.app[REGISTRY].create_organization(body.name, actor=operator.actor)
+    org_id = await _services(request).registry.create_organization(body.name, actor=operator.actor)
     return ok(await _organization(request, operator, org_id), status=201)
 
 
@@ -202,10 +194,9 @@ async def create_organization(request: web.Request) -> web.StreamResponse:
 async def list_organizations(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     page = read_query(request, PageQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["organizations_page"], {
-            "after": page.after, "visible_to": operator.organization_id, "limit": page.limit + 1})
-        items = [Organization.of(r) for r in await cur.fetchall()]
+    async with _services(request).db.read() as reader:
+        items = [Organization.of(r) for r in await reader.all("organizations_page", {
+            "after": page.after, "visible_to": operator.organization_id, "limit": page.limit + 1})]
     return ok(OrganizationPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
 
 
@@ -226,7 +217,7 @@ async def create_organization_key(request: web.Request) -> web.StreamResponse:
     await _organization(request, operator, org_id)
     operator.require_admin()
     body = await read_json(request, CreateApiKey)
-    issued = await request.app[REGISTRY].create_api_key(organization_id=org_id, name=body.name)
+    issued = await _services(request).registry.create_api_key(organization_id=org_id, name=body.name)
     return ok(ApiKeyCreated(id=issued.id, name=issued.name, organization_id=issued.organization_id,
                             key=issued.key), status=201)
 
@@ -240,7 +231,7 @@ async def register_worker(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     operator.require_admin()
     body = await read_json(request, RegisterWorker)
-    worker_id = await request.app[REGISTRY].register_worker(
+    worker_id = await _services(request).registry.register_worker(
         name=body.name, fingerprint=body.fingerprint, capabilities=tuple(body.capabilities),
         task_types=tuple(body.task_types), max_concurrent_tasks=body.max_concurrent_tasks, actor=operator.actor)
     return ok(await _worker(request, operator, worker_id), status=201)
@@ -251,11 +242,10 @@ async def register_worker(request: web.Request) -> web.StreamResponse:
 async def list_workers(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     page = read_query(request, PageQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["workers_page"], {
+    async with _services(request).db.read() as reader:
+        rows = await reader.all("workers_page", {
             "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1})
-        rows = await cur.fetchall()
-        items = await _workers(conn, operator, rows) if rows else []
+        items = await _workers(reader, operator, rows) if rows else []
     return ok(WorkerPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
 
 
@@ -273,7 +263,7 @@ async def update_worker(request: web.Request) -> web.StreamResponse:
     await _worker(request, operator, worker_id)
     operator.require_admin()
     body = await read_json(request, UpdateWorker)
-    await request.app[REGISTRY].update_worker(
+    await _services(request).registry.update_worker(
         worker_id, capabilities=None if body.capabilities is None else tuple(body.capabilities),
         task_types=None if body.task_types is None else tuple(body.task_types),
         max_concurrent_tasks=body.max_concurrent_tasks, actor=operator.actor)
@@ -285,7 +275,7 @@ async def _set_enabled(request: web.Request, enabled: bool) -> web.StreamRespons
     worker_id = _path_id(request, "worker_id", "worker")
     await _worker(request, operator, worker_id)
     operator.require_admin()
-    await request.app[REGISTRY].set_worker_enabled(worker_id, enabled, actor=operator.actor)
+    await _services(request).registry.set_worker_enabled(worker_id, enabled, actor=operator.actor)
     return ok(await _worker(request, operator, worker_id))
 
 
@@ -311,8 +301,8 @@ async def revoke_worker(request: web.Request) -> web.StreamResponse:
     await _worker(request, operator, worker_id)
     operator.require_admin()
     body = await read_json(request, RevokeWorker)
-    await request.app[REGISTRY].revoke_worker(worker_id, reason=body.reason, actor=operator.actor)
-    cancelled = await request.app[LIFECYCLE].cancel_worker_attempts(
+    await _services(request).registry.revoke_worker(worker_id, reason=body.reason, actor=operator.actor)
+    cancelled = await _services(request).lifecycle.cancel_worker_attempts(
         worker_id, reason=f"worker revoked: {body.reason}", actor=operator.actor)
     return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
 
@@ -330,7 +320,7 @@ async def add_assignment(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, AddAssignment)
     _see_organization(operator, body.organization_id)
     operator.require_admin()
-    await request.app[REGISTRY].assign_worker(worker_id, body.organization_id, actor=operator.actor)
+    await _services(request).registry.assign_worker(worker_id, body.organization_id, actor=operator.actor)
     return ok(await _worker(request, operator, worker_id))
 
 
@@ -351,10 +341,10 @@ async def _assignment_ids(request: web.Request) -> tuple[Operator, UUID, UUID]:
 async def remove_assignment(request: web.Request) -> web.StreamResponse:
     operator, worker_id, org_id = await _assignment_ids(request)
     options = read_query(request, RemoveAssignmentQuery)
-    await request.app[REGISTRY].end_assignment(worker_id, org_id, revoke=False, actor=operator.actor)
+    await _services(request).registry.end_assignment(worker_id, org_id, revoke=False, actor=operator.actor)
     cancelled: list[UUID] = []
     if not options.finish_active:
-        cancelled = await request.app[LIFECYCLE].cancel_worker_attempts(
+        cancelled = await _services(request).lifecycle.cancel_worker_attempts(
             worker_id, organization_id=org_id, reason=f"worker removed from organisation {org_id}",
             actor=operator.actor)
     return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
@@ -367,8 +357,8 @@ async def remove_assignment(request: web.Request) -> web.StreamResponse:
 async def revoke_assignment(request: web.Request) -> web.StreamResponse:
     operator, worker_id, org_id = await _assignment_ids(request)
     body = await read_json(request, RevokeAssignment)
-    await request.app[REGISTRY].end_assignment(worker_id, org_id, revoke=True, actor=operator.actor)
-    cancelled = await request.app[LIFECYCLE].cancel_worker_attempts(
+    await _services(request).registry.end_assignment(worker_id, org_id, revoke=True, actor=operator.actor)
+    cancelled = await _services(request).lifecycle.cancel_worker_attempts(
         worker_id, organization_id=org_id, reason=f"assignment revoked: {body.reason}", actor=operator.actor)
     return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
 
@@ -386,7 +376,7 @@ async def create_scan(request: web.Request) -> web.StreamResponse:
     if org_id is None:
         raise InvalidRequest("organization_id is required with an administrator key")
     _see_organization(operator, org_id)
-    scan_id = await request.app[REGISTRY].create_scan(
+    scan_id = await _services(request).scans.create_scan(
         org_id, body.targets, profile=() if isinstance(body.profile, str) else _steps(body.profile),
         profile_name=body.profile if isinstance(body.profile, str) else None,
         legacy_scan_id=body.legacy_scan_id, actor=operator.actor)
@@ -407,7 +397,7 @@ async def create_task(request: web.Request) -> web.StreamResponse:
     scan_id = _path_id(request, "scan_id", "scan")
     await _scan(request, operator, scan_id)
     body = await read_json(request, CreateTask)
-    task = await request.app[LIFECYCLE].create_task(scan_id, TaskSpec(
+    task = await _services(request).lifecycle.create_task(scan_id, TaskSpec(
         task_type=body.task_type, plugin=body.plugin, required_capabilities=tuple(body.required_capabilities),
         priority=body.priority, scope=body.scope, parameters=body.parameters, max_attempts=body.max_attempts,
         lease_seconds=body.lease_seconds, execution_timeout_seconds=body.execution_timeout_seconds),
@@ -423,16 +413,15 @@ async def cancel_scan(request: web.Request) -> web.StreamResponse:
     scan_id = _path_id(request, "scan_id", "scan")
     await _scan(request, operator, scan_id)
     body = await read_json(request, CancelScan)
-    tasks = await request.app[LIFECYCLE].cancel_scan(scan_id, reason=body.reason, actor=operator.actor)
+    tasks = await _services(request).scans.cancel_scan(scan_id, reason=body.reason, actor=operator.actor)
     return ok(ScanCancellation(scan_id=scan_id, tasks=[{"id": str(t.id), "state": t.state} for t in tasks]))
 
 
 async def _findings(request: web.Request, query_name: str, **params: Any) -> list[Any]:
     """Rows of a findings query (assets, threats), limited by the request's ``?limit=``."""
     query = read_query(request, FindingsQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES[query_name], {**params, "limit": query.limit})
-        return list(await cur.fetchall())
+    async with _services(request).db.read() as reader:
+        return await reader.all(query_name, {**params, "limit": query.limit})
 
 
 @routes.route("GET", "/v1/scans/{scan_id}/assets", summary="The assets a scan found", auth="operator",
@@ -480,7 +469,7 @@ async def cancel_task(request: web.Request) -> web.StreamResponse:
     task_id = _path_id(request, "task_id", "task")
     await _see_task(request, operator, task_id)
     body = await read_json(request, CancelTask)
-    await request.app[LIFECYCLE].request_cancel(task_id, reason=body.reason, actor=operator.actor)
+    await _services(request).lifecycle.request_cancel(task_id, reason=body.reason, actor=operator.actor)
     return ok(await _task(request, operator, task_id))
 
 
@@ -491,14 +480,12 @@ async def task_events(request: web.Request) -> web.StreamResponse:
     task_id = _path_id(request, "task_id", "task")
     await _see_task(request, operator, task_id)
     page = read_query(request, EventsQuery)
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["events_of_stream"], {
+    async with _services(request).db.read() as reader:
+        rows = await reader.all("events_of_stream", {
             "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
-        rows = await cur.fetchall()
     items = []
     for originator_id, version, topic, state, recorded_at in rows[:page.limit]:
-        event = MAPPER.to_domain_event(StoredEvent(originator_id=originator_id, originator_version=version,
-                                                   topic=topic, state=bytes(state)))
+        event = decode_event(originator_id, version, topic, bytes(state))
         items.append(Event(version=version, type=type(event).__name__, topic=topic, recorded_at=recorded_at,
                            occurred_at=event.timestamp, actor=event.actor,
                            payload=redact(event.model_dump(mode="json", exclude=_EVENT_POSITION))))
@@ -512,7 +499,7 @@ SCHEDULE_PATH = "/v1/schedules/{schedule_id}"
 
 
 async def _schedule(request: web.Request, operator: Operator, schedule_id: UUID) -> Schedule:
-    row = await Schedules(request.app[POOL]).get(schedule_id, organization_id=operator.organization_id)
+    row = await _services(request).schedules.get(schedule_id, organization_id=operator.organization_id)
     return Schedule(**row)
 
 
@@ -532,7 +519,7 @@ async def create_schedule(request: web.Request) -> web.StreamResponse:
                            max_attempts=step.max_attempts, priority=step.priority,
                            stop_on_failure=step.stop_on_failure, lease_seconds=step.lease_seconds)
                for step in body.profile]
-    schedule_id = await Schedules(request.app[POOL]).create(
+    schedule_id = await _services(request).schedules.create(
         org_id, name=body.name, targets=body.targets, profile=profile, cron=body.cron,
         interval_seconds=body.interval_seconds, timezone=body.timezone, misfire_policy=body.misfire_policy,
         actor=operator.actor)
@@ -543,7 +530,7 @@ async def create_schedule(request: web.Request) -> web.StreamResponse:
               response=SchedulePage, tags=TAGS)
 async def list_schedules(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    rows = await Schedules(request.app[POOL]).list(organization_id=operator.organization_id)
+    rows = await _services(request).schedules.list(organization_id=operator.organization_id)
     return ok(SchedulePage(items=[Schedule(**row) for row in rows]))
 
 
@@ -559,7 +546,7 @@ async def get_schedule(request: web.Request) -> web.StreamResponse:
 async def delete_schedule(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     schedule_id = _path_id(request, "schedule_id", "schedule")
-    await Schedules(request.app[POOL]).delete(schedule_id, organization_id=operator.organization_id,
+    await _services(request).schedules.delete(schedule_id, organization_id=operator.organization_id,
                                               actor=operator.actor)
     return ok(ScheduleDeletion(schedule_id=schedule_id))
 
@@ -567,7 +554,7 @@ async def delete_schedule(request: web.Request) -> web.StreamResponse:
 async def _set_schedule_enabled(request: web.Request, enabled: bool) -> web.StreamResponse:
     operator = await operator_identity(request)
     schedule_id = _path_id(request, "schedule_id", "schedule")
-    schedules = Schedules(request.app[POOL])
+    schedules = _services(request).schedules
     if enabled:
         await schedules.resume(schedule_id, organization_id=operator.organization_id, actor=operator.actor)
     else:
@@ -592,7 +579,7 @@ async def resume_schedule(request: web.Request) -> web.StreamResponse:
 async def run_schedule_now(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     schedule_id = _path_id(request, "schedule_id", "schedule")
-    scan_id = await Schedules(request.app[POOL]).run_now(schedule_id, organization_id=operator.organization_id,
+    scan_id = await _services(request).schedules.run_now(schedule_id, organization_id=operator.organization_id,
                                                          actor=operator.actor)
     return ok(ScheduleRun(schedule_id=schedule_id, scan_id=scan_id), status=201)
 
@@ -615,7 +602,7 @@ def _steps(steps: Sequence[ProfileStepBody]) -> tuple[ProfileStep, ...]:
 
 
 async def _profile(request: web.Request, operator: Operator, profile_id: UUID) -> StoredProfile:
-    row = await Profiles(request.app[POOL]).get(profile_id, visible_to=operator.organization_id)
+    row = await _services(request).profiles.get(profile_id, visible_to=operator.organization_id)
     return StoredProfile.of(row)
 
 
@@ -644,7 +631,7 @@ async def create_profile(request: web.Request) -> web.StreamResponse:
         if owner is None:
             raise InvalidRequest("organization_id is required with an administrator key (or scope: global)")
         _see_organization(operator, owner)
-    profile_id = await Profiles(request.app[POOL]).create(
+    profile_id = await _services(request).profiles.create(
         owner, name=body.name, steps=_steps(body.steps), gateway_execution=body.gateway_execution,
         actor=operator.actor)
     return ok(await _profile(request, operator, profile_id), status=201)
@@ -654,7 +641,7 @@ async def create_profile(request: web.Request) -> web.StreamResponse:
               auth="operator", response=StoredProfilePage, tags=TAGS)
 async def list_profiles(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    rows = await Profiles(request.app[POOL]).list(visible_to=operator.organization_id)
+    rows = await _services(request).profiles.list(visible_to=operator.organization_id)
     return ok(StoredProfilePage(items=[StoredProfile.of(row) for row in rows]))
 
 
@@ -671,7 +658,7 @@ async def get_profile(request: web.Request) -> web.StreamResponse:
 async def replace_profile(request: web.Request) -> web.StreamResponse:
     operator, profile_id = await _changeable_profile(request)
     body = await read_json(request, ReplaceProfile)
-    await Profiles(request.app[POOL]).replace(profile_id, _steps(body.steps), owner=operator.organization_id,
+    await _services(request).profiles.replace(profile_id, _steps(body.steps), owner=operator.organization_id,
                                               actor=operator.actor)
     return ok(await _profile(request, operator, profile_id))
 
@@ -682,7 +669,7 @@ async def replace_profile(request: web.Request) -> web.StreamResponse:
 async def set_profile_gateway_execution(request: web.Request) -> web.StreamResponse:
     operator, profile_id = await _changeable_profile(request)
     body = await read_json(request, GatewayExecution)
-    await Profiles(request.app[POOL]).set_gateway_execution(profile_id, body.enabled, owner=operator.organization_id,
+    await _services(request).profiles.set_gateway_execution(profile_id, body.enabled, owner=operator.organization_id,
                                                             actor=operator.actor)
     return ok(await _profile(request, operator, profile_id))
 
@@ -691,7 +678,7 @@ async def set_profile_gateway_execution(request: web.Request) -> web.StreamRespo
               auth="operator", response=ProfileDeletion, tags=TAGS)
 async def delete_profile(request: web.Request) -> web.StreamResponse:
     operator, profile_id = await _changeable_profile(request)
-    await Profiles(request.app[POOL]).delete(profile_id, owner=operator.organization_id, actor=operator.actor)
+    await _services(request).profiles.delete(profile_id, owner=operator.organization_id, actor=operator.actor)
     return ok(ProfileDeletion(profile_id=profile_id))
 
 
@@ -705,7 +692,7 @@ async def set_organization_gateway_execution(request: web.Request) -> web.Stream
     await _organization(request, operator, org_id)
     operator.require_admin()
     body = await read_json(request, GatewayExecution)
-    await request.app[REGISTRY].set_gateway_execution(org_id, body.enabled, actor=operator.actor)
+    await _services(request).registry.set_gateway_execution(org_id, body.enabled, actor=operator.actor)
     return ok(await _organization(request, operator, org_id))
 
 
@@ -717,5 +704,5 @@ async def record_legacy_status(request: web.Request) -> web.StreamResponse:
     scan_id = _path_id(request, "scan_id", "scan")
     await _scan(request, operator, scan_id)
     body = await read_json(request, LegacyStatus)
-    await LegacyScans(request.app[POOL]).record_status(scan_id, body.status, actor=operator.actor)
+    await _services(request).legacy.record_status(scan_id, body.status, actor=operator.actor)
     return ok(await _scan(request, operator, scan_id))

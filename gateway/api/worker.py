@@ -31,11 +31,11 @@ from gateway.api.worker_models import (
     TaskView,
     WorkerWriteRequest,
 )
-from gateway.auth import WorkerIdentity, worker_identity
-from gateway.background import notify
+from gateway.auth import worker_identity
+from gateway.commands import wakeups
 from gateway.commands.lifecycle import Acquired
-from gateway.keys import LIFECYCLE, NOTIFIER, POOL, SETTINGS
-from persistence.queries import QUERIES
+from gateway.identity import WorkerIdentity
+from gateway.keys import NOTIFIER, SERVICES, SETTINGS
 
 routes = RouteTable()
 B = TypeVar("B", bound=WorkerWriteRequest)
@@ -56,10 +56,9 @@ def _lease(a: Acquired) -> Lease:
 
 
 async def _topics(request: web.Request, worker_id: UUID) -> list[str]:
-    async with request.app[POOL].connection() as conn:
-        cur = await conn.execute(QUERIES["worker_organizations"], {"worker_id": worker_id})
-        orgs = [r[0] for r in await cur.fetchall()]
-    return [notify.available(o) for o in orgs] + [notify.cancel(worker_id)]
+    """What wakes the worker's long-poll: work for one of its organisations, or a cancel for it."""
+    organizations = await request.app[SERVICES].registry.worker_organizations(worker_id)
+    return [wakeups.available(o) for o in organizations] + [wakeups.cancel(worker_id)]
 
 
 #: What a lease lets the worker do next: the attempt's ids and its token come from the answer.
@@ -77,7 +76,7 @@ LEASE_LINKS = {
 async def acquire(request: web.Request) -> web.StreamResponse:
     worker = await worker_identity(request)
     body = await read_json(request, AcquireRequest)
-    lifecycle, settings = request.app[LIFECYCLE], request.app[SETTINGS]
+    lifecycle, settings = request.app[SERVICES].lifecycle, request.app[SETTINGS]
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     topics: list[str] | None = None
     known = set(body.known_cancels)
@@ -133,7 +132,7 @@ async def _attempt_write(request: web.Request, model: type[B]) -> AttemptWrite[B
               auth="worker", request=WorkerWriteRequest, response=RenewResponse, tags=("worker",))
 async def renew(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    renewed = await request.app[LIFECYCLE].renew(*w.args(), **w.caller())
+    renewed = await request.app[SERVICES].lifecycle.renew(*w.args(), **w.caller())
     status = TaskStatus.of(renewed.task)
     assert renewed.task.current_attempt is not None
     return ok(RenewResponse(task=status.task, attempt=status.attempt,
@@ -145,7 +144,7 @@ async def renew(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def progress(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[LIFECYCLE].mark_running(*w.args(), **w.caller())))
+    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.mark_running(*w.args(), **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/results", summary="Submit a result batch (idempotent by key)",
@@ -153,7 +152,7 @@ async def progress(request: web.Request) -> web.StreamResponse:
 async def results(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, ResultBatchRequest)
     body = w.body
-    ack = await request.app[LIFECYCLE].submit_batch(
+    ack = await request.app[SERVICES].lifecycle.submit_batch(
         *w.args(), sequence_number=body.sequence_number, idempotency_key=body.idempotency_key,
         payload_sha256=body.payload_sha256, records=body.payload, final=body.final, **w.caller())
     status = TaskStatus.of(ack.task)
@@ -168,14 +167,14 @@ async def results(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def complete(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[LIFECYCLE].complete(*w.args(), **w.caller())))
+    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.complete(*w.args(), **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",
               auth="worker", request=FailRequest, response=TaskStatus, tags=("worker",))
 async def fail(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, FailRequest)
-    task = await request.app[LIFECYCLE].fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
+    task = await request.app[SERVICES].lifecycle.fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
                                              **w.caller())
     return ok(TaskStatus.of(task))
 
@@ -184,4 +183,4 @@ async def fail(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def cancel_ack(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[LIFECYCLE].acknowledge_cancel(*w.args(), **w.caller())))
+    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.acknowledge_cancel(*w.args(), **w.caller())))

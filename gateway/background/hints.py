@@ -6,10 +6,9 @@ an organisation, a worker's task is to be cancelled) is also published on the Re
 waiters exactly as a NOTIFY would. A hint is only a hint: a woken waiter re-runs its acquire
 query, so a late, lost, duplicated or spurious hint costs one query at most.
 
-Redis is never on a request's path. :func:`gateway.background.notify.send` also records its topic on the
-connection (a :class:`HintingConnection`); the pool's ``reset`` hook (:meth:`Hints.reset`) takes
-them when the connection comes back to the pool, after COMMIT (or after a rollback: then the
-hint is spurious, and harmless), and a background task publishes them with a short timeout.
+Redis is never on a request's path. The database's ``on_commit`` hook
+(:class:`persistence.transaction.Database`) hands :meth:`Hints.publish` the topics of each
+committed transaction, and a background task publishes them with a short timeout.
 When Redis is down or absent nothing fails and nothing waits: hints are dropped, the outage is
 logged once (not per request), both sides reconnect with backoff, and NOTIFY plus the bounded
 poll still deliver every wake-up.
@@ -21,10 +20,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
 from urllib.parse import urlsplit
 
-import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
 from redis.backoff import NoBackoff
@@ -35,14 +32,6 @@ log = logging.getLogger("leasehold.hints")
 CHANNEL = "leasehold:hints"
 #: Largest hint message accepted from the channel (topics are ~50 bytes each).
 MAX_MESSAGE_BYTES = 1 << 20
-
-
-class HintingConnection(psycopg.AsyncConnection[Any]):
-    """A pool connection that remembers the topics its current transaction NOTIFYs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pending_hints: list[str] = []
 
 
 class Hints:
@@ -94,13 +83,6 @@ class Hints:
             self._queue.put_nowait(batch)
         except asyncio.QueueFull:
             self.dropped.inc(len(batch))
-
-    async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """The pool's ``reset`` hook: hand over what the connection's transaction NOTIFYed."""
-        pending: list[str] | None = getattr(conn, "pending_hints", None)
-        if pending:
-            self.publish(pending)
-            pending.clear()
 
     def _take_queued(self, first: list[str]) -> set[str]:
         topics = set(first)

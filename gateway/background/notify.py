@@ -1,7 +1,7 @@
 """Long-poll wake-ups: PostgreSQL LISTEN/NOTIFY, with a bounded poll as the safety net.
 
 Commands that make work available (a new task) or ask a worker to stop (a cancel) send
-``pg_notify('leasehold', …)`` inside their transaction, so the notification is delivered only
+``pg_notify('leasehold', topic)`` inside their transaction (:mod:`gateway.commands.wakeups`), so the notification is delivered only
 if, and when, the change commits — to every Gateway process and replica listening. Each process
 keeps one listening connection; waiting acquires wait on :class:`Notifier` with a timeout, so a
 lost notification (or a lost connection) costs at most one poll interval, never correctness.
@@ -16,25 +16,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import psycopg
-from psycopg import sql
-
-from persistence import writes as sql_writes
+from persistence.listening import listening
 
 log = logging.getLogger("leasehold.notify")
-
-CHANNEL = "leasehold"
-
-
-def available(organization_id: object) -> str:
-    return f"available:{organization_id}"
-
-
-def cancel(worker_id: object) -> str:
-    return f"cancel:{worker_id}"
-
 
 class Notifier:
     """Fans notifications out to waiters in this process."""
@@ -68,9 +53,7 @@ class Notifier:
         lost = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True,
-                                                                 connect_timeout=5) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+                async with listening(self.url) as payloads:
                     self.connected.set()
                     backoff = 0.2
                     if lost:
@@ -81,9 +64,9 @@ class Notifier:
                             await self._run_on_reconnect()
                     # A reconnect may have missed notifications: wake everyone to re-check.
                     self._wake_all()
-                    async for note in conn.notifies():
+                    async for payload in payloads:
                         self.received += 1
-                        self.dispatch(note.payload)
+                        self.dispatch(payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database went away: poll covers until we are back
@@ -132,17 +115,3 @@ class Notifier:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[topic]
-
-
-async def send(cur: Any, payload: str) -> None:
-    """Queue a notification in the current transaction (delivered at commit): on the
-    transaction's cursor it joins the buffered writes (:mod:`persistence.writes`), elsewhere it is
-    sent at once. On a connection that carries Redis hints
-    (:class:`gateway.background.hints.HintingConnection`), the topic is also kept for the hint published
-    once the connection is back in its pool."""
-    writes = sql_writes.buffer_of(cur)
-    writes.notify(CHANNEL, payload)
-    await sql_writes.send_unless_buffered(cur, writes)
-    pending = getattr(cur.connection, "pending_hints", None)
-    if pending is not None:
-        pending.append(payload)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.background.loops import every
-from gateway.commands import Lifecycle
+from gateway.commands.lifecycle import Lifecycle
 
 
 async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:

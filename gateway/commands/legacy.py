@@ -26,17 +26,14 @@ from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID, uuid4
 
-from psycopg_pool import AsyncConnectionPool
-
 from domain import scan as scan_rules
 from domain.errors import Conflict, NotFound
 from domain.events import ScanStatus
 from domain.legacy import LegacyMessage
 from domain.profiles import LegacyExecuted
-from gateway.commands.modes import open_scan
-from persistence.event_log import StreamHead, append
-from persistence.queries import QUERIES
-from persistence.transaction import Clock, system_clock, transaction
+from gateway.commands.scans import open_scan
+from persistence.event_log import StreamHead
+from persistence.transaction import Clock, Database, one, system_clock
 
 DRAIN_ACTOR = "legacy-drain"
 
@@ -62,26 +59,21 @@ class _RolledBack(Exception):
 
 
 class LegacyScans:
-    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+    def __init__(self, db: Database, *, clock: Clock = system_clock,
                  new_id: Callable[[], UUID] = uuid4) -> None:
-        self.pool, self.clock, self.new_id = pool, clock, new_id
+        self.db, self.clock, self.new_id = db, clock, new_id
 
     async def record_status(self, scan_id: UUID, status: ScanStatus, *, organization_id: UUID | None = None,
                             actor: str = "system") -> None:
         """The legacy side says how its scan is doing (``running``, then its outcome)."""
-        async with transaction(self.pool) as cur:
-            async with cur.connection.cursor() as lock_cur:
-                await lock_cur.execute(QUERIES["scan_lock"], {"scan_id": scan_id})
-                await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
-                row = await lock_cur.fetchone()
-            clock_row = await cur.fetchone()
-            assert clock_row is not None
+        async with self.db.transaction() as tx:
+            row, (now,) = await tx.read(one("scan_lock", {"scan_id": scan_id}), one("clock_now", {"now": self.clock()}))
             if row is None or (organization_id is not None and row[3] != organization_id):
                 raise NotFound("no such scan", scan_id=str(scan_id))
             _, version, head_hash, _, current, mode, *_ = row
-            events = scan_rules.record_legacy_status(scan_id, version, mode, current, status, now=clock_row[0],
-                                                     actor=actor)
-            await append(cur, StreamHead(scan_id, version, bytes(head_hash)), events)
+            events = scan_rules.record_legacy_status(scan_id, version, mode, current, status, now=now, actor=actor)
+            tx.append(StreamHead(scan_id, version, bytes(head_hash)), events)
+            await tx.commit()
 
     async def convert(self, message: LegacyMessage, *, recovering: bool = False, dry_run: bool = False,
                       actor: str = DRAIN_ACTOR) -> Conversion:
@@ -102,9 +94,9 @@ class LegacyScans:
             return done.conversion
 
     async def _convert(self, m: LegacyMessage, recovering: bool, dry_run: bool, actor: str) -> Conversion:
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["scans_lock_by_legacy_id"], {"legacy_scan_id": m.legacy_scan_id})
-            found = {row[1]: row for row in await cur.fetchall()}
+        async with self.db.transaction() as tx:
+            found = {row[1]: row for row in await tx.all("scans_lock_by_legacy_id",
+                                                         {"legacy_scan_id": m.legacy_scan_id})}
             if "gateway" in found:
                 scan_id, _, status, sha256, *_ = found["gateway"]
                 if sha256 == m.sha256 and (recovering or status == "pending"):
@@ -117,22 +109,22 @@ class LegacyScans:
             if legacy is not None and legacy[2] != "pending":
                 return Conversion("refused", _started(legacy[2], "legacy", legacy[0]))
             opened = await open_scan(
-                cur, self.new_id(), m.organization_id, m.targets, clock=self.clock(), actor=actor,
+                tx, self.new_id(), m.organization_id, m.targets, clock=self.clock(), actor=actor,
                 new_id=self.new_id, execution_mode_wanted="gateway", steps=m.steps, profile_name=m.profile_name,
                 legacy_scan_id=m.legacy_scan_id, legacy_message_sha256=m.sha256)
             handed_over = None
             if legacy is not None:
                 handed_over, _, status, _, version, head_hash = legacy
-                await cur.execute(QUERIES["scan_job_ids"], {"scan_id": handed_over})
-                job_ids = [job_id for (job_id,) in await cur.fetchall()]
+                job_ids = [job_id for (job_id,) in await tx.all("scan_job_ids", {"scan_id": handed_over})]
                 event = scan_rules.hand_over(handed_over, version, "legacy", status, gateway_scan_id=opened.id,
                                              job_ids=job_ids, now=opened.now, actor=actor)
-                await append(cur, StreamHead(handed_over, version, bytes(head_hash)), [event])
+                tx.append(StreamHead(handed_over, version, bytes(head_hash)), [event])
             done = Conversion("converted", f"Gateway scan {opened.id}"
                               + (f" (legacy record {handed_over} handed over)" if handed_over else ""),
                               opened.id, handed_over)
             if dry_run:
                 raise _RolledBack(done)
+            await tx.commit()
         return done
 
 

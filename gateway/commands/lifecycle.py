@@ -4,8 +4,9 @@ Each public method is one transaction (see :mod:`persistence.transaction`):
 
 1. lock the task row (``FOR UPDATE``; ``SKIP LOCKED`` when choosing work),
 2. decide with :func:`domain.task.decide`,
-3. append the events and apply their projections (:func:`persistence.event_log.append`),
-4. when the task reached a terminal state, lock its scan and settle the scan's status,
+3. append the events and apply their projections (:meth:`Transaction.append`),
+4. when the task reached a terminal state, lock its scan and settle the scan's status
+   (:func:`gateway.commands.scans.settle_scan`),
 5. commit.
 
 A worker write refused by fencing is still committed, as a ``WriteRejected`` event, and the
@@ -24,12 +25,10 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import orjson
-from psycopg import AsyncCursor
-from psycopg_pool import AsyncConnectionPool
 
 from domain import scan as scan_rules
 from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
-from domain.events import DomainEvent, ProfileStep, ResultBatchAccepted, ScanStatus, WriteRejected
+from domain.events import DomainEvent, ResultBatchAccepted, WriteRejected
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from domain.task import (
@@ -41,7 +40,7 @@ from domain.task import (
     ExceedDeadline,
     ExpireLease,
     Fail,
-    Lease,
+    GrantLease,
     MarkRunning,
     ReissueLease,
     Renew,
@@ -55,11 +54,10 @@ from domain.task import (
     project_task,
     rejection_error,
 )
-from gateway.background import notify
+from gateway.commands import wakeups
 from gateway.commands.ingestion import ingest_batch
-from persistence import writes as sql_writes
-from persistence.event_log import StreamHead, append
-from persistence.queries import QUERIES
+from gateway.commands.scans import settle_scan
+from persistence.event_log import StreamHead
 from persistence.task_rows import (
     ATTEMPT_COLUMNS,
     TASK_COLUMNS,
@@ -68,7 +66,7 @@ from persistence.task_rows import (
     caller_standing,
     task_from_row,
 )
-from persistence.transaction import Clock, system_clock, transaction
+from persistence.transaction import Clock, Database, Read, Transaction, one, rows, system_clock
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
 
@@ -102,7 +100,7 @@ class Renewed:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchAck:
+class BatchReceipt:
     """The acknowledgement of an accepted batch (the original one when a retry repeats it)."""
 
     batch: BatchRecord
@@ -128,11 +126,11 @@ class TaskSpec:
 class Lifecycle:
     """Commands on worker tasks. ``clock`` and ``rng`` are injectable for tests."""
 
-    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+    def __init__(self, db: Database, *, clock: Clock = system_clock,
                  rng: random.Random | None = None, retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
                  cancel_grace: timedelta = timedelta(seconds=30),
                  new_id: Callable[[], UUID] = uuid4) -> None:
-        self.pool = pool
+        self.db = db
         self.clock = clock
         self.rng = rng or random.Random()
         self.retry_policy = retry_policy
@@ -146,15 +144,12 @@ class Lifecycle:
     async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
         """Queue a job on the scan and create its task (one transaction, scan row locked)."""
         job_id, task_id = self.new_id(), self.new_id()
-        async with transaction(self.pool) as cur:
-            async with cur.connection.cursor() as lock_cur:
-                await lock_cur.execute(QUERIES["scan_lock"], {"scan_id": scan_id, "now": self.clock()})
-                await cur.execute(QUERIES["scan_next_job_position"], {"scan_id": scan_id, "now": self.clock()})
-                row = await lock_cur.fetchone()
+        async with self.db.transaction() as tx:
+            params = {"scan_id": scan_id, "now": self.clock()}
+            row, (next_position, now) = await tx.read(one("scan_lock", params), one("scan_next_job_position", params))
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
             _, version, head_hash, org_id, status, mode, _, has_profile = row
-            next_position, now = await _fetch_one(cur)
             if mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
             if has_profile:
@@ -168,9 +163,10 @@ class Lifecycle:
                 priority=spec.priority, scope=spec.scope or {}, parameters=spec.parameters or {},
                 max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
                 execution_timeout_seconds=spec.execution_timeout_seconds), now=now, actor=actor)
-            await append(cur, StreamHead(scan_id, version, bytes(head_hash)), [queued])
-            await append(cur, StreamHead(task_id), created)
-            await notify.send(cur, notify.available(org_id))
+            tx.append(StreamHead(scan_id, version, bytes(head_hash)), [queued])
+            tx.append(StreamHead(task_id), created)
+            tx.notify(wakeups.available(org_id))
+            await tx.commit()
         self.observe([queued, *created])
         task = project_task(created)
         assert task is not None
@@ -200,30 +196,33 @@ class Lifecycle:
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
-        async with transaction(self.pool) as cur:
+        async with self.db.transaction() as tx:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
                       "fingerprint": fingerprint}
-            async with cur.connection.cursor() as lock_cur, cur.connection.cursor() as request_cur, \
-                    cur.connection.cursor() as notice_cur, cur.connection.cursor() as caller_cur:
-                if fingerprint is not None:
-                    await caller_cur.execute(QUERIES["worker_by_fingerprint"], params)
-                await lock_cur.execute(QUERIES["worker_lock_for_acquire"], params)
-                await cur.execute(QUERIES["worker_live_attempts"], params)
-                if request_id is not None:
-                    await request_cur.execute(QUERIES["attempt_by_acquire_request"], params)
-                if notices:
-                    await notice_cur.execute(QUERIES["worker_cancelling_attempts"], params)
-                row = await lock_cur.fetchone()
-                earlier = await request_cur.fetchone() if request_id is not None else None
-                cancelling = [(t, a) for t, a in await notice_cur.fetchall()] if notices else []
-                if fingerprint is not None:
-                    caller_standing(await caller_cur.fetchone(), worker_id)
+            # One round trip: the caller's standing, the worker's row (locked) and live attempts,
+            # an earlier lease of this request, the cancels to tell it about.
+            reads: dict[str, Read] = {}
+            if fingerprint is not None:
+                reads["caller"] = one("worker_by_fingerprint", params)
+            reads["worker"] = one("worker_lock_for_acquire", params)
+            reads["live"] = one("worker_live_attempts", params)
+            if request_id is not None:
+                reads["earlier"] = one("attempt_by_acquire_request", params)
+            if notices:
+                reads["cancelling"] = rows("worker_cancelling_attempts", params)
+            answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
+            row, earlier = answers["worker"], answers.get("earlier")
+            cancelling = [(t, a) for t, a in answers.get("cancelling", ())]
+            if fingerprint is not None:
+                caller_standing(answers["caller"], worker_id)
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
-            live_attempts, now, *_plan_pinned = await _fetch_one(cur)
+            live_attempts, now, *_plan_pinned = answers["live"]
             if earlier is not None:
-                task, _ = await self._decide_locked(cur, earlier[0], ReissueLease(
+                task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
+                await tx.commit()
+                self.observe(events)
                 assert task.current_attempt is not None
                 return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling)
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
@@ -231,17 +230,17 @@ class Lifecycle:
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return Poll(None, cancelling)
-            await cur.execute(QUERIES["task_lock_acquirable"], {
+            row = await tx.one("task_lock_acquirable", {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
-            row = await cur.fetchone()
             if row is None:
                 return Poll(None, cancelling)
             task, head = task_from_row(row)
-            events = decide(task, Lease(attempt_id=self.new_id(), worker=worker,
-                                        lease_token_hash=hash_token(token), request_id=request_id),
+            events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
+                                             lease_token_hash=hash_token(token), request_id=request_id),
                             now=now, actor=actor)
-            await append(cur, head, events)
+            tx.append(head, events)
+            await tx.commit()
         self.observe(events)
         leased = project_task(events, task)
         assert leased is not None and leased.current_attempt is not None
@@ -267,7 +266,7 @@ class Lifecycle:
     async def submit_batch(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
                            sequence_number: int, idempotency_key: str, payload_sha256: str,
                            records: list[Any], final: bool, actor: str | None = None,
-                           fingerprint: str | None = None) -> BatchAck:
+                           fingerprint: str | None = None) -> BatchReceipt:
         """RFC "Result submission": accept a batch once; a repeat with the same key and sha256
         returns the original acknowledgement, with another sha256 it is refused."""
         body = canonical_payload(records)
@@ -286,9 +285,9 @@ class Lifecycle:
             worker_id, task_id, attempt_id, lease_token, actor, command, idempotency_key=idempotency_key,
             payload=(computed, body), fingerprint=fingerprint)
         if existing is not None:
-            return BatchAck(batch=existing, task=task, duplicate=True)
+            return BatchReceipt(batch=existing, task=task, duplicate=True)
         assert task.current_attempt is not None
-        return BatchAck(batch=BatchRecord(
+        return BatchReceipt(batch=BatchRecord(
             batch_id=batch_id, attempt_id=attempt_id, sequence_number=sequence_number,
             idempotency_key=idempotency_key, payload_sha256=computed, record_count=len(records),
             final=final, accepted_at=task.updated_at), task=task, duplicate=False)
@@ -327,8 +326,8 @@ class Lifecycle:
         Forbidden, and nothing done or recorded, when the certificate is not ``worker_id``'s or
         the worker is revoked or disabled."""
         rejection: WriteRejected | None = None
-        async with transaction(self.pool) as cur:
-            row = await _lock_task_and_read(cur, "task_read_for_write", {
+        async with self.db.transaction() as tx:
+            row = await _lock_task_and_read(tx, "task_read_for_write", {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
                 "now": self.clock()}, caller=(fingerprint, worker_id) if fingerprint is not None else None)
             # A task or attempt that does not exist, or an attempt of another worker, is not
@@ -342,7 +341,7 @@ class Lifecycle:
                 raise NotFound("no such attempt of this task", task_id=str(task_id),
                                attempt_id=str(attempt_id))
             if check_standing:
-                await self._refuse_revoked_renewal(cur, worker_id, task)
+                await self._refuse_revoked_renewal(tx, worker_id, task)
             existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
             now: datetime = row[-1]
             command = make(attempt, hash_token(lease_token), existing)
@@ -351,14 +350,14 @@ class Lifecycle:
             if events and isinstance(events[0], WriteRejected):
                 rejection = events[0]
             elif payload is not None and events:
-                await sql_writes.write(cur, "result_payloads", QUERIES["payload_store"],
-                                       {"sha256": payload[0], "body": payload[1]})
-            after = await self._commit(cur, task, head, events, now)
+                tx.write("result_payloads", "payload_store", {"sha256": payload[0], "body": payload[1]})
+            after, settled = await self._commit(tx, task, head, events, now)
             if payload is not None and rejection is None:
                 for event in events:  # only a newly accepted batch: a duplicate has no events
                     if isinstance(event, ResultBatchAccepted):
-                        await ingest_batch(cur, task, event.batch_id, orjson.loads(payload[1]), now)
-        self.observe(events)
+                        await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
+            await tx.commit()
+        self.observe([*events, *settled])
         if rejection is not None:
             raise rejection_error(rejection)
         return after, existing if not events and existing is not None else None
@@ -371,22 +370,25 @@ class Lifecycle:
         return await self._gateway_command(task_id, RequestCancel(reason=reason), actor)
 
     async def _gateway_command(self, task_id: UUID, command: Any, actor: str) -> TaskState:
-        async with transaction(self.pool) as cur:
-            task, events = await self._decide_locked(cur, task_id, command, actor)
+        async with self.db.transaction() as tx:
+            task, events = await self._decide_locked(tx, task_id, command, actor)
+            await tx.commit()
         self.observe(events)
         return task
 
-    async def _decide_locked(self, cur: AsyncCursor[Any], task_id: UUID, command: Any,
-                             actor: str) -> tuple[TaskState, Sequence[DomainEvent]]:
-        """Lock the task, decide ``command``, append; inside the caller's transaction."""
-        row = await _lock_task_and_read(cur, "task_read", {"task_id": task_id, "now": self.clock()})
+    async def _decide_locked(self, tx: Transaction, task_id: UUID, command: Any,
+                             actor: str) -> tuple[TaskState, list[DomainEvent]]:
+        """Lock the task, decide ``command``, append; inside the caller's transaction. The task
+        after, and every event appended (the scan's too, when the task ended)."""
+        row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
         task, head = task_from_row(row)
         now: datetime = row[-1]
         events = decide(task, command, now=now, actor=actor, draw=self.rng.random(),
                         retry_policy=self.retry_policy)
-        return await self._commit(cur, task, head, events, now), events
+        after, settled = await self._commit(tx, task, head, events, now)
+        return after, [*events, *settled]
 
     # --- sweeper --------------------------------------------------------------------------
 
@@ -408,13 +410,13 @@ class Lifecycle:
     async def _sweep(self, query: str, params: dict[str, Any], limit: int,
                      make: Callable[[TaskState], Any]) -> int:
         changed: list[DomainEvent] = []
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES[query], {**params, "limit": limit, "now": self.clock()})
+        swept: set[UUID] = set()
+        async with self.db.transaction() as tx:
+            locked = await tx.all(query, {**params, "limit": limit, "now": self.clock()})
             # Scan order: settling a scan locks it, and every sweeper must lock scans in one order.
-            ids = [task_id for task_id, _ in sorted(await cur.fetchall(), key=lambda r: (r[1], r[0]))]
+            ids = [task_id for task_id, _ in sorted(locked, key=lambda r: (r[1], r[0]))]
             for task_id in ids:  # locked above; re-read each in a fresh statement snapshot
-                await cur.execute(QUERIES["task_read"], {"task_id": task_id, "now": self.clock()})
-                row = await cur.fetchone()
+                row = await tx.one("task_read", {"task_id": task_id, "now": self.clock()})
                 assert row is not None
                 task, head = task_from_row(row)
                 command = make(task)
@@ -422,96 +424,28 @@ class Lifecycle:
                     continue
                 events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
                                 retry_policy=self.retry_policy)
-                await self._commit(cur, task, head, events, row[-1])
-                changed.extend(events)
+                _, settled = await self._commit(tx, task, head, events, row[-1])
+                changed += [*events, *settled]
+                swept.update(e.originator_id for e in events)
+            await tx.commit()
         self.observe(changed)
-        return len({e.originator_id for e in changed})
+        return len(swept)
 
     # --- shared tail of every command -----------------------------------------------------
 
-    async def _commit(self, cur: AsyncCursor[Any], task: TaskState, head: StreamHead,
-                      events: Sequence[DomainEvent], now: datetime) -> TaskState:
-        """Append ``events`` to the task and, if it just ended, settle its scan; the new state."""
+    async def _commit(self, tx: Transaction, task: TaskState, head: StreamHead,
+                      events: Sequence[DomainEvent], now: datetime) -> tuple[TaskState, list[DomainEvent]]:
+        """Append ``events`` to the task and, if it just ended, settle its scan; the new state,
+        and the events settling appended."""
         after = project_task(events, task)
         assert after is not None
-        await append(cur, head, events)
+        tx.append(head, events)
         if after.state == "cancelling" and task.state != "cancelling" and after.current_attempt is not None:
-            await notify.send(cur, notify.cancel(after.current_attempt.worker_id))
+            tx.notify(wakeups.cancel(after.current_attempt.worker_id))
+        settled: list[DomainEvent] = []
         if after.state in TERMINAL and task.state not in TERMINAL:
-            await self._settle_scan(cur, after.scan_id, now)
-        return after
-
-    async def _settle_scan(self, cur: AsyncCursor[Any], scan_id: UUID, now: datetime) -> None:
-        """Lock the scan (lock order: task, then scan); start the next profile step if one is due,
-        else finish the scan once every job is terminal.
-
-        The jobs are summarised by a second statement after the lock is granted, so under READ
-        COMMITTED the summary includes every job change committed by earlier holders of the scan
-        lock (and this transaction's own, already applied).
-        """
-        async with cur.connection.cursor() as lock_cur:
-            await lock_cur.execute(QUERIES["scan_lock_for_orchestration"], {"scan_id": scan_id})
-            await cur.execute(QUERIES["scan_jobs_summary"], {"scan_id": scan_id})
-            scan_row = await lock_cur.fetchone()
-        statuses, job_count, last_status, last_job = await _fetch_one(cur)
-        assert scan_row is not None, "the foreign key guarantees the scan"
-        _, version, head_hash, scan_status, cancel_requested, org_id, profile, _targets = scan_row
-        if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
-            return
-        head = StreamHead(scan_id, version, bytes(head_hash))
-        steps = profile_steps(profile)
-        step = scan_rules.next_step(steps, job_count, last_status, cancel_requested=cancel_requested)
-        if step is not None:
-            await cur.execute(QUERIES["scan_job_scope"], {"job_id": last_job})
-            (last_scope,) = await _fetch_one(cur)
-            await cur.execute(QUERIES["scan_found_assets"], {"scan_id": scan_id})
-            found = [(kind, value) for kind, value in await cur.fetchall()]
-            scope = scan_rules.enrich_scope(dict(last_scope or {}), found)
-            events = await queue_step(cur, head, org_id, step, steps[step], scope, now=now, actor="system",
-                                      new_id=self.new_id, status=scan_status)
-            self.observe(events)
-            return
-        outcome = scan_rules.scan_outcome(statuses, cancel_requested=cancel_requested)
-        if outcome is not None:
-            finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
-            await append(cur, head, [finished])
-
-    # --- scans --------------------------------------------------------------------------
-
-    async def cancel_scan(self, scan_id: UUID, *, reason: str = "scan cancelled", actor: str = "system",
-                          organization_id: UUID | None = None) -> list[TaskState]:
-        """Record the scan's cancel request (no further profile steps), then cancel each of its
-        unfinished tasks in a transaction of its own (task lock only: the scan lock is never held
-        while waiting for a task lock). The scan ends ``cancelled`` when its last job ends (pending
-        tasks at once, running ones on the worker's acknowledgement or the sweeper's grace).
-        Safe to repeat. The tasks' states after the call.
-        """
-        async with transaction(self.pool) as cur:
-            async with cur.connection.cursor() as lock_cur:
-                await lock_cur.execute(QUERIES["scan_lock_for_orchestration"], {"scan_id": scan_id})
-                await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
-                row = await lock_cur.fetchone()
-            (now,) = await _fetch_one(cur)
-            if row is None or (organization_id is not None and row[5] != organization_id):
-                raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, status, cancel_requested, *_ = row
-            events: list[DomainEvent] = [*scan_rules.request_cancel(
-                scan_id, version, status, cancel_requested, reason=reason, now=now, actor=actor)]
-            head = await append(cur, StreamHead(scan_id, version, bytes(head_hash)), events)
-            if events and await self._open_task_count(cur, scan_id) == 0:
-                # Nothing left to end (no job yet, or every job ended): the scan ends now.
-                finished = scan_rules.finish_scan(scan_id, head.version, "cancelled", now=now, actor=actor)
-                await append(cur, head, [finished])
-                events = [*events, finished]
-        self.observe(events)
-        async with self.pool.connection() as conn:
-            listed = await conn.execute(QUERIES["scan_open_tasks"], {"scan_id": scan_id})
-            task_ids = [task_id for (task_id,) in await listed.fetchall()]
-        return [await self.request_cancel(task_id, reason=reason, actor=actor) for task_id in task_ids]
-
-    async def _open_task_count(self, cur: AsyncCursor[Any], scan_id: UUID) -> int:
-        await cur.execute(QUERIES["scan_open_tasks"], {"scan_id": scan_id})
-        return len(await cur.fetchall())
+            settled = await settle_scan(tx, after.scan_id, now, new_id=self.new_id)
+        return after, settled
 
     # --- revocation (operator API) --------------------------------------------------------
 
@@ -525,14 +459,13 @@ class Lifecycle:
         which another worker leased meanwhile is not cancelled. Safe to repeat: a revocation
         interrupted midway is finished by running it again.
         """
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES["worker_attempts_to_cancel"],
-                                     {"worker_id": worker_id, "organization_id": organization_id})
-            targets = [(task_id, attempt_id) for task_id, attempt_id in await cur.fetchall()]
+        async with self.db.read() as reader:
+            targets = [(task_id, attempt_id) for task_id, attempt_id in await reader.all(
+                "worker_attempts_to_cancel", {"worker_id": worker_id, "organization_id": organization_id})]
         cancelled: list[UUID] = []
         for task_id, attempt_id in targets:
-            async with transaction(self.pool) as cur:
-                row = await _lock_task_and_read(cur, "task_read", {"task_id": task_id, "now": self.clock()})
+            async with self.db.transaction() as tx:
+                row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
                 if row is None:
                     continue
                 task, head = task_from_row(row)
@@ -541,21 +474,20 @@ class Lifecycle:
                     continue  # finished, expired or re-leased since it was listed
                 events = decide(task, RequestCancel(reason=reason), now=row[-1], actor=actor,
                                 draw=self.rng.random(), retry_policy=self.retry_policy)
-                await self._commit(cur, task, head, events, row[-1])
-            self.observe(events)
+                _, settled = await self._commit(tx, task, head, events, row[-1])
+                await tx.commit()
+            self.observe([*events, *settled])
             cancelled.append(task_id)
         return cancelled
 
-    async def _refuse_revoked_renewal(self, cur: AsyncCursor[Any], worker_id: UUID, task: TaskState) -> None:
+    async def _refuse_revoked_renewal(self, tx: Transaction, worker_id: UUID, task: TaskState) -> None:
         """RFC "Lease duration": renewal is refused once the worker, or its assignment to the
         task's organisation, is revoked (under the task lock, for every caller of the service).
 
         A task already ``cancelling`` still answers a worker whose assignment was revoked, so
         that it hears the cancellation; the lease is not extended then anyway.
         """
-        await cur.execute(QUERIES["worker_standing"], {"worker_id": worker_id,
-                                                       "organization_id": task.organization_id})
-        row = await cur.fetchone()
+        row = await tx.one("worker_standing", {"worker_id": worker_id, "organization_id": task.organization_id})
         worker_revoked, assignment_revoked = row if row is not None else (True, True)
         if worker_revoked:
             raise Forbidden("this worker has been revoked")
@@ -563,7 +495,7 @@ class Lifecycle:
             raise Forbidden("this worker's assignment to the task's organisation has been revoked")
 
 
-async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str, Any],
+async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any],
                               caller: tuple[str, UUID] | None = None) -> Any:
     """Lock the task row, then read with a second statement (one round trip, pipelined).
 
@@ -572,54 +504,11 @@ async def _lock_task_and_read(cur: AsyncCursor[Any], read: str, params: dict[str
     (certificate fingerprint, worker id), the worker's standing is read first in the same round
     trip, and checked before anything else (see :func:`caller_standing`).
     """
+    reads = [one("task_lock", params), one(read, params)]
     if caller is not None:
-        async with cur.connection.cursor() as caller_cur:
-            await caller_cur.execute(QUERIES["worker_by_fingerprint"], {"fingerprint": caller[0]})
-            row = await _lock_task_and_read(cur, read, params)  # same round trip: fetched below
-            caller_standing(await caller_cur.fetchone(), caller[1])
-        return row
-    async with cur.connection.cursor() as lock_cur:
-        await lock_cur.execute(QUERIES["task_lock"], params)
-        await cur.execute(QUERIES[read], params)
-        locked = await lock_cur.fetchone()
-    row = await cur.fetchone()
+        reads.insert(0, one("worker_by_fingerprint", {"fingerprint": caller[0]}))
+    answers = await tx.read(*reads)
+    if caller is not None:
+        caller_standing(answers.pop(0), caller[1])
+    locked, row = answers
     return row if locked is not None else None
-
-
-async def _fetch_one(cur: AsyncCursor[Any]) -> tuple[Any, ...]:
-    row = await cur.fetchone()
-    assert row is not None, "aggregate queries always return a row"
-    return tuple(row)
-
-
-# --- profiles -------------------------------------------------------------------------------
-
-
-
-def profile_steps(profile: dict[str, Any] | None) -> list[ProfileStep]:
-    """The steps of a scan's stored profile (``scans.profile``); none for an ad-hoc scan."""
-    if not profile:
-        return []
-    return [ProfileStep(**{**step, "required_capabilities": tuple(step["required_capabilities"])})
-            for step in profile["steps"]]
-
-
-async def queue_step(cur: AsyncCursor[Any], scan: StreamHead, organization_id: UUID, index: int,
-                     step: ProfileStep, scope: dict[str, Any], *, now: datetime, actor: str,
-                     new_id: Callable[[], UUID], status: ScanStatus = "pending") -> list[DomainEvent]:
-    """Queue profile step ``index`` as job ``index`` of the scan and create its task, inside the
-    caller's transaction, which holds the scan lock (``scan`` is its head)."""
-    job_id, task_id = new_id(), new_id()
-    queued = scan_rules.queue_job(
-        scan.id, scan.version, status, organization_id=organization_id,
-        job_id=job_id, position=index, plugin=step.task_type, execution_mode="gateway", now=now, actor=actor)
-    created = decide(None, CreateTask(
-        task_id=task_id, scan_id=scan.id, scan_job_id=job_id, organization_id=organization_id,
-        task_type=step.task_type, required_capabilities=step.required_capabilities, priority=step.priority,
-        scope=scope, parameters={"profile_step": index}, max_attempts=step.max_attempts,
-        lease_seconds=step.lease_seconds, execution_timeout_seconds=step.execution_timeout_seconds),
-        now=now, actor=actor)
-    await append(cur, scan, [queued])
-    await append(cur, StreamHead(task_id), created)
-    await notify.send(cur, notify.available(organization_id))
-    return [queued, *created]

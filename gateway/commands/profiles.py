@@ -15,16 +15,13 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from psycopg_pool import AsyncConnectionPool
-
 from domain import profiles as rules
 from domain.errors import Conflict, NotFound
 from domain.events import DomainEvent, ProfileStep
 from domain.profiles import StoredProfileState
-from gateway.commands.lifecycle import profile_steps
-from persistence.event_log import StreamHead, append
-from persistence.queries import QUERIES
-from persistence.transaction import Clock, system_clock, transaction
+from gateway.commands.scans import profile_steps
+from persistence.event_log import StreamHead
+from persistence.transaction import Clock, Database, system_clock
 
 _NAME_INDEX = "stored_profiles_name_idx"
 
@@ -32,30 +29,28 @@ _NAME_INDEX = "stored_profiles_name_idx"
 class Profiles:
     """Stored-profile commands and reads; ids may be supplied or are generated."""
 
-    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+    def __init__(self, db: Database, *, clock: Clock = system_clock,
                  new_id: Callable[[], UUID] = uuid4) -> None:
-        self.pool, self.clock, self.new_id = pool, clock, new_id
+        self.db, self.clock, self.new_id = db, clock, new_id
 
     async def create(self, organization_id: UUID | None, *, name: str, steps: Sequence[ProfileStep],
                      gateway_execution: bool = True, actor: str = "system") -> UUID:
         """A profile of the organisation, or a global one (``organization_id`` None)."""
         profile_id = self.new_id()
         try:
-            async with transaction(self.pool) as cur:
+            async with self.db.transaction() as tx:
                 if organization_id is None:
-                    await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
-                    row = await cur.fetchone()
+                    (now,) = await tx.value("clock_now", {"now": self.clock()})
                 else:
-                    await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
-                                                                       "now": self.clock()})
-                    found = await cur.fetchone()
+                    found = await tx.one("organization_exists", {"organization_id": organization_id,
+                                                                 "now": self.clock()})
                     if found is None:
                         raise NotFound("no such organisation", organization_id=str(organization_id))
-                    row = (found[1],)
-                assert row is not None
+                    now = found[1]
                 event = rules.store(profile_id, organization_id, name=name, steps=steps,
-                                    gateway_execution=gateway_execution, now=row[0], actor=actor)
-                await append(cur, StreamHead(profile_id), [event])
+                                    gateway_execution=gateway_execution, now=now, actor=actor)
+                tx.append(StreamHead(profile_id), [event])
+                await tx.commit()
         except Conflict as exc:
             if exc.details.get("constraint") == _NAME_INDEX:
                 raise Conflict(f"a profile named {name!r} already exists there", name=name) from exc
@@ -63,21 +58,15 @@ class Profiles:
         return profile_id
 
     async def get(self, profile_id: UUID, *, visible_to: UUID | None = None) -> dict[str, Any]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES["stored_profile_get"], {"profile_id": profile_id,
-                                                                     "visible_to": visible_to})
-            row = await cur.fetchone()
-            names = [c.name for c in cur.description or ()]
-        if row is None:
+        async with self.db.read() as reader:
+            found = await reader.dicts("stored_profile_get", {"profile_id": profile_id, "visible_to": visible_to})
+        if not found:
             raise NotFound("no such profile", profile_id=str(profile_id))
-        return dict(zip(names, row, strict=True))
+        return found[0]
 
     async def list(self, *, visible_to: UUID | None = None, limit: int = 500) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES["stored_profiles_list"], {"visible_to": visible_to, "limit": limit})
-            rows = await cur.fetchall()
-            names = [c.name for c in cur.description or ()]
-        return [dict(zip(names, r, strict=True)) for r in rows]
+        async with self.db.read() as reader:
+            return await reader.dicts("stored_profiles_list", {"visible_to": visible_to, "limit": limit})
 
     async def replace(self, profile_id: UUID, steps: Sequence[ProfileStep], *, owner: UUID | None = None,
                       actor: str = "system") -> None:
@@ -94,13 +83,12 @@ class Profiles:
 
     async def _on_profile(self, profile_id: UUID, owner: UUID | None,
                           decide: Callable[[StoredProfileState, datetime], Sequence[DomainEvent]]) -> None:
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["stored_profile_lock"], {"profile_id": profile_id, "owner": owner,
-                                                               "now": self.clock()})
-            row = await cur.fetchone()
+        async with self.db.transaction() as tx:
+            row = await tx.one("stored_profile_lock", {"profile_id": profile_id, "owner": owner, "now": self.clock()})
             if row is None:
                 raise NotFound("no such profile", profile_id=str(profile_id))
             id_, version, head_hash, org, name, profile, gateway_execution, now = row
             state = StoredProfileState(id=id_, version=version, organization_id=org, name=name,
                                        steps=tuple(profile_steps(profile)), gateway_execution=gateway_execution)
-            await append(cur, StreamHead(id_, version, bytes(head_hash)), decide(state, now))
+            tx.append(StreamHead(id_, version, bytes(head_hash)), decide(state, now))
+            await tx.commit()

@@ -1,5 +1,4 @@
-"""Organisations, workers, assignments, API keys and scans: the commands that set up who may
-lease what.
+"""Organisations, workers, assignments and API keys: the commands that set up who may lease what.
 
 Worker commands follow the task core's steps (see :mod:`gateway.commands.lifecycle`): lock the
 worker row (``worker_lock``), read the worker and its assignments with separate statements after
@@ -15,27 +14,36 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
 from uuid import UUID, uuid4
-
-from psycopg import AsyncCursor
-from psycopg_pool import AsyncConnectionPool
 
 from domain import profiles as profile_rules
 from domain import registry as rules
 from domain.errors import InvalidRequest, NotFound
-from domain.events import DomainEvent, ExecutionMode, ProfileStep
+from domain.events import DomainEvent
 from domain.registry import Assignment, WorkerState
-from gateway.commands.modes import open_scan
-from persistence.event_log import StreamHead, append
-from persistence.queries import QUERIES
-from persistence.transaction import Clock, system_clock, transaction
+from persistence.event_log import StreamHead
+from persistence.task_rows import caller_standing
+from persistence.transaction import Clock, Database, Transaction, one, rows, system_clock
 
 API_KEY_PREFIX = "lh_"
+
+
+def hash_api_key(key: str) -> bytes:
+    """sha256 of an operator API key: only this is stored, and keys are looked up by it."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A stored operator API key (never the key itself)."""
+
+    id: UUID
+    name: str
+    organization_id: UUID | None  # None: an administrator key
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +59,18 @@ class IssuedKey:
 class Registry:
     """Set-up commands. Each is one transaction; ids may be supplied or are generated."""
 
-    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+    def __init__(self, db: Database, *, clock: Clock = system_clock,
                  new_id: Callable[[], UUID] = uuid4) -> None:
-        self.pool, self.clock, self.new_id = pool, clock, new_id
+        self.db, self.clock, self.new_id = db, clock, new_id
 
     # --- organisations and their keys -----------------------------------------------------
 
     async def create_organization(self, name: str, *, actor: str = "system") -> UUID:
         org_id = self.new_id()
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
-            (now,) = await _one(cur)
-            event = rules.create_organization(org_id, name, now=now, actor=actor)
-            await append(cur, StreamHead(org_id), [event])
+        async with self.db.transaction() as tx:
+            (now,) = await tx.value("clock_now", {"now": self.clock()})
+            tx.append(StreamHead(org_id), [rules.create_organization(org_id, name, now=now, actor=actor)])
+            await tx.commit()
         return org_id
 
     async def create_api_key(self, *, organization_id: UUID | None, name: str) -> IssuedKey:
@@ -76,16 +83,38 @@ class Registry:
         if not 1 <= len(name) <= 200:
             raise InvalidRequest("key name must be 1..200 characters")
         key_id, key = self.new_id(), API_KEY_PREFIX + secrets.token_urlsafe(32)
-        async with transaction(self.pool) as cur:
-            if organization_id is not None:
-                await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
-                                                                   "now": self.clock()})
-                if await cur.fetchone() is None:
-                    raise NotFound("no such organisation", organization_id=str(organization_id))
-            await cur.execute(QUERIES["api_key_insert"], {"id": key_id, "name": name,
-                                                          "organization_id": organization_id,
-                                                          "key_hash": _key_hash(key)})
+        async with self.db.transaction() as tx:
+            if organization_id is not None and await tx.one(
+                    "organization_exists", {"organization_id": organization_id, "now": self.clock()}) is None:
+                raise NotFound("no such organisation", organization_id=str(organization_id))
+            tx.write("api_keys", "api_key_insert", {"id": key_id, "name": name, "organization_id": organization_id,
+                                                    "key_hash": hash_api_key(key)})
+            await tx.commit()
         return IssuedKey(key_id, name, organization_id, key)
+
+    async def store_bootstrap_key(self, key: str) -> None:
+        """Store the administrator key the Gateway was started with (hashed); already stored: no change."""
+        async with self.db.transaction() as tx:
+            tx.write("api_keys", "api_key_insert", {"id": self.new_id(), "name": "bootstrap administrator",
+                                                    "organization_id": None, "key_hash": hash_api_key(key)})
+            await tx.commit()
+
+    async def api_key(self, key: str) -> ApiKey | None:
+        """The live (not revoked) key ``key`` is, or None."""
+        async with self.db.read() as reader:
+            row = await reader.one("api_key_by_hash", {"key_hash": hash_api_key(key)})
+        return None if row is None else ApiKey(*row)
+
+    async def worker_organizations(self, worker_id: UUID) -> list[UUID]:
+        """The organisations the worker is actively assigned to."""
+        async with self.db.read() as reader:
+            return [org for (org,) in await reader.all("worker_organizations", {"worker_id": worker_id})]
+
+    async def worker_by_certificate(self, fingerprint: str) -> tuple[UUID, str]:
+        """(worker id, name) of the worker the certificate belongs to; Forbidden when it belongs
+        to none, or to a revoked or disabled one (:func:`persistence.task_rows.caller_standing`)."""
+        async with self.db.read() as reader:
+            return caller_standing(await reader.one("worker_by_fingerprint", {"fingerprint": fingerprint}))
 
     # --- workers --------------------------------------------------------------------------
 
@@ -93,13 +122,13 @@ class Registry:
                               task_types: tuple[str, ...] = (), max_concurrent_tasks: int = 1,
                               actor: str = "system") -> UUID:
         worker_id = self.new_id()
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["clock_now"], {"now": self.clock()})
-            (now,) = await _one(cur)
+        async with self.db.transaction() as tx:
+            (now,) = await tx.value("clock_now", {"now": self.clock()})
             event = rules.register_worker(worker_id, name=name, fingerprint=fingerprint,
                                           capabilities=capabilities, task_types=task_types,
                                           max_concurrent_tasks=max_concurrent_tasks, now=now, actor=actor)
-            await append(cur, StreamHead(worker_id), [event])
+            tx.append(StreamHead(worker_id), [event])
+            await tx.commit()
         return worker_id
 
     async def update_worker(self, worker_id: UUID, *, capabilities: tuple[str, ...] | None = None,
@@ -136,67 +165,41 @@ class Registry:
     async def _on_worker(self, worker_id: UUID, decide: Callable[[WorkerState, datetime], list[DomainEvent]],
                          *, organization_id: UUID | None = None) -> WorkerState:
         """Lock the worker, decide, append; one transaction. Returns the worker's new state."""
-        async with transaction(self.pool) as cur:
-            worker, head, now = await _lock_worker_and_read(cur, worker_id, self.clock(), organization_id)
+        async with self.db.transaction() as tx:
+            worker, head, now = await _lock_worker_and_read(tx, worker_id, self.clock(), organization_id)
             events = decide(worker, now)
-            await append(cur, head, events)
+            tx.append(head, events)
+            await tx.commit()
         after = rules.project_worker(events, worker)
         assert after is not None
         return after
 
-    # --- scans ----------------------------------------------------------------------------
-
-    async def create_scan(self, organization_id: UUID, targets: dict[str, Any], *,
-                          execution_mode: ExecutionMode | None = None, profile: Sequence[ProfileStep] = (),
-                          profile_name: str | None = None, legacy_scan_id: str | None = None,
-                          actor: str = "system") -> UUID:
-        """A scan, with an inline ``profile`` (ordered plugin steps) or the steps of the stored
-        profile ``profile_name`` (copied: later edits of the stored profile do not change it).
-
-        Its mode comes from the flags (:mod:`domain.profiles`) unless ``execution_mode`` is given
-        (``"gateway"`` against the flags raises :class:`domain.profiles.LegacyExecuted`). A
-        Gateway-executed scan gets its first step's job and task in the same transaction, scoped
-        to ``targets``; later steps are created as earlier ones end (see
-        :meth:`gateway.commands.lifecycle.Lifecycle._settle_scan`). A legacy-executed one gets a
-        ``legacy`` job per step and no task (see :mod:`gateway.commands.modes`).
-        """
-        scan_id = self.new_id()
-        async with transaction(self.pool) as cur:
-            await open_scan(cur, scan_id, organization_id, targets, clock=self.clock(), actor=actor,
-                            new_id=self.new_id, execution_mode_wanted=execution_mode, steps=profile,
-                            profile_name=profile_name, legacy_scan_id=legacy_scan_id)
-        return scan_id
+    # --- execution mode ------------------------------------------------------------------
 
     async def set_gateway_execution(self, organization_id: UUID, enabled: bool, *, actor: str = "system") -> None:
         """The organisation's ``gateway_execution`` flag: off, its new scans are legacy-executed
         (running scans are not touched). Setting the current value again records nothing."""
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["organization_lock"], {"organization_id": organization_id, "now": self.clock()})
-            row = await cur.fetchone()
+        async with self.db.transaction() as tx:
+            row = await tx.one("organization_lock", {"organization_id": organization_id, "now": self.clock()})
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
             _, version, head_hash, current, now = row
             events = profile_rules.set_organization_gateway_execution(organization_id, version, current, enabled,
                                                                       now=now, actor=actor)
-            await append(cur, StreamHead(organization_id, version, bytes(head_hash)), events)
+            tx.append(StreamHead(organization_id, version, bytes(head_hash)), events)
+            await tx.commit()
 
 
-async def _lock_worker_and_read(cur: AsyncCursor[Any], worker_id: UUID, now: datetime | None,
+async def _lock_worker_and_read(tx: Transaction, worker_id: UUID, now: datetime | None,
                                 organization_id: UUID | None) -> tuple[WorkerState, StreamHead, datetime]:
     """Lock the worker row, then read it, its assignments (and the organisation a command names)
     with statements of their own, pipelined into one round trip."""
     params = {"worker_id": worker_id, "now": now, "organization_id": organization_id}
-    conn = cur.connection
-    async with conn.cursor() as lock_cur, conn.cursor() as assignments_cur, conn.cursor() as org_cur:
-        await lock_cur.execute(QUERIES["worker_lock"], params)
-        await cur.execute(QUERIES["worker_read"], params)
-        await assignments_cur.execute(QUERIES["worker_assignments"], params)
-        if organization_id is not None:
-            await org_cur.execute(QUERIES["organization_exists"], params)
-        locked = await lock_cur.fetchone()
-        assignments = await assignments_cur.fetchall()
-        org = await org_cur.fetchone() if organization_id is not None else ()
-    row = await cur.fetchone()
+    reads = [one("worker_lock", params), one("worker_read", params), rows("worker_assignments", params)]
+    if organization_id is not None:
+        reads.append(one("organization_exists", params))
+    locked, row, assignments, *named = await tx.read(*reads)
+    org = named[0] if named else ()
     if locked is None or row is None:
         raise NotFound("no such worker", worker_id=str(worker_id))
     if org is None:
@@ -208,15 +211,3 @@ async def _lock_worker_and_read(cur: AsyncCursor[Any], worker_id: UUID, now: dat
         capabilities=tuple(capabilities), task_types=tuple(task_types), max_concurrent_tasks=capacity,
         assignments=MappingProxyType({org_id: Assignment(org_id, on, off) for org_id, on, off in assignments}))
     return worker, StreamHead(wid, version, bytes(head_hash)), at
-
-
-def _key_hash(key: str) -> bytes:
-    """sha256 of the key, as ``gateway.auth`` looks keys up (not imported: the HTTP layer depends
-    on the service layer, not the reverse)."""
-    return hashlib.sha256(key.encode()).digest()
-
-
-async def _one(cur: Any) -> Any:
-    row = await cur.fetchone()
-    assert row is not None
-    return row

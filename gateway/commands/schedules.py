@@ -25,19 +25,16 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
-from psycopg import AsyncCursor
-from psycopg_pool import AsyncConnectionPool
 
 from domain import scan as scan_rules
 from domain import schedule as rules
-from domain.errors import InvalidRequest, LeaseholdError, NotFound
+from domain.errors import LeaseholdError, NotFound
 from domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
 from domain.profiles import LegacyExecuted
 from domain.schedule import ScheduleState, Timing
-from gateway.commands.modes import open_scan
-from persistence.event_log import StreamHead, append
-from persistence.queries import QUERIES
-from persistence.transaction import Clock, system_clock, transaction
+from gateway.commands.scans import open_scheduled_scan
+from persistence.event_log import StreamHead
+from persistence.transaction import Clock, Database, Transaction, system_clock
 
 SCHEDULER_ACTOR = "scheduler"
 
@@ -76,10 +73,10 @@ class FailureBackoff:
 class Schedules:
     """Scheduled-scan commands. ``organization_id`` None means an administrator (any org)."""
 
-    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock,
+    def __init__(self, db: Database, *, clock: Clock = system_clock,
                  new_id: Callable[[], UUID] = uuid4, backoff: FailureBackoff | None = None,
                  on_failure: Callable[[UUID], None] | None = None) -> None:
-        self.pool, self.clock, self.new_id = pool, clock, new_id
+        self.db, self.clock, self.new_id = db, clock, new_id
         self.backoff = backoff if backoff is not None else FailureBackoff()
         self.on_failure = on_failure
 
@@ -89,58 +86,51 @@ class Schedules:
                      actor: str = "system") -> UUID:
         schedule_id = self.new_id()
         timing = Timing(cron, interval_seconds, timezone)
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["organization_exists"], {"organization_id": organization_id,
-                                                               "now": self.clock()})
-            row = await cur.fetchone()
+        async with self.db.transaction() as tx:
+            row = await tx.one("organization_exists", {"organization_id": organization_id, "now": self.clock()})
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
             scan_rules.set_profile(schedule_id, 1, tuple(profile), now=row[1], actor=actor)  # validates steps
             event = rules.create(schedule_id, organization_id, name=name, timing=timing, targets=dict(targets),
                                  profile=tuple(profile), misfire_policy=misfire_policy, now=row[1], actor=actor)
-            await append(cur, StreamHead(schedule_id), [event])
+            tx.append(StreamHead(schedule_id), [event])
+            await tx.commit()
         return schedule_id
 
     async def get(self, schedule_id: UUID, *, organization_id: UUID | None = None) -> dict[str, Any]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES["schedule_get"], {"schedule_id": schedule_id,
-                                                               "organization_id": organization_id})
-            row = await cur.fetchone()
-            names = [c.name for c in cur.description or ()]
-        if row is None:
+        async with self.db.read() as reader:
+            found = await reader.dicts("schedule_get", {"schedule_id": schedule_id,
+                                                        "organization_id": organization_id})
+        if not found:
             raise NotFound("no such schedule", schedule_id=str(schedule_id))
-        return dict(zip(names, row, strict=True))
+        return found[0]
 
     async def list(self, *, organization_id: UUID | None = None, limit: int = 500) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES["schedule_list"], {"organization_id": organization_id,
-                                                                "limit": limit})
-            rows = await cur.fetchall()
-            names = [c.name for c in cur.description or ()]
-        return [dict(zip(names, r, strict=True)) for r in rows]
+        async with self.db.read() as reader:
+            return await reader.dicts("schedule_list", {"organization_id": organization_id, "limit": limit})
 
     async def pause(self, schedule_id: UUID, *, organization_id: UUID | None = None,
                     actor: str = "system") -> None:
         await self._on_schedule(schedule_id, organization_id,
-                                lambda s, now, cur: _const(rules.set_enabled(s, False, now=now, actor=actor)))
+                                lambda s, now, tx: _const(rules.set_enabled(s, False, now=now, actor=actor)))
 
     async def resume(self, schedule_id: UUID, *, organization_id: UUID | None = None,
                      actor: str = "system") -> None:
         await self._on_schedule(schedule_id, organization_id,
-                                lambda s, now, cur: _const(rules.set_enabled(s, True, now=now, actor=actor)))
+                                lambda s, now, tx: _const(rules.set_enabled(s, True, now=now, actor=actor)))
 
     async def delete(self, schedule_id: UUID, *, organization_id: UUID | None = None,
                      actor: str = "system") -> None:
         await self._on_schedule(schedule_id, organization_id,
-                                lambda s, now, cur: _const(rules.delete(s, now=now, actor=actor)))
+                                lambda s, now, tx: _const(rules.delete(s, now=now, actor=actor)))
 
     async def run_now(self, schedule_id: UUID, *, organization_id: UUID | None = None,
                       actor: str = "system") -> UUID:
         """Create one scan of the schedule now (paused schedules too); ``next_run_at`` unchanged."""
         scan_id = self.new_id()
 
-        async def decide(s: ScheduleState, now: datetime, cur: AsyncCursor[Any]) -> list[DomainEvent]:
-            await create_scan_in(cur, scan_id, s, now=now, actor=actor, new_id=self.new_id)
+        async def decide(s: ScheduleState, now: datetime, tx: Transaction) -> list[DomainEvent]:
+            await open_scheduled_scan(tx, scan_id, s, now=now, actor=actor, new_id=self.new_id)
             return [rules.run_now(s, scan_id=scan_id, now=now, actor=actor)]
 
         await self._on_schedule(schedule_id, organization_id, decide)
@@ -150,41 +140,40 @@ class Schedules:
         """Handle up to ``limit`` due schedules in one transaction, each in a savepoint of its
         own; returns how many were handled (fired or skipped). A schedule that fails is rolled
         back alone, logged and backed off (:class:`FailureBackoff`); it does not count."""
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["schedule_claim_due"], {"now": self.clock(), "limit": limit,
-                                                              "skip": self.backoff.skipped()})
-            locked = await cur.fetchall()
+        async with self.db.transaction() as tx:
+            locked = await tx.all("schedule_claim_due", {"now": self.clock(), "limit": limit,
+                                                         "skip": self.backoff.skipped()})
             if not locked:
                 return 0
             now = locked[0][1]
             ids = [r[0] for r in locked]
-            await cur.execute(QUERIES["schedule_read_many"], {"ids": ids})
-            rows = {r[0]: r for r in await cur.fetchall()}
+            rows = {r[0]: r for r in await tx.all("schedule_read_many", {"ids": ids})}
             handled = 0
             for sid in ids:
                 try:
                     # A savepoint: an exception (or an error the server raised) undoes this schedule
                     # only. In pipeline mode a server error may surface only when the block ends.
-                    async with cur.connection.transaction():
-                        n = await self._handle_due(cur, rows[sid], now)
+                    async with tx.savepoint():
+                        n = await self._handle_due(tx, rows[sid], now)
                 except Exception as exc:
-                    if cur.connection.broken or cur.connection.closed:
+                    if tx.broken:
                         raise  # the connection itself failed: the whole pass fails and is retried
                     self._failed(rows[sid], exc)
                 else:
                     handled += n
                     self.backoff.succeeded(sid)
+            await tx.commit()
         return handled
 
-    async def _handle_due(self, cur: AsyncCursor[Any], row: tuple[Any, ...], now: datetime) -> int:
+    async def _handle_due(self, tx: Transaction, row: tuple[Any, ...], now: datetime) -> int:
         s, head = _state(row)
         scan_id = self.new_id()
         event = rules.on_due(s, scan_id=scan_id, now=now, actor=SCHEDULER_ACTOR)
         if event is None:
             return 0
         if isinstance(event, ScheduleFired):
-            await create_scan_in(cur, scan_id, s, now=now, actor=SCHEDULER_ACTOR, new_id=self.new_id)
-        await append(cur, head, [event])
+            await open_scheduled_scan(tx, scan_id, s, now=now, actor=SCHEDULER_ACTOR, new_id=self.new_id)
+        tx.append(head, [event])
         return 1
 
     def _failed(self, row: tuple[Any, ...], exc: Exception) -> None:
@@ -202,27 +191,24 @@ class Schedules:
             self.on_failure(schedule_id)
 
     async def _on_schedule(self, schedule_id: UUID, organization_id: UUID | None, decide: Any) -> None:
-        async with transaction(self.pool) as cur:
-            await cur.execute(QUERIES["schedule_lock"], {"schedule_id": schedule_id,
-                                                         "organization_id": organization_id,
-                                                         "now": self.clock()})
-            locked = await cur.fetchone()
+        async with self.db.transaction() as tx:
+            locked = await tx.one("schedule_lock", {"schedule_id": schedule_id, "organization_id": organization_id,
+                                                    "now": self.clock()})
             if locked is None:
                 raise NotFound("no such schedule", schedule_id=str(schedule_id))
             now = locked[1]
-            ((s, head),) = await _read(cur, [schedule_id])
-            events = await decide(s, now, cur)
-            await append(cur, head, events)
+            ((s, head),) = await _read(tx, [schedule_id])
+            tx.append(head, await decide(s, now, tx))
+            await tx.commit()
 
 
 async def _const(events: list[DomainEvent]) -> list[DomainEvent]:
     return events
 
 
-async def _read(cur: AsyncCursor[Any], ids: list[UUID]) -> list[tuple[ScheduleState, StreamHead]]:
+async def _read(tx: Transaction, ids: list[UUID]) -> list[tuple[ScheduleState, StreamHead]]:
     """The locked schedules, read by a statement of their own after the lock, in lock order."""
-    await cur.execute(QUERIES["schedule_read_many"], {"ids": ids})
-    rows = {r[0]: r for r in await cur.fetchall()}
+    rows = {r[0]: r for r in await tx.all("schedule_read_many", {"ids": ids})}
     return [_state(rows[sid]) for sid in ids]
 
 
@@ -247,18 +233,3 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     return text[:limit]
-
-
-async def create_scan_in(cur: AsyncCursor[Any], scan_id: UUID, s: ScheduleState, *, now: datetime, actor: str,
-                         new_id: Callable[[], UUID]) -> None:
-    """Append a new scan with the schedule's profile and queue its first step, inside the
-    caller's transaction: the same events :meth:`Registry.create_scan` appends.
-
-    Scheduled scans run on the Gateway only: while the organisation's ``gateway_execution`` is
-    off this raises :class:`LegacyExecuted`, so the slot stays due (the claim backs the schedule
-    off) and is handled by the misfire policy once the flag is back on.
-    """
-    if not s.profile:
-        raise InvalidRequest("the schedule has no profile")
-    await open_scan(cur, scan_id, s.organization_id, dict(s.targets), clock=now, actor=actor, new_id=new_id,
-                    execution_mode_wanted="gateway", steps=s.profile)

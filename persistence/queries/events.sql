@@ -6,3 +6,7 @@ WHERE e.originator_id = %(originator_id)s
   AND e.originator_version > coalesce(%(after_version)s::bigint, 0)
 ORDER BY e.originator_version
 LIMIT %(limit)s
+
+-- name: ping
+-- Readiness: the database answers.
+SELECT 1

@@ -5,3 +5,7 @@ SELECT a.id, a.worker_id, a.attempt_number, a.status, a.leased_at, a.lease_expir
 FROM worker_task_attempts a
 WHERE a.task_id = %(task_id)s
 ORDER BY a.attempt_number
+
+-- name: attempts_live_count
+-- The live leases of the whole fleet (a sampled gauge, not a hot path).
+SELECT count(*) FROM worker_task_attempts WHERE status IN ('leased', 'running')

@@ -273,7 +273,7 @@ async def test_scans_need_an_organisation_and_reject_legacy_and_unknown_ones(gat
     assert_problem(await gateway.operator("POST", "/v1/scans", {"organization_id": str(uuid4())}), 404)
     r = await gateway.operator("POST", "/v1/scans", {"organization_id": str(gateway.org), "targets": {"a": 1}})
     assert r.status == 201 and r.body["status"] == "pending" and r.body["execution_mode"] == "gateway"
-    legacy = await gateway.registry.create_scan(gateway.org, {}, execution_mode="legacy")
+    legacy = await gateway.scans.create_scan(gateway.org, {}, execution_mode="legacy")
     assert_problem(await gateway.operator("POST", f"/v1/scans/{legacy}/tasks", {"task_type": "probe"}), 409)
 
 

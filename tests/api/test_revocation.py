@@ -140,7 +140,7 @@ async def test_gateway_terminates_the_tasks_a_revoked_worker_can_no_longer_ackno
 async def test_assignment_revocation_cancels_that_organisations_task_and_rejects_its_writes(
         gateway: RunningGateway) -> None:
     other = await gateway.registry.create_organization("other tenant")
-    other_scan = await gateway.registry.create_scan(other, {})
+    other_scan = await gateway.scans.create_scan(other, {})
     worker = await gateway.worker(capacity=2)  # assigned to gateway.org
     r = await gateway.operator("POST", f"/v1/workers/{worker.id}/assignments", {"organization_id": str(other)})
     assert r.status == 200
@@ -177,9 +177,9 @@ async def test_assignment_revocation_cancels_that_organisations_task_and_rejects
 
     # New leases: none of the revoked organisation's, the other's as before. (Both scans were
     # settled with their only job, so the new tasks need scans of their own.)
-    new_mine = await gateway.task(scan=await gateway.registry.create_scan(gateway.org, {}))
+    new_mine = await gateway.task(scan=await gateway.scans.create_scan(gateway.org, {}))
     assert (await worker.acquire()).status == 204
-    new_theirs = await gateway.task(scan=await gateway.registry.create_scan(other, {}))
+    new_theirs = await gateway.task(scan=await gateway.scans.create_scan(other, {}))
     r = await worker.acquire()
     assert r.status == 200 and r.body["lease"]["task"]["id"] == str(new_theirs)
     assert await state(gateway, new_mine) == "pending"

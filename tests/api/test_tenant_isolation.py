@@ -26,8 +26,8 @@ from test_operator_api import Tenant, assert_problem, changes, make_tenant
 from gateway.api import operator as operator_api
 from gateway.api import worker as worker_api
 from gateway.api.operator import ASSIGNMENT_PATH, PROFILE_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
+from gateway.api.service import routes as service_routes
 from gateway.api.worker import ATTEMPT_PATH
-from gateway.app import service_routes
 from support.gateway import RunningGateway, WorkerClient
 
 WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")
@@ -50,7 +50,7 @@ async def drain(worker: WorkerClient) -> list[dict[str, Any]]:
 async def test_concurrent_acquires_never_cross_organisations(gateway: RunningGateway) -> None:
     per_org, workers_per_org, loops_per_worker = 40, 3, 4
     orgs = [await gateway.registry.create_organization(f"iso-{uuid4().hex[:8]}") for _ in range(2)]
-    scans = [await gateway.registry.create_scan(org, {}) for org in orgs]
+    scans = [await gateway.scans.create_scan(org, {}) for org in orgs]
     owner: dict[str, UUID] = {}
     for org, scan in zip(orgs, scans, strict=True):
         for _ in range(per_org):

@@ -40,12 +40,12 @@ async def test_acquire_refuses_a_caller_not_in_good_standing(world: World, stand
     elif standing == "disabled":
         await world.registry.set_worker_enabled(worker, False)
     caller = {"foreign": other_fingerprint, "unknown": "ab" * 32}.get(standing, fingerprint)
-    before = await event_count(world.lifecycle.pool)
+    before = await event_count(world.pool)
     with pytest.raises(Forbidden) as refused:
         await world.lifecycle.poll(worker, fingerprint=caller)
     expected = {"revoked": "revoked", "disabled": "disabled"}.get(standing, "does not belong")
     assert expected in str(refused.value)
-    assert await event_count(world.lifecycle.pool) == before
+    assert await event_count(world.pool) == before
 
 
 @pytest.mark.parametrize("write", ["renew", "progress", "results", "complete", "fail", "cancel_ack"])
@@ -56,7 +56,7 @@ async def test_every_write_refuses_a_revoked_caller_before_reading_anything(worl
     assert acquired is not None
     args = (worker, acquired.task.id, acquired.attempt.id, acquired.lease_token)
     await world.registry.revoke_worker(worker, reason="key leaked")
-    before = await event_count(world.lifecycle.pool)
+    before = await event_count(world.pool)
     lc = world.lifecycle
     with pytest.raises(Forbidden, match="revoked"):
         if write == "renew":
@@ -72,7 +72,7 @@ async def test_every_write_refuses_a_revoked_caller_before_reading_anything(worl
             await lc.fail(*args, error="boom", fingerprint=fingerprint)
         else:
             await lc.acknowledge_cancel(*args, fingerprint=fingerprint)
-    assert await event_count(world.lifecycle.pool) == before
+    assert await event_count(world.pool) == before
     # Refused before the task was even read: a task id that does not exist gets the same 403.
     with pytest.raises(Forbidden):
         await lc.complete(worker, uuid4(), acquired.attempt.id, acquired.lease_token, fingerprint=fingerprint)

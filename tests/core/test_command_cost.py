@@ -23,8 +23,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from domain.results import payload_sha256
-from gateway.commands import Lifecycle, Registry
+from gateway.services import build_services
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from support.core import ManualClock, World
 
 QUEUED = 300
@@ -53,10 +54,10 @@ async def _one_connection_world(database_url: str) -> tuple[AsyncConnectionPool[
     pool = create_pool(database_url, min_size=1, max_size=1)
     await pool.open()
     clock = ManualClock()
-    registry = Registry(pool, clock=clock)
-    org = await registry.create_organization("acme")
-    scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
-    return pool, World(registry, Lifecycle(pool, clock=clock, rng=random.Random(3)), clock, org, scan)
+    services = build_services(Database(pool), clock=clock, rng=random.Random(3))
+    org = await services.registry.create_organization("acme")
+    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    return pool, World(services, clock, org, scan)
 
 
 @pytest.mark.parametrize("statistics", ["stale", "fresh"])

@@ -20,7 +20,7 @@ from domain.task import (
     ExceedDeadline,
     ExpireLease,
     Fail,
-    Lease,
+    GrantLease,
     MarkRunning,
     Renew,
     RequestCancel,
@@ -102,7 +102,7 @@ class TaskMachine(RuleBasedStateMachine):
         before = self.task
         acquirable = (before.state in ("pending", "retry_wait") and before.available_at <= self.now
                       and before.attempt_count < before.max_attempts)
-        events = self._apply(Lease(attempt_id=self._id(), worker=WORKER,
+        events = self._apply(GrantLease(attempt_id=self._id(), worker=WORKER,
                                    lease_token_hash=token_hash(self.ids)))
         assert bool(events) == acquirable
         if events:

@@ -12,9 +12,7 @@ from domain.errors import LeaseholdError
 from domain.events import ProfileStep
 from domain.results import payload_sha256
 from gateway.commands.ingestion import ingest_batch
-from persistence.queries import QUERIES
 from persistence.task_rows import task_from_row
-from persistence.transaction import transaction
 from support.core import World
 
 TABLES = ("assets", "asset_sightings", "threats", "threat_detections", "file_records", "exposure_changes",
@@ -36,7 +34,7 @@ RECORDS: list[Any] = [
 
 
 async def _counts(world: World) -> dict[str, int]:
-    async with world.lifecycle.pool.connection() as conn:
+    async with world.pool.connection() as conn:
         out = {}
         for table in TABLES:
             cur = await conn.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 - fixed names
@@ -56,7 +54,7 @@ async def _submit(world: World, worker: Any, a: Any, records: list[Any], key: st
 
 async def test_batches_delivered_twice_and_replayed_ingest_once(world: World) -> None:
     worker = await world.worker(task_types=("discover", "vulnscan"))
-    scan = await world.registry.create_scan(world.org, {"targets": ["10.0.0.0/30"]}, profile=(
+    scan = await world.scans.create_scan(world.org, {"targets": ["10.0.0.0/30"]}, profile=(
         ProfileStep(task_type="discover"), ProfileStep(task_type="vulnscan")))
     delivered: list[tuple[Any, list[Any], str, int, bool]] = []
     for step in range(2):
@@ -79,7 +77,7 @@ async def test_batches_delivered_twice_and_replayed_ingest_once(world: World) ->
     # The second task: same asset and external threat (upserted), its own detections and rows.
     assert counts == {"assets": 1, "asset_sightings": 2, "threats": 3, "threat_detections": 4,
                       "file_records": 2, "exposure_changes": 4, "raw_outputs": 4}
-    async with world.lifecycle.pool.connection() as conn:
+    async with world.pool.connection() as conn:
         cur = await conn.execute("SELECT attributes FROM assets")
         assert await cur.fetchall() == [({"os": "linux"},)]
 
@@ -91,16 +89,15 @@ async def test_batches_delivered_twice_and_replayed_ingest_once(world: World) ->
             assert ack.duplicate
     assert await _counts(world) == counts
     # ...and running ingestion itself again for every accepted batch adds nothing either.
-    async with transaction(world.lifecycle.pool) as cur:
-        await cur.execute("SELECT b.id, b.task_id, p.body FROM worker_result_batches b"
-                          " JOIN result_payloads p ON p.sha256 = b.payload_sha256"
-                          " JOIN worker_tasks t ON t.id = b.task_id WHERE t.scan_id = %s", (scan,))
+    async with world.pool.connection() as conn:
+        cur = await conn.execute("SELECT b.id, b.task_id, p.body FROM worker_result_batches b"
+                                 " JOIN result_payloads p ON p.sha256 = b.payload_sha256"
+                                 " JOIN worker_tasks t ON t.id = b.task_id WHERE t.scan_id = %s", (scan,))
         batches = await cur.fetchall()
-        assert len(batches) == 4
+    assert len(batches) == 4
+    async with world.services.db.transaction() as tx:
         for batch_id, task_id, body in batches:
-            async with cur.connection.cursor() as read:  # cur has ingestion's writes queued
-                await read.execute(QUERIES["task_read"], {"task_id": task_id, "now": None})
-                row = await read.fetchone()
-            task, _ = task_from_row(row)
-            await ingest_batch(cur, task, batch_id, orjson.loads(body), world.clock())
+            task, _ = task_from_row(await tx.one("task_read", {"task_id": task_id, "now": None}))
+            await ingest_batch(tx, task, batch_id, orjson.loads(body), world.clock())
+        await tx.commit()
     assert await _counts(world) == counts

@@ -16,17 +16,14 @@ from domain.errors import Conflict, InvalidTransition, NotFound
 from domain.events import ProfileStep
 from domain.profiles import LegacyExecuted, execution_mode
 from domain.results import payload_sha256
-from gateway.commands import Acquired
-from gateway.commands.legacy import LegacyScans
-from gateway.commands.lifecycle import TaskSpec
-from gateway.commands.profiles import Profiles
+from gateway.commands.lifecycle import Acquired, TaskSpec
 from support.core import World, assert_log_rebuilds_live
 
 TWO_STEPS = (ProfileStep(task_type="discover", lease_seconds=300), ProfileStep(task_type="portscan", lease_seconds=120))
 
 
 async def _rows(world: World, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with world.lifecycle.pool.connection() as conn:
+    async with world.pool.connection() as conn:
         cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 
@@ -59,10 +56,10 @@ def test_precedence_table() -> None:
 
 
 async def test_the_flags_decide_each_new_scans_mode(world: World, database_url: str) -> None:
-    profiles = Profiles(world.lifecycle.pool, clock=world.clock)
+    profiles = world.services.profiles
     await profiles.create(world.org, name="on", steps=TWO_STEPS)
     await profiles.create(world.org, name="off", steps=TWO_STEPS, gateway_execution=False)
-    create = world.registry.create_scan
+    create = world.scans.create_scan
     targets = {"targets": ["10.0.0.1"]}
 
     assert await _shape(world, await create(world.org, targets)) == ("gateway", [], 0)
@@ -92,7 +89,7 @@ async def test_the_flags_decide_each_new_scans_mode(world: World, database_url: 
 
 async def test_a_legacy_job_never_gets_a_worker_task(world: World, database_url: str) -> None:
     worker = await world.worker(task_types=("discover", "portscan", "probe"), capacity=4)
-    scan = await world.registry.create_scan(world.org, {"targets": ["10.0.0.1"]}, profile=TWO_STEPS,
+    scan = await world.scans.create_scan(world.org, {"targets": ["10.0.0.1"]}, profile=TWO_STEPS,
                                             execution_mode="legacy")
     assert await world.lifecycle.acquire(worker) is None  # an idle, capable worker: nothing to lease
     with pytest.raises(InvalidTransition):
@@ -100,7 +97,7 @@ async def test_a_legacy_job_never_gets_a_worker_task(world: World, database_url:
     ((job,),) = await _rows(world, "SELECT id FROM scan_jobs WHERE scan_id = %s AND position = 0", scan)
 
     # The database refuses it too, whatever code tries (the test's role is the owner, no bypass).
-    gateway_scan = await world.registry.create_scan(world.org, {}, profile=TWO_STEPS)
+    gateway_scan = await world.scans.create_scan(world.org, {}, profile=TWO_STEPS)
     ((gateway_job,),) = await _rows(world, "SELECT id FROM scan_jobs WHERE scan_id = %s", gateway_scan)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.CheckViolation, match="creates no worker task"):
@@ -129,12 +126,12 @@ async def test_a_legacy_job_never_gets_a_worker_task(world: World, database_url:
 async def test_flag_off_makes_new_scans_legacy_while_a_running_gateway_scan_finishes(
         world: World, database_url: str) -> None:
     worker = await world.worker(task_types=("discover", "portscan"), capacity=2)
-    running = await world.registry.create_scan(world.org, {"targets": ["10.0.0.0/30"]}, profile=TWO_STEPS)
+    running = await world.scans.create_scan(world.org, {"targets": ["10.0.0.0/30"]}, profile=TWO_STEPS)
     first = await world.lifecycle.acquire(worker)
     assert first is not None and first.task.scan_id == running
 
     await world.registry.set_gateway_execution(world.org, False, actor="operator:rollback")
-    later = await world.registry.create_scan(world.org, {"targets": ["10.0.0.9"]}, profile=TWO_STEPS)
+    later = await world.scans.create_scan(world.org, {"targets": ["10.0.0.9"]}, profile=TWO_STEPS)
     assert (await _shape(world, later))[0] == "legacy"
 
     lc = world.lifecycle
@@ -157,10 +154,10 @@ async def test_a_flag_change_waits_for_scans_being_created_and_they_see_it(world
     async with await psycopg.AsyncConnection.connect(database_url) as flipper:
         # The row lock Registry.set_gateway_execution holds until it commits.
         await flipper.execute("UPDATE organizations SET gateway_execution = false WHERE id = %s", (world.org,))
-        creating = asyncio.create_task(world.registry.create_scan(world.org, {}, profile=TWO_STEPS))
+        creating = asyncio.create_task(world.scans.create_scan(world.org, {}, profile=TWO_STEPS))
         deadline = time.monotonic() + 10
         while True:  # until the creation waits for the organisation's row lock
-            async with world.lifecycle.pool.connection() as conn:
+            async with world.pool.connection() as conn:
                 cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                                          " AND wait_event_type = 'Lock'")
                 row = await cur.fetchone()
@@ -175,10 +172,10 @@ async def test_a_flag_change_waits_for_scans_being_created_and_they_see_it(world
 
 
 async def test_stored_profile_edits_never_change_an_existing_scan(world: World, database_url: str) -> None:
-    profiles = Profiles(world.lifecycle.pool, clock=world.clock)
+    profiles = world.services.profiles
     worker = await world.worker(task_types=("discover", "portscan", "vulnscan"), capacity=2)
     profile = await profiles.create(world.org, name="weekly", steps=TWO_STEPS, actor="operator:k")
-    scan = await world.registry.create_scan(world.org, {"targets": ["10.0.0.1"]}, profile_name="weekly")
+    scan = await world.scans.create_scan(world.org, {"targets": ["10.0.0.1"]}, profile_name="weekly")
     assert await _rows(world, "SELECT stored_profile_id FROM scans WHERE id = %s", scan) == [(profile,)]
 
     await profiles.replace(profile, (ProfileStep(task_type="vulnscan"),), actor="operator:k")
@@ -188,14 +185,14 @@ async def test_stored_profile_edits_never_change_an_existing_scan(world: World, 
     assert (first.task.scan_id, first.task.task_type, first.task.lease_seconds) == (scan, "discover", 300)
     second = await _run(world, worker)  # from the scan's own copy, every field of it
     assert (second.task.scan_id, second.task.task_type, second.task.lease_seconds) == (scan, "portscan", 120)
-    newer = await world.registry.create_scan(world.org, {}, profile_name="weekly")
+    newer = await world.scans.create_scan(world.org, {}, profile_name="weekly")
     assert (await _shape(world, newer))[1] == [("vulnscan", "gateway")]
 
     with pytest.raises(Conflict, match="already exists"):
         await profiles.create(world.org, name="weekly", steps=TWO_STEPS)
     await profiles.delete(profile)
     with pytest.raises(NotFound):
-        await world.registry.create_scan(world.org, {}, profile_name="weekly")
+        await world.scans.create_scan(world.org, {}, profile_name="weekly")
     with pytest.raises(NotFound):
         await profiles.delete(profile)
     assert await _rows(world, "SELECT status FROM scans WHERE id = %s", scan) == [("success",)]
@@ -205,28 +202,28 @@ async def test_stored_profile_edits_never_change_an_existing_scan(world: World, 
 
 
 async def test_profile_names_resolve_per_organisation(world: World, database_url: str) -> None:
-    profiles = Profiles(world.lifecycle.pool, clock=world.clock)
+    profiles = world.services.profiles
     other = await world.registry.create_organization("other")
     await profiles.create(other, name="theirs", steps=TWO_STEPS)
     with pytest.raises(NotFound):  # another organisation's profile does not exist for this one
-        await world.registry.create_scan(world.org, {}, profile_name="theirs")
+        await world.scans.create_scan(world.org, {}, profile_name="theirs")
     shared = await profiles.create(None, name="baseline", steps=(ProfileStep(task_type="discover"),))
-    scan = await world.registry.create_scan(world.org, {}, profile_name="baseline")
+    scan = await world.scans.create_scan(world.org, {}, profile_name="baseline")
     assert await _rows(world, "SELECT stored_profile_id FROM scans WHERE id = %s", scan) == [(shared,)]
     own = await profiles.create(world.org, name="baseline", steps=(ProfileStep(task_type="portscan"),))
-    scan = await world.registry.create_scan(world.org, {}, profile_name="baseline")  # its own one hides the global
+    scan = await world.scans.create_scan(world.org, {}, profile_name="baseline")  # its own one hides the global
     assert await _rows(world, "SELECT stored_profile_id FROM scans WHERE id = %s", scan) == [(own,)]
     with pytest.raises(NotFound):  # an organisation changes only its own profiles
         await profiles.replace(shared, TWO_STEPS, owner=world.org)
     await profiles.set_gateway_execution(own, False, owner=world.org)
-    scan = await world.registry.create_scan(world.org, {}, profile_name="baseline")
+    scan = await world.scans.create_scan(world.org, {}, profile_name="baseline")
     assert (await _shape(world, scan))[0] == "legacy"
     await assert_log_rebuilds_live(database_url)
 
 
 async def test_legacy_progress_reports(world: World, database_url: str) -> None:
-    legacy = LegacyScans(world.lifecycle.pool, clock=world.clock)
-    scan = await world.registry.create_scan(world.org, {}, profile=TWO_STEPS, execution_mode="legacy")
+    legacy = world.services.legacy
+    scan = await world.scans.create_scan(world.org, {}, profile=TWO_STEPS, execution_mode="legacy")
     assert await _rows(world, "SELECT legacy_scan_id FROM scans WHERE id = %s", scan) == [(str(scan),)]
     await legacy.record_status(scan, "running", actor="operator:k")
     await legacy.record_status(scan, "running", actor="operator:k")  # a no-op

@@ -8,13 +8,13 @@ from uuid import UUID
 
 from domain.events import ProfileStep
 from domain.results import payload_sha256
-from gateway.commands import Acquired
+from gateway.commands.lifecycle import Acquired
 from persistence.connection import connect
 from support.core import World, assert_log_rebuilds_live
 
 
 async def _rows(world: World, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with world.lifecycle.pool.connection() as conn:
+    async with world.pool.connection() as conn:
         cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 
@@ -46,7 +46,7 @@ PROFILE = (ProfileStep(task_type="discover"), ProfileStep(task_type="portscan"),
 
 async def test_three_step_profile_runs_in_order_with_enriched_scope(world: World) -> None:
     worker = await world.worker(task_types=("discover", "portscan", "vulnscan"))
-    scan = await world.registry.create_scan(world.org, {"targets": ["10.0.0.0/30"]}, profile=PROFILE)
+    scan = await world.scans.create_scan(world.org, {"targets": ["10.0.0.0/30"]}, profile=PROFILE)
     tasks = await _tasks(world, scan)
     assert [(t[1], t[2]) for t in tasks] == [("discover", "pending")]  # lazily: only step 1
     assert tasks[0][3] == {"targets": ["10.0.0.0/30"]}
@@ -76,7 +76,7 @@ async def test_three_step_profile_runs_in_order_with_enriched_scope(world: World
 
 async def test_stop_on_failure_step_fails_the_scan_and_creates_no_later_task(world: World) -> None:
     worker = await world.worker(task_types=("discover", "portscan", "vulnscan"))
-    scan = await world.registry.create_scan(world.org, {"targets": ["h"]}, profile=(
+    scan = await world.scans.create_scan(world.org, {"targets": ["h"]}, profile=(
         ProfileStep(task_type="discover", max_attempts=1), *PROFILE[1:]))
     a = await world.lifecycle.acquire(worker)
     assert a is not None
@@ -89,7 +89,7 @@ async def test_stop_on_failure_step_fails_the_scan_and_creates_no_later_task(wor
 
 async def test_failure_of_a_continuing_step_moves_on(world: World) -> None:
     worker = await world.worker(task_types=("discover", "portscan"))
-    scan = await world.registry.create_scan(world.org, {"targets": ["h"]}, profile=(
+    scan = await world.scans.create_scan(world.org, {"targets": ["h"]}, profile=(
         ProfileStep(task_type="discover", max_attempts=1, stop_on_failure=False),
         ProfileStep(task_type="portscan")))
     a = await world.lifecycle.acquire(worker)
@@ -103,14 +103,14 @@ async def test_failure_of_a_continuing_step_moves_on(world: World) -> None:
 
 async def test_cancel_scan_with_one_running_and_two_pending_tasks(world: World) -> None:
     worker = await world.worker(task_types=("probe",))
-    scan = await world.registry.create_scan(world.org, {"targets": ["h"]})
+    scan = await world.scans.create_scan(world.org, {"targets": ["h"]})
     for _ in range(3):
         await world.task(scan=scan)
     running = await world.lifecycle.acquire(worker)
     assert running is not None
     await world.lifecycle.mark_running(worker, running.task.id, running.attempt.id, running.lease_token)
 
-    states = await world.lifecycle.cancel_scan(scan, reason="operator said so")
+    states = await world.scans.cancel_scan(scan, reason="operator said so")
     assert sorted(t.state for t in states) == ["cancelled", "cancelled", "cancelling"]
     assert await _scan_status(world, scan) == "running"
     assert (await _rows(world, "SELECT cancel_requested_at IS NOT NULL FROM scans WHERE id = %s", scan))[0][0]
@@ -120,33 +120,33 @@ async def test_cancel_scan_with_one_running_and_two_pending_tasks(world: World) 
     await world.lifecycle.acknowledge_cancel(worker, running.task.id, running.attempt.id, running.lease_token)
     assert sorted(t[2] for t in await _tasks(world, scan)) == ["cancelled"] * 3
     assert await _scan_status(world, scan) == "cancelled"
-    assert await world.lifecycle.cancel_scan(scan) == []  # repeating it is a no-op
+    assert await world.scans.cancel_scan(scan) == []  # repeating it is a no-op
 
 
 async def test_cancelled_profile_scan_creates_no_further_step(world: World) -> None:
     worker = await world.worker(task_types=("discover", "portscan", "vulnscan"))
-    scan = await world.registry.create_scan(world.org, {"targets": ["h"]}, profile=PROFILE)
+    scan = await world.scans.create_scan(world.org, {"targets": ["h"]}, profile=PROFILE)
     a = await world.lifecycle.acquire(worker)
     assert a is not None
     await world.lifecycle.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
-    await world.lifecycle.cancel_scan(scan)
+    await world.scans.cancel_scan(scan)
     await world.lifecycle.acknowledge_cancel(worker, a.task.id, a.attempt.id, a.lease_token)
     assert [(t[1], t[2]) for t in await _tasks(world, scan)] == [("discover", "cancelled")]
     assert await _scan_status(world, scan) == "cancelled"
 
 
 async def test_cancel_scan_without_jobs_ends_it_at_once(world: World) -> None:
-    scan = await world.registry.create_scan(world.org, {"targets": ["h"]})
-    assert await world.lifecycle.cancel_scan(scan) == []
+    scan = await world.scans.create_scan(world.org, {"targets": ["h"]})
+    assert await world.scans.cancel_scan(scan) == []
     assert await _scan_status(world, scan) == "cancelled"
 
 
 async def test_profile_and_cancel_events_rebuild_to_the_live_rows(world: World, database_url: str) -> None:
     worker = await world.worker(task_types=("discover", "portscan", "vulnscan"))
-    done = await world.registry.create_scan(world.org, {"targets": ["h"]}, profile=PROFILE[:2])
+    done = await world.scans.create_scan(world.org, {"targets": ["h"]}, profile=PROFILE[:2])
     await _run(world, worker, [{"type": "asset", "kind": "host", "value": "h"}])
-    cancelled = await world.registry.create_scan(world.org, {"targets": ["i"]}, profile=PROFILE)
-    await world.lifecycle.cancel_scan(cancelled)
+    cancelled = await world.scans.create_scan(world.org, {"targets": ["i"]}, profile=PROFILE)
+    await world.scans.cancel_scan(cancelled)
     await assert_log_rebuilds_live(database_url)
     async with await connect(database_url) as conn:
         cur = await conn.execute("SELECT profile IS NOT NULL FROM scans WHERE id = ANY(%s)", ([done, cancelled],))

@@ -14,14 +14,14 @@ from domain.errors import LeaseholdError
 from domain.events import ProfileStep
 from domain.results import payload_sha256
 from domain.task import project_task
-from gateway.commands import Acquired, Lifecycle, Registry
-from gateway.commands.legacy import LegacyScans
-from gateway.commands.profiles import Profiles
+from gateway.commands.lifecycle import Acquired
+from gateway.services import build_services
 from persistence.chain import verify_chains
 from persistence.connection import connect
 from persistence.event_log import read_stream
 from persistence.queries import QUERIES
 from persistence.task_rows import task_from_row
+from persistence.transaction import Database
 from projections.rebuild import diff, fold_log, load_live
 from support.core import ManualClock, World
 
@@ -48,7 +48,7 @@ async def run_program(world: World, workers: list[Any], steps: list[tuple[str, i
         try:
             if op == "task" or not tasks:
                 # A scan of its own: a scan whose jobs all ended is finished and takes no more.
-                scan = await world.registry.create_scan(world.org, {"targets": [f"10.0.0.{n % 250}"]})
+                scan = await world.scans.create_scan(world.org, {"targets": [f"10.0.0.{n % 250}"]})
                 tasks.append(await world.task(scan=scan, max_attempts=rng.randint(1, 3), lease_seconds=rng.choice([5, 30]),
                                               execution_timeout_seconds=rng.choice([20, 300]),
                                               priority=rng.randint(0, 3)))
@@ -100,7 +100,7 @@ async def run_program(world: World, workers: list[Any], steps: list[tuple[str, i
 
 async def _mode_step(world: World, op: str, n: int, rng: random.Random) -> None:
     """Execution modes and stored profiles, mixed into the task programs."""
-    profiles = Profiles(world.lifecycle.pool, clock=world.clock)
+    profiles = world.services.profiles
     if op == "org_flag":
         await world.registry.set_gateway_execution(world.org, rng.random() < 0.7)
     elif op == "profile":
@@ -119,13 +119,13 @@ async def _mode_step(world: World, op: str, n: int, rng: random.Random) -> None:
             else:
                 await profiles.delete(profile)
     elif op == "scan_by_profile":
-        await world.registry.create_scan(world.org, {"targets": [f"10.2.0.{n % 250}"]}, profile_name=f"p{n % 3}")
+        await world.scans.create_scan(world.org, {"targets": [f"10.2.0.{n % 250}"]}, profile_name=f"p{n % 3}")
     else:
-        async with world.lifecycle.pool.connection() as conn:
+        async with world.pool.connection() as conn:
             cur = await conn.execute("SELECT id FROM scans WHERE execution_mode = 'legacy' ORDER BY id")
             legacy = [r[0] for r in await cur.fetchall()]
         if legacy:
-            await LegacyScans(world.lifecycle.pool, clock=world.clock).record_status(
+            await world.services.legacy.record_status(
                 rng.choice(legacy), rng.choice(["running", "running", "success", "failed", "cancelled"]))
 
 
@@ -134,10 +134,9 @@ async def _mode_step(world: World, op: str, n: int, rng: random.Random) -> None:
 async def test_rebuild_from_the_log_equals_live_projections(pool: Any, database_url: str,
                                                             steps: list[tuple[str, int]]) -> None:
     clock = ManualClock()
-    registry = Registry(pool, clock=clock)
-    world = World(registry, Lifecycle(pool, clock=clock, rng=random.Random(1)), clock,
-                  org := await registry.create_organization(f"org-{uuid4()}"),
-                  await registry.create_scan(org, {"targets": ["10.0.0.1"]}))
+    services = build_services(Database(pool), clock=clock, rng=random.Random(1))
+    world = World(services, clock, org := await services.registry.create_organization(f"org-{uuid4()}"),
+                  await services.scans.create_scan(org, {"targets": ["10.0.0.1"]}))
     workers = [await world.worker(capacity=2) for _ in range(3)]
     await run_program(world, workers, steps)
     async with await connect(database_url) as conn:

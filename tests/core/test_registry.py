@@ -12,8 +12,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from domain import registry as rules
-from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
-from domain.errors import TaskCancelled as TaskCancelledError
+from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound, TaskWasCancelled
 from domain.events import AssignmentChanged, WorkerAssigned, WorkerRegistered, WorkerRevoked, WorkerUpdated
 from domain.registry import WorkerState
 from persistence.connection import connect
@@ -245,7 +244,7 @@ async def test_security_revocation_cancels_live_attempts_once(world: World, pool
     assert states == ["cancelling", "cancelling", "running"]
     # Fencing now refuses the revoked worker's writes (the HTTP layer refuses them even earlier),
     # and the refusal is recorded.
-    with pytest.raises(TaskCancelledError):
+    with pytest.raises(TaskWasCancelled):
         await world.final_batch(worker, running)
     with pytest.raises(Forbidden):
         await lc.renew(worker, running.task.id, running.attempt.id, running.lease_token)
@@ -271,7 +270,7 @@ async def test_revocation_does_not_cancel_a_task_another_worker_has_since_leased
 async def test_assignment_revocation_cancels_only_that_organisations_tasks(world: World, pool: Any) -> None:
     reg, lc = world.registry, world.lifecycle
     other = await reg.create_organization("other")
-    other_scan = await reg.create_scan(other, {"targets": []})
+    other_scan = await world.scans.create_scan(other, {"targets": []})
     worker = await world.worker(capacity=2)
     await reg.assign_worker(worker, other)
     mine = await world.running(worker)

@@ -21,6 +21,7 @@ from domain.schedule import Timing
 from gateway.commands.schedules import FailureBackoff, Schedules
 from persistence.chain import verify_chains
 from persistence.connection import connect
+from persistence.transaction import Database
 from projections.rebuild import diff, fold_log, load_live
 from support.core import ManualClock, World, assert_log_rebuilds_live
 
@@ -52,7 +53,7 @@ async def next_run_at(pool: AsyncConnectionPool, schedule_id: UUID) -> datetime:
 
 async def test_racing_claimers_create_exactly_one_scan_per_slot(world: World, pool: AsyncConnectionPool,
                                                                  clock: ManualClock, database_url: str) -> None:
-    claimers = [Schedules(pool, clock=clock) for _ in range(3)]
+    claimers = [Schedules(Database(pool), clock=clock) for _ in range(3)]
     sid = await claimers[0].create(world.org, name="every minute", targets=TARGETS, profile=PROFILE,
                                    interval_seconds=60)
     first = await next_run_at(pool, sid)
@@ -80,7 +81,7 @@ async def test_racing_claimers_create_exactly_one_scan_per_slot(world: World, po
 @pytest.mark.parametrize(("policy", "scans"), [("run_once", 1), ("skip", 0)])
 async def test_misfire_policies(world: World, pool: AsyncConnectionPool, clock: ManualClock, policy: str,
                                 scans: int) -> None:
-    schedules = Schedules(pool, clock=clock)
+    schedules = Schedules(Database(pool), clock=clock)
     sid = await schedules.create(world.org, name="hourly", targets=TARGETS, profile=PROFILE,
                                  interval_seconds=3600, misfire_policy=policy)  # type: ignore[arg-type]
     start = await next_run_at(pool, sid)
@@ -118,7 +119,7 @@ def test_cron_in_a_timezone_across_dst() -> None:
 async def test_cron_schedule_fires_at_local_time(world: World, pool: AsyncConnectionPool,
                                                  clock: ManualClock) -> None:
     clock.now = datetime(2030, 3, 29, 12, tzinfo=UTC)
-    schedules = Schedules(pool, clock=clock)
+    schedules = Schedules(Database(pool), clock=clock)
     sid = await schedules.create(world.org, name="daily", targets=TARGETS, profile=PROFILE,
                                  cron="0 9 * * *", timezone="Europe/Berlin")
     assert await next_run_at(pool, sid) == datetime(2030, 3, 30, 8, tzinfo=UTC)
@@ -129,7 +130,7 @@ async def test_cron_schedule_fires_at_local_time(world: World, pool: AsyncConnec
 
 async def test_pause_resume_delete_and_run_now(world: World, pool: AsyncConnectionPool, clock: ManualClock,
                                                database_url: str) -> None:
-    schedules = Schedules(pool, clock=clock)
+    schedules = Schedules(Database(pool), clock=clock)
     sid = await schedules.create(world.org, name="s", targets=TARGETS, profile=PROFILE, interval_seconds=60)
     await schedules.pause(sid, organization_id=world.org)
     assert (await schedules.get(sid))["enabled"] is False
@@ -179,7 +180,7 @@ async def test_a_failing_schedule_does_not_block_the_others(world: World, pool: 
                                                              caplog: pytest.LogCaptureFixture) -> None:
     backoff_now = [0.0]
     failures: list[UUID] = []
-    schedules = Schedules(pool, clock=clock, on_failure=failures.append,
+    schedules = Schedules(Database(pool), clock=clock, on_failure=failures.append,
                           backoff=FailureBackoff(initial_seconds=10, max_seconds=40, clock=lambda: backoff_now[0]))
     # The two poisoned schedules come first in the claim (earliest next_run_at), the good ones after.
     refused = await schedules.create(world.org, name="refused by the database", targets={"targets": ["10.6.6.6"]},
@@ -265,7 +266,7 @@ async def test_schedules_of_a_legacy_executed_organisation_wait_for_the_flag(
     slots stay due (no scan, legacy or Gateway, is created for them) and "run now" is refused;
     with the flag back on, the missed slots fire once, per the misfire policy (``run_once``)."""
     backoff_now = [0.0]
-    schedules = Schedules(pool, clock=clock,
+    schedules = Schedules(Database(pool), clock=clock,
                           backoff=FailureBackoff(initial_seconds=10, max_seconds=40, clock=lambda: backoff_now[0]))
     sid = await schedules.create(world.org, name="nightly", targets=TARGETS, profile=PROFILE, interval_seconds=60)
     first = await next_run_at(pool, sid)

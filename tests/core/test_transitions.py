@@ -18,7 +18,7 @@ from domain.errors import (
     InvalidTransition,
     LeaseLost,
     NotFound,
-    TaskCancelled,
+    TaskWasCancelled,
 )
 from domain.results import payload_sha256
 from support.core import World, event_count
@@ -315,9 +315,9 @@ async def test_cancel_running_task_goes_through_cancelling(world: World, pool: A
     assert await event_count(pool) == before
     renewed = await world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)
     assert renewed.cancel_requested
-    with pytest.raises(TaskCancelled):
+    with pytest.raises(TaskWasCancelled):
         await world.final_batch(worker, a)
-    with pytest.raises(TaskCancelled):
+    with pytest.raises(TaskWasCancelled):
         await world.lifecycle.complete(worker, a.task.id, a.attempt.id, a.lease_token)
     done = await world.lifecycle.acknowledge_cancel(worker, a.task.id, a.attempt.id, a.lease_token)
     assert done.state == "cancelled"

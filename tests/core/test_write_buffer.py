@@ -4,7 +4,6 @@ sent before anything that could read them."""
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
@@ -12,8 +11,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from domain.errors import Conflict
-from persistence.transaction import transaction
-from persistence.writes import TRIGGER_READS, BufferedCursor, WriteBuffer, apply
+from persistence.task_rows import task_from_row
+from persistence.transaction import Database, Transaction, one
+from persistence.writes import TRIGGER_READS, WriteBuffer
 from projections.rows import Insert, Update
 from support.core import World
 
@@ -65,43 +65,63 @@ def test_updates_that_fire_no_trigger_share_a_statement() -> None:
     assert len(writes) == 1
 
 
-async def _priority(cur: Any, task: UUID) -> int:
-    await cur.execute("SELECT priority FROM worker_tasks WHERE id = %s", (task,))
-    row = await cur.fetchone()
+async def _priority(tx: Transaction, task: UUID) -> int:
+    row = await tx.one("task_read", {"task_id": task, "now": None})
+    assert row is not None
+    return task_from_row(row)[0].priority
+
+
+async def _committed_priority(pool: AsyncConnectionPool, task: UUID) -> int:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT priority FROM worker_tasks WHERE id = %s", (task,))
+        row = await cur.fetchone()
     assert row is not None
     return int(row[0])
 
 
 async def test_a_read_sees_the_writes_queued_before_it(world: World, pool: AsyncConnectionPool) -> None:
     task = await world.task()
-    async with transaction(pool) as cur:
-        assert isinstance(cur, BufferedCursor)
-        await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 7})])
-        assert len(cur.writes) == 1
-        async with cur.connection.cursor() as other:  # another cursor of the transaction
-            assert await _priority(other, task) == 7
-        assert not cur.writes
-        await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 8})])
-        assert await _priority(cur, task) == 8
-        await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 9})])
-    async with pool.connection() as conn:  # COMMIT sent the last one
-        assert await _priority(conn.cursor(), task) == 9
+    async with Database(pool).transaction() as tx:
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 7})])
+        assert await _priority(tx, task) == 7
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 8})])
+        assert await _priority(tx, task) == 8
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 9})])
+        await tx.commit()  # sends the last one first
+    assert await _committed_priority(pool, task) == 9
 
 
-async def test_the_reading_cursor_waits_for_its_own_statement_only(world: World, pool: AsyncConnectionPool) -> None:
-    """The writes sent before a read travel on a cursor of their own. psycopg's pipeline may stop
-    fetching between two commands, and a cursor with two queued commands would then return the
-    first one's rows: a lock read got the writes' one-column ``SELECT 1`` (a 500 under load)."""
+async def test_the_unit_of_work_rolls_back_unless_committed(world: World, pool: AsyncConnectionPool) -> None:
+    """Leaving the block without ``commit()`` — a normal exit, an early return, an error — undoes
+    everything, the writes already sent included."""
     task = await world.task()
-    async with transaction(pool) as cur:
-        async with cur.connection.cursor() as lock_cur:  # the pattern of every lock-then-read
-            await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 7})])
-            await lock_cur.execute("SELECT id, priority FROM worker_tasks WHERE id = %s FOR UPDATE", (task,))
-            await cur.execute("SELECT 1, 2, 3")
-            queued = [entry[0] for entry in cur.connection._pipeline.result_queue if entry is not None]
-            assert queued.count(lock_cur) == 1 and queued.count(cur) == 1
-            assert await lock_cur.fetchone() == (task, 7)
-        assert await cur.fetchone() == (1, 2, 3)
+    async with Database(pool).transaction() as tx:
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 5})])
+        assert await _priority(tx, task) == 5  # sent
+    with pytest.raises(RuntimeError):
+        async with Database(pool).transaction() as tx:
+            tx.apply([Update("worker_tasks", {"id": task}, {"priority": 6})])
+            raise RuntimeError("the command failed")
+    assert await _committed_priority(pool, task) == 0
+    async with Database(pool).transaction() as tx:  # the pooled connection is usable again
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 2})])
+        await tx.commit()
+    assert await _committed_priority(pool, task) == 2
+
+
+async def test_reads_sent_together_each_get_their_own_rows(world: World, pool: AsyncConnectionPool) -> None:
+    """Writes and every read travel on cursors of their own. psycopg's pipeline may stop fetching
+    between two commands, and a cursor with two queued commands would then return the first
+    one's rows: a lock read once got the writes' one-column ``SELECT 1`` (a 500 under load)."""
+    task = await world.task()
+    async with Database(pool).transaction() as tx:
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 7})])
+        locked, row, (now,) = await tx.read(one("task_lock", {"task_id": task}),
+                                            one("task_read", {"task_id": task, "now": None}),
+                                            one("clock_now", {"now": None}))
+        assert locked is not None and locked[0] == task
+        assert task_from_row(row)[0].priority == 7
+        assert now is not None
 
 
 async def test_split_writes_do_what_sequential_writes_do(world: World, pool: AsyncConnectionPool) -> None:
@@ -116,35 +136,37 @@ async def test_split_writes_do_what_sequential_writes_do(world: World, pool: Asy
         assert cur.description is not None
         row = dict(zip([c.name for c in cur.description], await cur.fetchone() or (), strict=True))
     second = {**row, "id": uuid4(), "attempt_number": 2, "acquire_request_id": None}
-    async with transaction(pool) as cur:
-        await apply(cur, [
-            Update("worker_tasks", {"id": task}, {"priority": 1}),
-            Update("worker_tasks", {"id": task}, {"priority": 2}, guard=(("priority", (1,)),)),
-            Update("worker_task_attempts", {"id": attempt}, {"status": "expired"}),
-            Insert("worker_task_attempts", second),
-        ])
-        assert isinstance(cur, BufferedCursor)
-        queued = len(cur.writes)
-        assert await _priority(cur, task) == 2
-        await cur.execute("SELECT status FROM worker_task_attempts WHERE task_id = %s ORDER BY attempt_number",
-                          (task,))
-        assert [s for (s,) in await cur.fetchall()] == ["expired", "leased"]
+    ops = [Update("worker_tasks", {"id": task}, {"priority": 1}),
+           Update("worker_tasks", {"id": task}, {"priority": 2}, guard=(("priority", (1,)),)),
+           Update("worker_task_attempts", {"id": attempt}, {"status": "expired"}),
+           Insert("worker_task_attempts", second)]
+    writes = WriteBuffer()
+    writes.ops(ops)
     # worker_tasks | worker_tasks (the same row) and worker_task_attempts | worker_task_attempts
-    assert queued == 3
+    assert len(writes) == 3
+    async with Database(pool).transaction() as tx:
+        tx.apply(ops)
+        assert await _priority(tx, task) == 2
+        await tx.commit()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT status FROM worker_task_attempts WHERE task_id = %s ORDER BY attempt_number",
+                                 (task,))
+        assert [s for (s,) in await cur.fetchall()] == ["expired", "leased"]
 
 
 async def test_a_rolled_back_savepoint_drops_its_queued_writes(world: World, pool: AsyncConnectionPool) -> None:
     task = await world.task()
-    async with transaction(pool) as cur:
-        await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 4})])
-        async with cur.connection.transaction():  # sends the priority 4 before it starts
-            await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 5})])
+    async with Database(pool).transaction() as tx:
+        tx.apply([Update("worker_tasks", {"id": task}, {"priority": 4})])
+        async with tx.savepoint():  # sends the priority 4 before it starts
+            tx.apply([Update("worker_tasks", {"id": task}, {"priority": 5})])
         with pytest.raises(RuntimeError):
-            async with cur.connection.transaction():
-                await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 6})])
+            async with tx.savepoint():
+                tx.apply([Update("worker_tasks", {"id": task}, {"priority": 6})])
                 raise RuntimeError("undo this savepoint")
-        assert not cur.writes
-        assert await _priority(cur, task) == 5
+        assert await _priority(tx, task) == 5
+        await tx.commit()
+    assert await _committed_priority(pool, task) == 5
 
 
 async def test_a_combined_statement_maps_errors_as_before(world: World, pool: AsyncConnectionPool) -> None:
@@ -153,14 +175,17 @@ async def test_a_combined_statement_maps_errors_as_before(world: World, pool: As
         assert cur.description is not None
         org = dict(zip([c.name for c in cur.description], await cur.fetchone() or (), strict=True))
     task = await world.task()
+    ops = [Update("worker_tasks", {"id": task}, {"priority": 3}),
+           Insert("organizations", {**org, "id": uuid4()})]  # the same name
+    writes = WriteBuffer()
+    writes.ops(ops)
+    assert len(writes) == 1
     with pytest.raises(Conflict) as raised:
-        async with transaction(pool) as cur:
-            await apply(cur, [Update("worker_tasks", {"id": task}, {"priority": 3}),
-                              Insert("organizations", {**org, "id": uuid4()})])  # the same name
-            assert len(cur.writes) == 1
+        async with Database(pool).transaction() as tx:
+            tx.apply(ops)
+            await tx.commit()
     assert raised.value.details["constraint"] == "organizations_name_key"
-    async with pool.connection() as conn:
-        assert await _priority(conn.cursor(), task) == 0
+    assert await _committed_priority(pool, task) == 0
 
 
 #: Trigger functions that read no table but their own (the log's and the audit tables' refusals,

@@ -25,9 +25,10 @@ from uuid import UUID, uuid4
 import orjson
 import pytest
 
-from gateway.commands import Lifecycle, Registry
+from gateway.services import build_services
 from gateway.tls import PkiPaths
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient
 
 
@@ -37,7 +38,7 @@ class Setup:
     process: GatewayProcess
 
     async def rows(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
-        async with self.gateway.lifecycle.pool.connection() as conn:
+        async with self.gateway.pool.connection() as conn:
             cur = await conn.execute(query, params)
             return list(await cur.fetchall())
 
@@ -46,12 +47,12 @@ class Setup:
 async def served(database_url: str, pki: PkiPaths, tmp_path: Path) -> AsyncIterator[Setup]:
     pool = create_pool(database_url, min_size=1, max_size=4)
     await pool.open()
-    registry, lifecycle = Registry(pool), Lifecycle(pool)
-    org = await registry.create_organization(f"org-{uuid4().hex[:8]}")
-    scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
+    services = build_services(Database(pool))
+    org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
+    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
     process = GatewayProcess(database_url, pki, tmp_path / "gateway.log", {"processes": 2})
     await process.start()
-    view = process.client(registry, lifecycle, org, scan)
+    view = process.client(services, org, scan)
     try:
         yield Setup(view, process)
     finally:

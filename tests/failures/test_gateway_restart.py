@@ -28,10 +28,12 @@ from uuid import UUID, uuid4
 from psycopg_pool import AsyncConnectionPool
 
 from cli.dev_ca import issue_worker_certificate
-from gateway.commands import Lifecycle, Registry
-from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.lifecycle import Lifecycle, TaskSpec
+from gateway.commands.registry import Registry
+from gateway.services import build_services
 from gateway.tls import PkiPaths
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from support.agent import AgentProcess, agent_process, eventually, write_plugin
 from support.gateway import GatewayProcess
 
@@ -75,10 +77,10 @@ async def setup(database_url: str) -> AsyncIterator[Setup]:
     pool = create_pool(database_url, min_size=1, max_size=4)
     await pool.open()
     try:
-        registry, lifecycle = Registry(pool), Lifecycle(pool)
-        org = await registry.create_organization(f"org-{uuid4().hex[:8]}")
-        scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
-        yield Setup(pool, registry, lifecycle, org, scan)
+        services = build_services(Database(pool))
+        org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        yield Setup(pool, services.registry, services.lifecycle, org, scan)
     finally:
         await pool.close()
 

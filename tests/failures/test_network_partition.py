@@ -192,7 +192,7 @@ async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_
                 kill_group(plugin_pid)
             proxy.mode = Fault.PASS
             # Healed: the isolated worker takes the next task, so it talks to the Gateway again ...
-            scan = await gateway.registry.create_scan(gateway.org, {"targets": ["127.0.0.1"]})
+            scan = await gateway.scans.create_scan(gateway.org, {"targets": ["127.0.0.1"]})
             (gates / "1").touch()  # its first attempt runs straight through
             later = await gateway.task(task_type="gated", scan=scan)
             await wait_state(gateway, later, "completed", within=30)

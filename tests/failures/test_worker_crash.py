@@ -159,7 +159,7 @@ async def test_sigkilled_worker_on_the_last_attempt_fails_the_task_and_nobody_le
                 kill_group(plugin_pid)
                 await wait_state(gateway, task_id, "failed_terminal", within=15)
                 # A fresh task (its own scan: the first one has ended) shows the bystander still polls.
-                scan = await gateway.registry.create_scan(gateway.org, {"targets": ["127.0.0.1"]})
+                scan = await gateway.scans.create_scan(gateway.org, {"targets": ["127.0.0.1"]})
                 fresh = await gateway.task(task_type="sleepy", scan=scan)
                 await wait_state(gateway, fresh, "completed", within=15)
                 assert other.process.returncode is None

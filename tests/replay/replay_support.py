@@ -40,7 +40,7 @@ async def random_workload(world: World, *, seed: int, workers: int = 6, scans: i
     out = Workload()
     worker_ids = [await world.worker(capacity=rng.randint(1, 3)) for _ in range(workers)]
     for s in range(scans):
-        scan = await world.registry.create_scan(world.org, {"targets": [f"10.1.{s}.0/24"]})
+        scan = await world.scans.create_scan(world.org, {"targets": [f"10.1.{s}.0/24"]})
         for _ in range(tasks_per_scan):
             out.tasks.append(await world.task(scan=scan, max_attempts=rng.randint(1, 3),
                                               lease_seconds=rng.choice([10, 30, 60]),
@@ -101,7 +101,7 @@ async def random_workload(world: World, *, seed: int, workers: int = 6, scans: i
             await asyncio.sleep(0)
             if n % 6:
                 continue
-            async with world.lifecycle.pool.connection() as conn:
+            async with world.pool.connection() as conn:
                 cur = await conn.execute("SELECT id FROM worker_tasks WHERE state IN ('leased', 'running')")
                 live = [r[0] for r in await cur.fetchall()]
             victim = rng.choice(live) if live and rng.random() < 0.8 else rng.choice(out.tasks)

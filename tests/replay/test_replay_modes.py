@@ -11,25 +11,23 @@ from replay_support import cli, cli_json
 
 from domain.events import ProfileStep
 from domain.legacy import parse_message
-from gateway.commands.legacy import LegacyScans
-from gateway.commands.profiles import Profiles
 from support.core import World
 
 STEPS = (ProfileStep(task_type="probe", lease_seconds=45), ProfileStep(task_type="probe", stop_on_failure=False))
 
 
 async def test_rebuild_and_verify_cover_modes_and_stored_profiles(world: World, database_url: str) -> None:
-    profiles = Profiles(world.lifecycle.pool, clock=world.clock)
-    legacy = LegacyScans(world.lifecycle.pool, clock=world.clock)
+    profiles = world.services.profiles
+    legacy = world.services.legacy
     shared = await profiles.create(None, name="baseline", steps=STEPS)
     own = await profiles.create(world.org, name="weekly", steps=STEPS, gateway_execution=False)
     await profiles.replace(shared, STEPS[:1])
-    await world.registry.create_scan(world.org, {"targets": ["a"]}, profile_name="baseline")
-    recorded = await world.registry.create_scan(world.org, {"targets": ["b"]}, profile_name="weekly")
+    await world.scans.create_scan(world.org, {"targets": ["a"]}, profile_name="baseline")
+    recorded = await world.scans.create_scan(world.org, {"targets": ["b"]}, profile_name="weekly")
     await profiles.set_gateway_execution(own, True)
     await profiles.delete(own)
     await world.registry.set_gateway_execution(world.org, False)
-    reported = await world.registry.create_scan(world.org, {"targets": ["c"]}, profile=STEPS)
+    reported = await world.scans.create_scan(world.org, {"targets": ["c"]}, profile=STEPS)
     await legacy.record_status(reported, "running")
     await legacy.record_status(reported, "failed")
     await world.registry.set_gateway_execution(world.org, True)

@@ -23,7 +23,7 @@ async def three_finished_tasks(world: World) -> list[UUID]:
     worker = await world.worker()
     ids = []
     for n in range(3):
-        scan = await world.registry.create_scan(world.org, {"targets": [f"10.9.{n}.1"]})
+        scan = await world.scans.create_scan(world.org, {"targets": [f"10.9.{n}.1"]})
         await world.task(scan=scan)
         a = await world.lifecycle.acquire(worker)
         assert a is not None

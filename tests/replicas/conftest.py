@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from replicas_support import Cluster, RedisServer
 
-from gateway.commands import Lifecycle, Registry
 from gateway.commands.lifecycle import TaskSpec
+from gateway.services import build_services
 from gateway.tls import PkiPaths
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from support.gateway import GatewayProcess, free_port
 
 
@@ -34,18 +35,18 @@ async def cluster(pki: PkiPaths, tmp_path: Path) -> AsyncIterator[Callable[..., 
     async def make(url: str, n: int, **settings: Any) -> Cluster:
         pool = create_pool(url, min_size=1, max_size=10)
         await pool.open()
-        registry, lifecycle = Registry(pool), Lifecycle(pool)
-        org = await registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
-        scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
+        services = build_services(Database(pool))
+        org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
         # A job no worker takes keeps the scan open, so tasks can be added to it all along.
-        await lifecycle.create_task(scan, TaskSpec(task_type="hold", lease_seconds=30,
+        await services.lifecycle.create_task(scan, TaskSpec(task_type="hold", lease_seconds=30,
                                                    execution_timeout_seconds=600))
         gateways = [GatewayProcess(url, pki, tmp_path / f"gateway-{len(made)}-{i}.log", dict(settings))
                     for i in range(n)]
-        c = Cluster(url, pool, registry, lifecycle, org, scan, gateways)
+        c = Cluster(url, pool, services, org, scan, gateways)
         made.append(c)
         await asyncio.gather(*(g.start() for g in gateways))
-        c.views = [g.client(registry, lifecycle, org, scan) for g in gateways]
+        c.views = [g.client(services, org, scan) for g in gateways]
         return c
 
     yield make

@@ -16,7 +16,9 @@ from uuid import UUID, uuid4
 import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
-from gateway.commands import Lifecycle, Registry
+from gateway.commands.lifecycle import Lifecycle
+from gateway.commands.registry import Registry
+from gateway.services import Services
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient
 
 
@@ -24,12 +26,19 @@ from support.gateway import GatewayProcess, RunningGateway, WorkerClient
 class Cluster:
     url: str
     pool: AsyncConnectionPool
-    registry: Registry
-    lifecycle: Lifecycle
+    services: Services
     org: UUID
     scan: UUID
     gateways: list[GatewayProcess]
     views: list[RunningGateway] = field(default_factory=list)
+
+    @property
+    def registry(self) -> Registry:
+        return self.services.registry
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return self.services.lifecycle
 
     async def worker(self, on: int, **kwargs: Any) -> WorkerClient:
         """A registered worker (assigned to the cluster's organisation) talking to gateway ``on``."""

@@ -46,7 +46,7 @@ async def test_hint_alone_wakes_a_waiter_that_does_not_listen(
     await b.start()
     try:
         c.gateways.append(b)
-        c.views.append(b.client(c.registry, c.lifecycle, c.org, c.scan))
+        c.views.append(b.client(c.services, c.org, c.scan))
         await redis_is(c.gateways[0], "connected")
         await redis_is(b, "connected")
         assert (await b.readyz() or {})["listening"] is False

@@ -12,8 +12,9 @@ import pytest
 
 from domain.errors import Conflict
 from domain.results import payload_sha256
-from gateway.commands import Registry
+from gateway.commands.registry import Registry
 from persistence.connection import create_pool
+from persistence.transaction import Database
 from support.gateway import RunningGateway, WorkerClient
 
 
@@ -171,7 +172,7 @@ async def test_a_refused_command_does_not_poison_its_pooled_connection(database_
     pool = create_pool(database_url, min_size=1, max_size=1)  # one connection: every command on it
     await pool.open()
     try:
-        registry = Registry(pool)
+        registry = Registry(Database(pool))
         taken = f"taken-{uuid.uuid4().hex[:8]}"
         await registry.create_organization(taken)
         outcomes = []

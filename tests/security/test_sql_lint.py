@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("domain", "projections", "persistence", "gateway", "replay", "cli", "worker", "migrations")
+PACKAGES = ("domain", "projections", "persistence", "gateway", "replay", "cli", "worker")
 SQL = re.compile(r"\b(SELECT|INSERT\s+INTO|UPDATE|DELETE\s+FROM|FROM|WHERE|VALUES|LISTEN|NOTIFY|UNLISTEN|CREATE|"
                  r"DROP|ALTER|GRANT|REVOKE|TRUNCATE|COPY|SET\s+ROLE|ORDER\s+BY|RETURNING)\b")
 

@@ -141,7 +141,7 @@ async def eventually(check: Callable[[], Awaitable[T | None]], *, within: float 
 
 
 async def rows(gateway: RunningGateway, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with gateway.lifecycle.pool.connection() as conn:
+    async with gateway.pool.connection() as conn:
         cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 

@@ -10,8 +10,10 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from domain.results import payload_sha256
-from gateway.commands import Acquired, Lifecycle, Registry
-from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.lifecycle import Acquired, Lifecycle, TaskSpec
+from gateway.commands.registry import Registry
+from gateway.commands.scans import Scans
+from gateway.services import Services
 from persistence.chain import verify_chains
 from persistence.connection import connect
 from projections.rebuild import diff, fold_log, load_live
@@ -31,17 +33,32 @@ class ManualClock:
         return self.now
 
 
-
 @dataclass
 class World:
     """One organisation with scans, workers and tasks, built through the real commands."""
 
-    registry: Registry
-    lifecycle: Lifecycle
+    services: Services
     clock: ManualClock
     org: UUID
     scan: UUID
     _workers: int = 0
+
+    @property
+    def registry(self) -> Registry:
+        return self.services.registry
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return self.services.lifecycle
+
+    @property
+    def scans(self) -> Scans:
+        return self.services.scans
+
+    @property
+    def pool(self) -> Any:
+        """The connection pool, for the test's own SQL checks."""
+        return self.services.db.pool
 
     async def worker(self, *, capacity: int = 1, task_types: tuple[str, ...] = ("probe",),
                      capabilities: tuple[str, ...] = (), org: UUID | None = None,

@@ -24,8 +24,12 @@ import orjson
 
 from cli.dev_ca import issue_worker_certificate
 from domain.results import payload_sha256
-from gateway.commands import Lifecycle, Registry
+from gateway.commands.lifecycle import Lifecycle, TaskSpec
+from gateway.commands.registry import Registry
+from gateway.commands.scans import Scans
+from gateway.keys import NOTIFIER, SERVICES
 from gateway.serve import start
+from gateway.services import Services
 from gateway.settings import GatewaySettings
 from gateway.tls import PkiPaths
 from worker.client import client_ssl_context
@@ -77,12 +81,28 @@ class RunningGateway:
     pki: PkiPaths
     worker_url: str
     operator_url: str
-    registry: Registry
-    lifecycle: Lifecycle
+    services: Services
     org: UUID
     scan: UUID
     sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _n: int = 0
+
+    @property
+    def registry(self) -> Registry:
+        return self.services.registry
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return self.services.lifecycle
+
+    @property
+    def scans(self) -> Scans:
+        return self.services.scans
+
+    @property
+    def pool(self) -> Any:
+        """The Gateway's connection pool, for the test's own SQL checks."""
+        return self.services.db.pool
 
     def worker_ssl(self, cert: Path, key: Path) -> ssl.SSLContext:
         return client_ssl_context(self.pki.ca_cert, cert, key)
@@ -111,14 +131,12 @@ class RunningGateway:
             return Reply(r.status, orjson.loads(text) if text else None, dict(r.headers))
 
     async def task(self, **spec: Any) -> UUID:
-        from gateway.commands.lifecycle import TaskSpec
-
         fields = {"task_type": "probe", "lease_seconds": 30, "execution_timeout_seconds": 600, **spec}
         scan = fields.pop("scan", self.scan)
         return (await self.lifecycle.create_task(scan, TaskSpec(**fields))).id
 
     async def count(self, query: str, *params: Any) -> Any:
-        async with self.lifecycle.pool.connection() as conn:
+        async with self.services.db.pool.connection() as conn:
             cur = await conn.execute(query, params)
             row = await cur.fetchone()
             return row[0] if row else None
@@ -131,14 +149,12 @@ async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) ->
                                log_level="WARNING", **overrides)
     runner, (worker_port, operator_port) = await start(settings)
     app = runner.app
-    from gateway.keys import LIFECYCLE, NOTIFIER, REGISTRY
-
     await app[NOTIFIER].connected.wait()
-    registry, lifecycle = app[REGISTRY], app[LIFECYCLE]
-    org = await registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
-    scan = await registry.create_scan(org, {"targets": ["127.0.0.1"]})
+    services = app[SERVICES]
+    org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
+    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
     gw = RunningGateway(settings, pki, f"https://localhost:{worker_port}", f"https://localhost:{operator_port}",
-                        registry, lifecycle, org, scan)
+                        services, org, scan)
     try:
         yield gw
     finally:
@@ -220,13 +236,12 @@ class GatewayProcess:
         """One unlabelled sample of this process's ``/metrics``."""
         return await metric(self.pki, self.operator_url, name)
 
-    def client(self, registry: Registry, lifecycle: Lifecycle, org: UUID, scan: UUID) -> RunningGateway:
+    def client(self, services: Services, org: UUID, scan: UUID) -> RunningGateway:
         """A :class:`RunningGateway` that talks to this process (workers, operator calls), with
-        ``registry`` and ``lifecycle`` on the test's own pool for setup and checks."""
+        ``services`` on the test's own pool for setup and checks."""
         settings = GatewaySettings(database_url=self.database_url, pki_dir=self.pki.directory,
                                    worker_port=self.worker_port, operator_port=self.operator_port)
-        return RunningGateway(settings, self.pki, self.worker_url, self.operator_url, registry, lifecycle,
-                              org, scan)
+        return RunningGateway(settings, self.pki, self.worker_url, self.operator_url, services, org, scan)
 
     async def kill(self) -> int | None:
         """SIGKILL: no shutdown at all, as a crash; the exit code (None if it never started)."""

@@ -35,7 +35,7 @@ from support.agent import (
 from support.faultproxy import Fault, fault_proxy
 from support.gateway import RunningGateway
 from worker.backoff import Backoff
-from worker.client import AttemptRef, GatewayClient, GatewayUnavailable, LeaseLost, Rejected, TaskCancelled
+from worker.client import AttemptRef, GatewayClient, GatewayUnavailable, LeaseLost, Rejected, TaskWasCancelled
 
 
 def _port(url: str) -> int:
@@ -204,7 +204,7 @@ async def test_client_retries_network_errors_5xx_and_429_but_not_other_4xx(gatew
             tries = [t for route, t in seen if route == "acquire"]
             assert len(tries) == 4
             assert tries[3] - tries[2] >= 1.0  # Retry-After respected
-            with pytest.raises(TaskCancelled):
+            with pytest.raises(TaskWasCancelled):
                 await client.renew(attempt)
             with pytest.raises(LeaseLost):
                 await client.progress(attempt)
@@ -212,7 +212,7 @@ async def test_client_retries_network_errors_5xx_and_429_but_not_other_4xx(gatew
                 await client.complete(attempt)
             with pytest.raises(Rejected, match="bad body") as refused:
                 await client.fail(attempt, error="x", retryable=True)
-            assert not isinstance(refused.value, LeaseLost | TaskCancelled)
+            assert not isinstance(refused.value, LeaseLost | TaskWasCancelled)
             deadline = time.monotonic() + 0.5
             with pytest.raises(GatewayUnavailable, match="HTTP 502"):
                 await client.cancel_ack(attempt, retry_while=lambda: time.monotonic() < deadline)

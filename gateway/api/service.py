@@ -1,0 +1,48 @@
+"""Service endpoints on both listeners: liveness, readiness, metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+
+from domain.errors import Unavailable
+from gateway.api.http import RouteTable, ok
+from gateway.api.openapi import build_openapi
+from gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
+
+routes = RouteTable()
+
+
+@routes.route("GET", "/healthz", summary="Liveness: the process is up", auth="none", tags=("service",))
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return ok({"status": "ok", "pid": os.getpid()})
+
+
+@routes.route("GET", "/readyz", summary="Readiness: the database answers", auth="none",
+              statuses=(200, 503), tags=("service",))
+async def readyz(request: web.Request) -> web.StreamResponse:
+    try:
+        async with asyncio.timeout(2):
+            await request.app[SERVICES].db.ping()
+    except Exception as exc:
+        raise Unavailable("the database does not answer") from exc
+    return ok({"status": "ready", "listening": request.app[NOTIFIER].connected.is_set(),
+               "redis": _redis_state(request.app)})
+
+
+def _redis_state(app: web.Application) -> str:
+    """``off`` (no ``redis_url``), ``connected`` or ``unavailable`` (the Gateway works without it)."""
+    hints = app.get(HINTS)
+    return "off" if hints is None else "connected" if hints.connected else "unavailable"
+
+
+@routes.route("GET", "/metrics", summary="Prometheus metrics of this process", auth="none", tags=("service",))
+async def metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+@routes.route("GET", "/openapi.json", summary="This API's OpenAPI 3.1 document", auth="none", tags=("service",))
+async def openapi(request: web.Request) -> web.StreamResponse:
+    return ok(build_openapi(request.app[ROUTES]))

@@ -1,0 +1,27 @@
+"""Periodic checkpoints: a background loop that seals the heads of every stream, so a truncated
+stream or a deleted one is detectable (:mod:`persistence.checkpoints`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from persistence.checkpoints import write_checkpoint
+from persistence.transaction import Database
+
+log = logging.getLogger("leasehold.gateway")
+
+
+async def run(db: Database, every: float) -> None:
+    """Write a checkpoint every ``every`` seconds, forever; a failed one is logged and retried
+    at the next interval."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            async with db.connection() as conn:
+                checkpoint = await write_checkpoint(conn)
+            log.info("checkpoint", extra={"checkpoint": checkpoint.id, "seal": checkpoint.seal.hex()})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("checkpoint failed; retrying at the next interval")

@@ -1,0 +1,19 @@
+"""Gauges that need the database: sampled by a background loop, never on a request's path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from gateway.metrics import Metrics
+from persistence.transaction import Database
+
+
+async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:
+    """Sample the live leases every ``every`` seconds, forever (an outage skips a sample)."""
+    while True:
+        with contextlib.suppress(Exception):
+            async with db.read() as reader:
+                row = await reader.one("attempts_live_count", {})
+            metrics.live_leases.set(row[0] if row else 0)
+        await asyncio.sleep(every)
