@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server {redact_url(server_url)} ({source})")
     if not args.reuse:
         t0 = time.perf_counter()
-        sample_url = recreate_database(server_url, BENCH_DB + "_sample")
+        sample_url = recreate_migrated_database(server_url, BENCH_DB + "_sample")
         tasks = asyncio.run(run_sample(sample_url, args.sample_scans, args.tasks_per_scan))
         sample = Sample(sample_url)
         print(f"sample_tasks {tasks}")
