@@ -18,7 +18,8 @@ from psycopg import AsyncConnection
 
 from domain import events as ev
 from domain.task import TaskState, evolve
-from replay.log import StoredRow, require_stream, rows_of_streams, scan_task_ids, stream_rows
+from persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from replay.log import require_stream, scan_task_ids
 
 _BASE_FIELDS = frozenset({"originator_id", "originator_version", "timestamp", "actor"})
 
