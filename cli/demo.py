@@ -37,7 +37,10 @@ from gateway.settings import GatewaySettings
 from migrations import runner as migrate
 from persistence.chain import verify_chains
 from persistence.connection import connect
-from projections.rebuild import diff, fold_log, load_live
+from persistence.snapshot import snapshot
+from persistence.tables import load_tables
+from projections.compare import diff
+from replay.fold import fold
 
 HOME = Path(os.environ.get("LEASEHOLD_HOME", ".")) / ".leasehold" / "demo"
 SLOW_PLUGIN = """#!/usr/bin/env python3
@@ -210,9 +213,8 @@ async def summary(scan: UUID, url: str) -> None:
 
 
 async def audit(url: str) -> None:
-    async with await connect(url) as conn, conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        differences = diff(await load_live(conn), (await fold_log(conn)).tables)
+    async with await connect(url) as conn, snapshot(conn):
+        differences = diff(await load_tables(conn), (await fold(conn)).tables.tables)
         breaks = await verify_chains(conn)
     say(f"audit: projections rebuilt from the log differ in {len(differences)} rows; "
         f"hash chains: {'intact' if not breaks else f'{len(breaks)} broken'}")

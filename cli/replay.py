@@ -27,16 +27,16 @@ from uuid import UUID
 from cli.embedded import configured_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import write_checkpoint
+from persistence.codec import DecodeError
 from persistence.connection import connect
+from persistence.snapshot import snapshot
 from projections.memory import ProjectionError
 from replay import render
 from replay.asof import scan_as_of, task_as_of
 from replay.bundle import export_bundle, verify_bundle
-from replay.decode import DecodeError
 from replay.integrity import verify_log
 from replay.log import NotFound
 from replay.rebuild import RebuildError, check_schema_name, rebuild_schema
-from replay.snapshot import snapshot
 from replay.timeline import scan_timeline, task_timeline
 from replay.verify import verify_projections
 

@@ -9,11 +9,16 @@ reordered or inserted event breaks the chain from that point on.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+
+from persistence.queries import QUERIES
 
 GENESIS = bytes(32)
 
@@ -55,30 +60,56 @@ def check_link(prev: tuple[int, bytes] | None, originator_id: UUID, version: int
     return None
 
 
-async def verify_chains(conn: AsyncConnection[Any], *, batch_size: int = 10000) -> list[ChainBreak]:
-    """Walk every stream's chain in order; the first break of each broken stream."""
-    breaks: list[ChainBreak] = []
+@dataclass(slots=True)
+class ChainWalk:
+    """What one pass over every stream's chain found."""
+
+    streams: int = 0
+    events: int = 0
+    breaks: list[ChainBreak] = field(default_factory=list)
+
+
+async def walk_chains(conn: AsyncConnection[Any], *, batch_size: int = 20_000,
+                      progress: Callable[[int], None] | None = None) -> ChainWalk:
+    """Walk every stream's chain in order, in one pass over the log; the first break of each
+    broken stream. ``progress`` is called with the events walked so far after each batch.
+
+    The log is read through a server-side cursor (memory holds one batch), inside the caller's
+    transaction, or in one of its own when ``conn`` has none.
+    """
+    walk = ChainWalk()
     current: UUID | None = None
     prev: tuple[int, bytes] | None = None
     broken = False
-    after: tuple[UUID, int] | None = None
-    while True:
-        cur = await conn.execute(
-            "SELECT originator_id, originator_version, topic, state, prev_hash, hash FROM events"
-            " WHERE %s::uuid IS NULL OR (originator_id, originator_version) > (%s::uuid, %s::bigint)"
-            " ORDER BY originator_id, originator_version LIMIT %s",
-            (after[0] if after else None, after[0] if after else None, after[1] if after else None,
-             batch_size))
-        rows = await cur.fetchall()
-        if not rows:
-            return breaks
-        for oid, version, topic, state, prev_hash, h in rows:
-            if oid != current:
-                current, prev, broken = oid, None, False
-            if not broken:
-                problem = check_link(prev, oid, version, topic, bytes(state), bytes(prev_hash), bytes(h))
-                if problem is not None:
-                    breaks.append(ChainBreak(oid, version, problem))
-                    broken = True
-            prev = (version, bytes(h))
-        after = (rows[-1][0], rows[-1][1])
+    async with _in_a_transaction(conn), conn.cursor(name="replay_chain_walk", binary=True) as cur:
+        await cur.execute(QUERIES["events_in_stream_order"])
+        while rows := await cur.fetchmany(batch_size):
+            for oid, version, topic, state, prev_hash, h in rows:
+                if oid != current:
+                    current, prev, broken = oid, None, False
+                    walk.streams += 1
+                if not broken:
+                    problem = check_link(prev, oid, version, topic, state, prev_hash, h)
+                    if problem is not None:
+                        walk.breaks.append(ChainBreak(oid, version, problem))
+                        broken = True
+                prev = (version, h)
+            walk.events += len(rows)
+            if progress is not None:
+                progress(walk.events)
+    return walk
+
+
+async def verify_chains(conn: AsyncConnection[Any]) -> list[ChainBreak]:
+    """The first break of each broken stream (:func:`walk_chains`'s findings alone)."""
+    return (await walk_chains(conn)).breaks
+
+
+@asynccontextmanager
+async def _in_a_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A server-side cursor lives in a transaction: the caller's, or one opened for it."""
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        async with conn.transaction():
+            yield
+    else:
+        yield

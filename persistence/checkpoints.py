@@ -38,6 +38,8 @@ from uuid import UUID
 
 from psycopg import AsyncConnection, errors, sql
 
+from persistence.queries import QUERIES
+
 logger = logging.getLogger(__name__)
 
 PREFIX = b"leasehold checkpoint v1\x00"
@@ -125,11 +127,13 @@ FROM events WHERE transaction_id >= %s::xid8
 ORDER BY originator_id, originator_version DESC
 """
 
-_SEALED_HEADS = """
-SELECT DISTINCT ON (originator_id) originator_id, originator_version, hash
-FROM checkpoint_heads WHERE originator_id = ANY(%s)
-ORDER BY originator_id, checkpoint_id DESC
-"""
+
+async def sealed_heads(conn: AsyncConnection[Any], originator_ids: list[UUID]) -> dict[UUID, tuple[Head, int]]:
+    """The last sealed head of each of the streams (those ever sealed), with the id of the
+    checkpoint that sealed it."""
+    cur = await conn.execute(QUERIES["checkpoint_heads_of_streams"], {"originator_ids": originator_ids},
+                             binary=True)
+    return {r[0]: (Head(r[0], r[1], bytes(r[2])), r[3]) for r in await cur.fetchall()}
 
 
 async def _write(conn: AsyncConnection[Any]) -> Checkpoint:
@@ -145,8 +149,8 @@ async def _write(conn: AsyncConnection[Any]) -> Checkpoint:
         candidates = [Head(r[0], r[1], bytes(r[2])) for r in await cur.fetchall()]
         sealed: dict[UUID, Head] = {}
         if previous is not None and candidates:
-            cur = await conn.execute(_SEALED_HEADS, ([c.originator_id for c in candidates],), binary=True)
-            sealed = {r[0]: Head(r[0], r[1], bytes(r[2])) for r in await cur.fetchall()}
+            found = await sealed_heads(conn, [c.originator_id for c in candidates])
+            sealed = {oid: head for oid, (head, _) in found.items()}
         changed: list[Head] = []
         head_count = previous.head_count if previous else 0
         event_count = previous.event_count if previous else 0
@@ -203,7 +207,7 @@ async def verify_checkpoints(conn: AsyncConnection[Any]) -> tuple[list[Checkpoin
     """Check the checkpoint chain itself (seals, counts, no regressions), then the log against
     every sealed head; the first problem per stream, and every problem of the chain.
 
-    Runs in the caller's transaction (a :func:`replay.snapshot.snapshot`, as ``verify_log`` does).
+    Runs in the caller's transaction (a :func:`persistence.snapshot.snapshot`, as ``verify_log`` does).
     """
     cur = await conn.execute(_ALL)
     checkpoints = [checkpoint_from_row(r) for r in await cur.fetchall()]

@@ -1,17 +1,20 @@
 """The one serialization path for events: eventsourcing's mapper with an orjson transcoder.
 
 Stored state is compact JSON (orjson) of the event's fields minus its stream position, plus
-``class_version`` when above 1. Reading resolves the topic to the event class, runs the class's
+``class_version`` when above 1. Reading (:func:`decode_event`, which the mapper's
+``to_domain_event`` also uses) resolves the topic to the event class, runs the class's
 ``upcast_vN_vN+1`` functions (eventsourcing's convention) and validates with pydantic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
+from uuid import UUID
 
 import orjson
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder, Transcoding
-from eventsourcing.utils import get_topic, resolve_topic
+from eventsourcing.utils import TopicError, get_topic, resolve_topic
 
 from domain.events import DomainEvent
 
@@ -51,15 +54,8 @@ class EventMapper(Mapper[Any]):
         )
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
-        cls = cast(type[DomainEvent], resolve_topic(stored_event.topic))
-        state: dict[str, Any] = self.transcoder.decode(stored_event.state)
-        from_version = state.pop("class_version", 1)
-        while from_version < cls.class_version:
-            getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(state)
-            from_version += 1
-        state["originator_id"] = stored_event.originator_id
-        state["originator_version"] = stored_event.originator_version
-        return cls.model_validate(state)
+        return decode_event(stored_event.originator_id, stored_event.originator_version, stored_event.topic,
+                            stored_event.state)
 
 
 _TOPICS: dict[type, str] = {}
@@ -71,6 +67,47 @@ def topic_of(cls: type) -> str:
     if topic is None:
         topic = _TOPICS[cls] = get_topic(cls)
     return topic
+
+
+class DecodeError(ValueError):
+    """A stored event that is not a valid domain event (a sign of a tampered or foreign log)."""
+
+
+Validate = Callable[[Any], Any]
+
+# topic -> (event class, its pydantic validator's validate_python). Resolving a topic imports
+# and inspects a module, and reaching the validator through ``model_validate`` costs a wrapper
+# per call; a rebuild decodes millions of events of a dozen classes.
+_CLASSES: dict[str, tuple[type[DomainEvent], Validate]] = {}
+
+
+def _event_class(topic: str) -> tuple[type[DomainEvent], Validate]:
+    cls = resolve_topic(topic)
+    if not (isinstance(cls, type) and issubclass(cls, DomainEvent)):
+        raise TypeError(f"topic {topic!r} does not name a domain event class")
+    found = _CLASSES[topic] = (cls, cls.__pydantic_validator__.validate_python)
+    return found
+
+
+def decode_event(originator_id: UUID | str, originator_version: int, topic: str, state: bytes) -> DomainEvent:
+    """The domain event a stored row holds, upcast to its class's current version and validated
+    in full (a rebuild trusts nothing it has not validated); :class:`DecodeError` if it is not one."""
+    try:
+        cls, validate = _CLASSES.get(topic) or _event_class(topic)
+        data: dict[str, Any] = orjson.loads(state)
+        from_version = data.pop("class_version", 1)
+        while from_version < cls.class_version:
+            getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(data)
+            from_version += 1
+        data["originator_id"] = originator_id
+        data["originator_version"] = originator_version
+        return cast(DomainEvent, validate(data))
+    except (ValueError, TypeError, AttributeError, KeyError, ImportError, TopicError) as exc:
+        # pydantic and orjson raise ValueErrors; the rest come from topics, states that are not
+        # JSON objects and upcasters that miss a field.
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise DecodeError(f"stream {originator_id} v{originator_version} ({topic}) does not decode:"
+                          f" {first_line}") from exc
 
 
 MAPPER = EventMapper()

@@ -10,8 +10,11 @@ lock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -20,7 +23,8 @@ from psycopg import AsyncConnection
 
 from domain.events import DomainEvent
 from persistence.chain import GENESIS, chain_hash
-from persistence.codec import MAPPER
+from persistence.codec import MAPPER, decode_event
+from persistence.queries import QUERIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +59,6 @@ def record(head: StreamHead, events: Sequence[DomainEvent]) -> tuple[list[Record
     return out, StreamHead(head.id, version, prev)
 
 
-def decode_event(originator_id: UUID, originator_version: int, topic: str, state: bytes) -> DomainEvent:
-    """The domain event a stored row holds (upcast to the current class version)."""
-    return MAPPER.to_domain_event(StoredEvent(originator_id=originator_id, originator_version=originator_version,
-                                              topic=topic, state=state))
-
-
 async def read_stream(conn: AsyncConnection[Any], originator_id: UUID, *,
                       up_to_version: int | None = None) -> list[DomainEvent]:
     """The events of one stream in order (optionally only up to a version)."""
@@ -72,3 +70,83 @@ async def read_stream(conn: AsyncConnection[Any], originator_id: UUID, *,
             (originator_id, up_to_version, up_to_version))
         rows = await cur.fetchall()
     return [decode_event(r[0], r[1], r[2], bytes(r[3])) for r in rows]
+
+
+# --- reading stored rows (audits) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """One row of ``events``, every column."""
+
+    notification_id: int
+    originator_id: UUID
+    originator_version: int
+    topic: str
+    state: bytes
+    recorded_at: datetime
+    transaction_id: int
+    prev_hash: bytes
+    hash: bytes
+
+    @property
+    def event_type(self) -> str:
+        return self.topic.rpartition(":")[2]
+
+    def decode(self) -> DomainEvent:
+        return decode_event(self.originator_id, self.originator_version, self.topic, self.state)
+
+
+def _stored_row(r: tuple[Any, ...]) -> StoredRow:
+    return StoredRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], int(r[6]), bytes(r[7]), bytes(r[8]))
+
+
+async def stream_rows(conn: AsyncConnection[Any], originator_id: UUID) -> list[StoredRow]:
+    """Every stored event of one stream, in version order."""
+    cur = await conn.execute(QUERIES["stored_events_of_stream"], {"originator_id": originator_id})
+    return [_stored_row(r) for r in await cur.fetchall()]
+
+
+async def rows_of_streams(conn: AsyncConnection[Any], ids: Iterable[UUID]) -> list[StoredRow]:
+    """Every stored event of the given streams, in ``notification_id`` (log) order."""
+    cur = await conn.execute(QUERIES["stored_events_of_streams"], {"originator_ids": list(ids)})
+    return [_stored_row(r) for r in await cur.fetchall()]
+
+
+async def stream_type(conn: AsyncConnection[Any], originator_id: UUID) -> str | None:
+    """The type of a stream's first event (``TaskCreated``, ``ScanCreated``…), None if unknown."""
+    cur = await conn.execute(QUERIES["stream_first_topic"], {"originator_id": originator_id})
+    row = await cur.fetchone()
+    return None if row is None else str(row[0]).rpartition(":")[2]
+
+
+async def event_batches(conn: AsyncConnection[Any], *, batch_size: int = 10_000
+                        ) -> AsyncIterator[list[tuple[Any, ...]]]:
+    """The whole log in ``notification_id`` order, in batches of ``(originator_id, version, topic,
+    state, hash)``, through a server-side cursor (memory holds one batch; needs a transaction).
+
+    Binary results: byteas arrive as raw bytes, with no hex text to decode. The next batch is
+    requested before the current one is handed out, so the server reads it (on its own CPU)
+    while the caller folds this one.
+    """
+    async with conn.cursor(name="replay_events", binary=True) as cur:
+        await cur.execute(QUERIES["events_in_log_order"])
+        pending = asyncio.ensure_future(cur.fetchmany(batch_size))
+        try:
+            while rows := await pending:
+                pending = asyncio.ensure_future(cur.fetchmany(batch_size))
+                await asyncio.sleep(0)  # let the request go out before the caller takes the CPU
+                yield rows
+        finally:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
+
+
+async def log_end(conn: AsyncConnection[Any]) -> tuple[datetime, int | None]:
+    """(the transaction's time, the last ``notification_id`` it sees; None for an empty log)."""
+    cur = await conn.execute(QUERIES["events_log_end"])
+    row = await cur.fetchone()
+    assert row is not None, "an aggregate always returns a row"
+    return row[0], row[1]

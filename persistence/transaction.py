@@ -38,6 +38,7 @@ from domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from domain.events import DomainEvent
 from persistence.event_log import StreamHead, record
 from persistence.queries import QUERIES
+from persistence.snapshot import snapshot
 from persistence.writes import WriteBuffer
 from projections.projector import project
 from projections.rows import RowOp
@@ -265,10 +266,10 @@ class Database:
 
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[Reader]:
-        """Several reads that see one moment (``REPEATABLE READ, READ ONLY``)."""
+        """Several reads that see one moment (``REPEATABLE READ, READ ONLY``: the module function
+        :func:`persistence.snapshot.snapshot` on a pooled connection)."""
         with translated_errors():
-            async with self.pool.connection() as conn, conn.transaction():
-                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            async with self.pool.connection() as conn, snapshot(conn):
                 yield Reader(conn)
 
     @asynccontextmanager

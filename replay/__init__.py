@@ -2,7 +2,7 @@
 projections and of the hash chains, checkpoints, as-of views and offline audit bundles.
 
 Every read that must be consistent runs in one ``REPEATABLE READ, READ ONLY`` snapshot
-(:func:`replay.snapshot.snapshot`), so the tools are safe to run while the Gateway writes.
+(:func:`persistence.snapshot.snapshot`), so the tools are safe to run while the Gateway writes.
 The command line lives in :mod:`cli.replay` (``leasehold replay …``); the Gateway calls
 :func:`write_checkpoint` periodically.
 """

@@ -21,10 +21,11 @@ from uuid import UUID
 from psycopg import AsyncConnection
 
 from domain.task import TaskState, project_task
+from persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from projections.memory import MemoryTables
 from projections.projector import project
 from projections.rows import Row
-from replay.log import StoredRow, require_stream, rows_of_streams, scan_task_ids, stream_rows
-from replay.tables import FastMemoryTables
+from replay.log import require_stream, scan_task_ids
 
 Clock = Literal["event", "recorded"]
 
@@ -83,7 +84,7 @@ async def scan_as_of(conn: AsyncConnection[Any], scan_id: UUID, at: datetime, *,
         streams[row.originator_id].append(row)
     kept = {oid: prefix_until(sorted(rows, key=lambda r: r.originator_version), at, clock)
             for oid, rows in streams.items()}
-    tables = FastMemoryTables()
+    tables = MemoryTables()
     for row in sorted((r for rows in kept.values() for r in rows), key=lambda r: r.notification_id):
         tables.apply(project(row.decode(), row.hash))
     result = ScanAsOf(scan_id, at, len(kept[scan_id]), tables.tables["scans"].get((scan_id,)))

@@ -36,9 +36,11 @@ from psycopg import AsyncConnection
 
 from domain.events import ResultBatchAccepted
 from persistence.chain import check_link
-from persistence.checkpoints import latest_checkpoint
-from replay.decode import DECODE
-from replay.log import StoredRow, require_stream, rows_of_streams, scan_task_ids, stream_rows
+from persistence.checkpoints import latest_checkpoint, sealed_heads
+from persistence.codec import decode_event
+from persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from persistence.transaction import Reader
+from replay.log import require_stream, scan_task_ids
 
 FORMAT = "leasehold-audit-bundle/1"
 FILES = ("events.jsonl", "batches.jsonl")
@@ -82,7 +84,7 @@ def _event_line(row: StoredRow) -> dict[str, Any]:
 async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, out: Path) -> Exported:
     """Write the bundle of a task (``kind="task"``) or scan (``"scan"``) into ``out`` (new or empty).
 
-    Reads everything in the caller's transaction: run it inside :func:`replay.snapshot.snapshot`.
+    Reads everything in the caller's transaction: run it inside :func:`persistence.snapshot.snapshot`.
     """
     _require_empty(out)
     if kind == "task":
@@ -100,8 +102,7 @@ async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, ou
     streams: dict[UUID, list[StoredRow]] = {}
     for row in rows:
         streams.setdefault(row.originator_id, []).append(row)
-    cur = await conn.execute("SELECT now()")
-    now_row = await cur.fetchone()
+    now_row = await Reader(conn).one("snapshot_time", {})
     assert now_row is not None
     manifest = {
         "format": FORMAT,
@@ -124,9 +125,8 @@ async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, ou
 async def _batch_lines(conn: AsyncConnection[Any], rows: list[StoredRow]) -> list[dict[str, Any]]:
     accepted = [(row, event) for row in rows
                 if row.event_type == "ResultBatchAccepted" and isinstance(event := row.decode(), ResultBatchAccepted)]
-    cur = await conn.execute("SELECT sha256, body FROM result_payloads WHERE sha256 = ANY(%s)",
-                             (sorted({e.payload_sha256 for _, e in accepted}),))
-    bodies = {sha: bytes(body) for sha, body in await cur.fetchall()}
+    found = await Reader(conn).all("payloads_by_sha256", {"sha256s": sorted({e.payload_sha256 for _, e in accepted})})
+    bodies = {sha: bytes(body) for sha, body in found}
     lines = []
     for row, event in accepted:
         line: dict[str, Any] = {
@@ -155,12 +155,8 @@ async def _checkpoint_section(conn: AsyncConnection[Any], streams: list[UUID]) -
     latest = await latest_checkpoint(conn)
     if latest is None:
         return None
-    cur = await conn.execute(
-        "SELECT DISTINCT ON (originator_id) originator_id, originator_version, hash, checkpoint_id"
-        " FROM checkpoint_heads WHERE originator_id = ANY(%s) ORDER BY originator_id, checkpoint_id DESC",
-        (streams,))
-    heads = {str(r[0]): {"version": r[1], "hash": bytes(r[2]).hex(), "checkpoint_id": r[3]}
-             for r in await cur.fetchall()}
+    heads = {str(oid): {"version": head.version, "hash": head.hash.hex(), "checkpoint_id": checkpoint_id}
+             for oid, (head, checkpoint_id) in (await sealed_heads(conn, streams)).items()}
     return {"id": latest.id, "created_at": latest.created_at.isoformat(), "seal": latest.seal.hex(),
             "head_count": latest.head_count, "event_count": latest.event_count, "sealed_heads": heads}
 
@@ -278,7 +274,7 @@ def _event_problems(events: list[dict[str, Any]]) -> list[str]:
             problems.append(f"stream {line['originator_id']} v{line['originator_version']}:"
                             " state and state_raw_base64 disagree")
         try:
-            DECODE(UUID(line["originator_id"]), line["originator_version"], line["topic"], raw)
+            decode_event(UUID(line["originator_id"]), line["originator_version"], line["topic"], raw)
         except Exception as exc:  # any failure to decode is a finding, not a crash
             problems.append(f"stream {line['originator_id']} v{line['originator_version']}:"
                             f" not a valid {line['topic'].rpartition(':')[2]} event ({type(exc).__name__})")

@@ -15,17 +15,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from operator import itemgetter
 from typing import Any
 
-from psycopg import AsyncConnection, sql
-from psycopg.types.json import JsonbBinaryDumper
+from psycopg import AsyncConnection
 
-from projections.memory import MemoryTables
-from projections.rows import PRIMARY_KEYS, TABLE_ORDER
+from persistence.event_log import log_end
+from persistence.snapshot import snapshot
+from persistence.tables import (
+    comment_on_schema,
+    commit_without_flush_wait,
+    copy_table,
+    create_projection_schema,
+    schema_comment,
+)
+from projections.rows import TABLE_ORDER
 from replay.fold import Folded, Progress, fold
 from replay.gcpause import gc_paused
-from replay.snapshot import snapshot
 
 MARK = "leasehold replay rebuild"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -61,10 +66,7 @@ async def rebuild_schema(source: AsyncConnection[Any], target: AsyncConnection[A
     async with target.transaction():  # fail before the (long) fold when the answer is already no
         await _check_target(target, schema, replace)
     async with snapshot(source):
-        cur = await source.execute("SELECT now(), (SELECT max(notification_id) FROM events)")
-        row = await cur.fetchone()
-        assert row is not None
-        taken_at, last_id = row
+        taken_at, last_id = await log_end(source)
         folded = await fold(source, progress=progress)
     result = Rebuilt(schema, folded.events, fold_seconds=folded.seconds, snapshot_time=taken_at)
     started = time.perf_counter()
@@ -77,66 +79,29 @@ async def rebuild_schema(source: AsyncConnection[Any], target: AsyncConnection[A
 async def _load(target: AsyncConnection[Any], schema: str, replace: bool, folded: Folded, last_id: int | None,
                 taken_at: datetime, result: Rebuilt, on_load: Callable[[str, int], None] | None) -> None:
     async with target.transaction():
-        # A rebuild is derived data: its commit need not wait for the WAL flush. A crash right
-        # after it loses the whole rebuild (never part of it), and it is simply run again.
-        await target.execute("SET LOCAL synchronous_commit = off")
-        await _create_schema(target, schema, replace)
+        # A rebuild is derived data: a crash right after it loses the whole rebuild (never part
+        # of it), and it is simply run again.
+        await commit_without_flush_wait(target)
+        # Checked again inside the transaction that drops it: it may have changed since.
+        await create_projection_schema(target, schema, drop_existing=await _check_target(target, schema, replace))
         for table in TABLE_ORDER:
-            result.rows[table] = await _copy_table(target, schema, table, folded.tables)
+            rows = folded.tables.tables[table]
+            await copy_table(target, schema, table, rows.values())
+            result.rows[table] = len(rows)
             if on_load is not None:
                 on_load(table, result.rows[table])
         comment = (f"{MARK}: {folded.events} events up to notification_id {last_id or 0},"
                    f" snapshot at {taken_at.isoformat()}")
-        await target.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
-            sql.Identifier(schema), sql.Literal(comment)))
+        await comment_on_schema(target, schema, comment)
 
 
 async def _check_target(conn: AsyncConnection[Any], schema: str, replace: bool) -> bool:
     """Whether ``schema`` exists; raises when it does and may not be replaced."""
-    cur = await conn.execute(
-        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", (schema,))
-    row = await cur.fetchone()
-    if row is None:
+    comment = await schema_comment(conn, schema)
+    if comment is None:
         return False
     if not replace:
         raise RebuildError(f"schema {schema!r} already exists (use --replace to overwrite a previous rebuild)")
-    if not (row[0] or "").startswith(MARK):
+    if not comment.startswith(MARK):
         raise RebuildError(f"schema {schema!r} exists and was not made by replay rebuild; refusing to drop it")
     return True
-
-
-async def _create_schema(conn: AsyncConnection[Any], schema: str, replace: bool) -> None:
-    ident = sql.Identifier(schema)
-    # Checked again inside the transaction that drops it: it may have changed since.
-    if await _check_target(conn, schema, replace):
-        await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(ident))
-    await conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
-    for table in TABLE_ORDER:
-        await conn.execute(sql.SQL(
-            "CREATE TABLE {}.{} (LIKE public.{} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(
-            ident, sql.Identifier(table), sql.Identifier(table)))
-
-
-async def _copy_table(conn: AsyncConnection[Any], schema: str, table: str, tables: MemoryTables) -> int:
-    """Binary COPY of one table's rows (the column types come from the new table itself), then
-    its primary key (building the index once, after the load, is cheaper than row by row)."""
-    rows = tables.tables[table]
-    if rows:
-        columns = list(next(iter(rows.values())))
-        values = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[columns[0]],))
-        cur = await conn.execute(
-            "SELECT a.attname, a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, table))
-        types = dict(await cur.fetchall())
-        statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT BINARY)").format(
-            sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
-        async with conn.cursor() as copy_cur, copy_cur.copy(statement) as copy:
-            copy_cur.adapters.register_dumper(dict, JsonbBinaryDumper)  # jsonb columns hold dicts
-            copy.set_types([types[c] for c in columns])
-            for row in rows.values():
-                await copy.write_row(values(row))
-    await conn.execute(sql.SQL("ALTER TABLE {}.{} ADD PRIMARY KEY ({})").format(
-        sql.Identifier(schema), sql.Identifier(table),
-        sql.SQL(", ").join(map(sql.Identifier, PRIMARY_KEYS[table]))))
-    return len(rows)

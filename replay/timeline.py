@@ -18,7 +18,10 @@ from psycopg import AsyncConnection
 
 from domain import events as ev
 from domain.task import TaskState, evolve
-from replay.log import StoredRow, require_stream, rows_of_streams, scan_task_ids, stream_rows
+from persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from projections.memory import MemoryTables
+from projections.projector import project
+from replay.log import require_stream, scan_task_ids
 
 _BASE_FIELDS = frozenset({"originator_id", "originator_version", "timestamp", "actor"})
 
@@ -42,6 +45,7 @@ class Entry:
     rejected: bool
     summary: str
     event: ev.DomainEvent
+    hash: bytes  # the event's chain hash
 
     @property
     def transition(self) -> str:
@@ -79,28 +83,27 @@ async def scan_timeline(conn: AsyncConnection[Any], scan_id: UUID) -> list[Entry
     for rows in by_stream.values():
         entries += _task_entries(sorted(rows, key=lambda r: r.originator_version))
     entries.sort(key=lambda e: (e.time, e.notification_id))
-    return _with_scan_status(entries)
+    return _with_scan_status(scan_id, entries)
 
 
-def _with_scan_status(entries: list[Entry]) -> list[Entry]:
-    """Give the scan's own entries its status before and after, counting the first lease of any
-    of its tasks as the moment it started running (as the projection does)."""
-    status: str | None = None
+def _with_scan_status(scan_id: UUID, entries: list[Entry]) -> list[Entry]:
+    """Give the scan's own entries its status before and after, as the projection shows it: the
+    entries go through the Gateway's projector, which also counts the first lease of any of its
+    tasks as the moment the scan started running. That one cross-stream change commutes with the
+    scan's own events, so the timeline's order (by time) gives the projection's statuses."""
+    tables = MemoryTables()
+    scans = tables.tables["scans"]
+
+    def status() -> str | None:
+        row = scans.get((scan_id,))
+        return None if row is None else row["status"]
+
     out: list[Entry] = []
     for entry in entries:
+        before = status()
+        tables.apply(project(entry.event, entry.hash))
         if entry.stream == "scan":
-            before = status
-            if isinstance(entry.event, ev.ScanCreated):
-                status = "pending"
-            elif isinstance(entry.event, ev.ScanFinished):
-                status = entry.event.status
-            elif isinstance(entry.event, ev.LegacyScanStatusRecorded):
-                status = entry.event.status
-            elif isinstance(entry.event, ev.ScanHandedOver):
-                status = "cancelled"
-            entry = replace(entry, state_before=before, state_after=status)
-        elif isinstance(entry.event, ev.TaskLeased) and status == "pending":
-            status = "running"
+            entry = replace(entry, state_before=before, state_after=status())
         out.append(entry)
     return out
 
@@ -120,7 +123,7 @@ def _task_entries(rows: list[StoredRow]) -> list[Entry]:
             row.notification_id, row.originator_id, "task", row.originator_version, event.timestamp,
             row.recorded_at, event.actor, row.event_type, before, task.state,
             attempt_numbers.get(attempt_id) if attempt_id is not None else None, attempt_id,
-            isinstance(event, ev.WriteRejected), summarize(event, attempt_numbers), event))
+            isinstance(event, ev.WriteRejected), summarize(event, attempt_numbers), event, row.hash))
     return out
 
 
@@ -132,7 +135,7 @@ def _scan_entries(rows: list[StoredRow]) -> list[Entry]:
         out.append(Entry(
             row.notification_id, row.originator_id, "scan", row.originator_version, event.timestamp,
             row.recorded_at, event.actor, row.event_type, None, None, None, None, False,
-            summarize(event, {}), event))
+            summarize(event, {}), event, row.hash))
     return out
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from projections.rebuild import Difference
-from replay.compare import diff, load_live
+from persistence.snapshot import snapshot
+from persistence.tables import load_tables
+from projections.compare import Difference, diff
 from replay.fold import Progress, fold
 from replay.gcpause import gc_paused
-from replay.snapshot import snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ async def verify_projections(conn: AsyncConnection[Any], *, schema: str = "publi
     with gc_paused():
         async with snapshot(conn):
             folded = await fold(conn, progress=progress)
-            live = await load_live(conn, schema)
+            live = await load_tables(conn, schema)
         differences = diff(live, folded.tables.tables)
     rows = {table: len(r) for table, r in live.items()}
     return Verified(folded.events, rows, differences, time.perf_counter() - started)

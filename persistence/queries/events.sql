@@ -10,3 +10,48 @@ LIMIT %(limit)s
 -- name: ping
 -- Readiness: the database answers.
 SELECT 1
+
+-- name: stored_events_of_stream
+-- Every stored column of one stream's events, in version order (audits: timelines, as-of,
+-- bundles). transaction_id as text: psycopg has no loader for xid8.
+SELECT e.notification_id, e.originator_id, e.originator_version, e.topic, e.state, e.recorded_at,
+       e.transaction_id::text, e.prev_hash, e.hash
+FROM events e
+WHERE e.originator_id = %(originator_id)s
+ORDER BY e.originator_version
+
+-- name: stored_events_of_streams
+-- The same for several streams, merged in log (notification_id) order.
+SELECT e.notification_id, e.originator_id, e.originator_version, e.topic, e.state, e.recorded_at,
+       e.transaction_id::text, e.prev_hash, e.hash
+FROM events e
+WHERE e.originator_id = ANY(%(originator_ids)s::uuid[])
+ORDER BY e.notification_id
+
+-- name: stream_first_topic
+-- What kind of stream an id names: the topic of its first event.
+SELECT e.topic FROM events e
+WHERE e.originator_id = %(originator_id)s
+ORDER BY e.originator_version
+LIMIT 1
+
+-- name: events_in_log_order
+-- The whole log as a rebuild folds it (through a server-side cursor): the order the projector
+-- is written for, and the chain hash each projected row records as its head.
+SELECT e.originator_id, e.originator_version, e.topic, e.state, e.hash
+FROM events e
+ORDER BY e.notification_id
+
+-- name: events_in_stream_order
+-- The whole log as the hash chains link it (through a server-side cursor), stream by stream.
+SELECT e.originator_id, e.originator_version, e.topic, e.state, e.prev_hash, e.hash
+FROM events e
+ORDER BY e.originator_id, e.originator_version
+
+-- name: events_log_end
+-- Where the log ends for the reading transaction: its snapshot's time and last event.
+SELECT now(), max(e.notification_id) FROM events e
+
+-- name: snapshot_time
+-- The reading transaction's time (now(): its start, the moment its snapshot shows).
+SELECT now()

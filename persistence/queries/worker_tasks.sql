@@ -116,3 +116,10 @@ WHERE t.id = %(task_id)s
 -- name: task_organization
 -- Operator API: whose task is it (organisation keys see only their own)?
 SELECT t.organization_id FROM worker_tasks t WHERE t.id = %(task_id)s
+
+-- name: tasks_of_scan
+-- A scan's tasks, for audits: those of the jobs its own events queued (what the log says) and
+-- any the projection files under the scan, so an edited projection cannot hide one.
+SELECT t.id FROM worker_tasks t
+WHERE t.scan_job_id = ANY(%(job_ids)s::uuid[]) OR t.scan_id = %(scan_id)s
+ORDER BY t.created_at, t.id

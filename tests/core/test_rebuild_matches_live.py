@@ -20,9 +20,12 @@ from persistence.chain import verify_chains
 from persistence.connection import connect
 from persistence.event_log import read_stream
 from persistence.queries import QUERIES
+from persistence.snapshot import snapshot
+from persistence.tables import load_tables
 from persistence.task_rows import task_from_row
 from persistence.transaction import Database
-from projections.rebuild import diff, fold_log, load_live
+from projections.compare import diff
+from replay.fold import fold
 from support.core import ManualClock, World
 
 STEPS = st.lists(
@@ -140,11 +143,10 @@ async def test_rebuild_from_the_log_equals_live_projections(pool: Any, database_
     workers = [await world.worker(capacity=2) for _ in range(3)]
     await run_program(world, workers, steps)
     async with await connect(database_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            rebuilt = await fold_log(conn)
-            live = await load_live(conn)
-        assert diff(live, rebuilt.tables) == []
+        async with snapshot(conn):
+            rebuilt = await fold(conn)
+            live = await load_tables(conn)
+        assert diff(live, rebuilt.tables.tables) == []
         assert await verify_chains(conn) == []
         states: set[str] = set()
         # The projected rows also agree with the domain's own fold of each task's stream.
@@ -164,7 +166,7 @@ async def test_rebuild_reports_an_edited_projection_row(world: World, pool: Any,
     a = await world.running(worker)
     async with pool.connection() as conn:
         await conn.execute("UPDATE worker_tasks SET priority = 42 WHERE id = %s", (a.task.id,))
-    async with await connect(database_url) as conn:
-        differences = diff(await load_live(conn), (await fold_log(conn)).tables)
+    async with await connect(database_url) as conn, snapshot(conn):
+        differences = diff(await load_tables(conn), (await fold(conn)).tables.tables)
     assert [(d.table, d.key, set(d.columns)) for d in differences] == [("worker_tasks", (a.task.id,), {"priority"})]
     assert "priority: live=42 rebuilt=0" in str(differences[0])

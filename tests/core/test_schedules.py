@@ -21,8 +21,11 @@ from domain.schedule import Timing
 from gateway.commands.schedules import FailureBackoff, Schedules
 from persistence.chain import verify_chains
 from persistence.connection import connect
+from persistence.snapshot import snapshot
+from persistence.tables import load_tables
 from persistence.transaction import Database
-from projections.rebuild import diff, fold_log, load_live
+from projections.compare import diff
+from replay.fold import fold
 from support.core import ManualClock, World, assert_log_rebuilds_live
 
 PROFILE = (ProfileStep(task_type="probe"),)
@@ -251,11 +254,10 @@ async def test_a_failing_schedule_does_not_block_the_others(world: World, pool: 
 async def assert_log_rebuilds_live_except_poison(database_url: str, unreadable: UUID) -> None:
     """Rebuild = live, but for the profile the test corrupted by hand in the projection."""
     async with await connect(database_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            rebuilt = await fold_log(conn)
-            live = await load_live(conn)
-        differences = diff(live, rebuilt.tables)
+        async with snapshot(conn):
+            rebuilt = await fold(conn)
+            live = await load_tables(conn)
+        differences = diff(live, rebuilt.tables.tables)
         assert differences and all(str(unreadable) in str(d) for d in differences), differences
         assert await verify_chains(conn) == []
 

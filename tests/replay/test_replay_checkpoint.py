@@ -14,8 +14,8 @@ from replay_support import cli_json, random_workload
 from persistence.chain import GENESIS, chain_hash
 from persistence.checkpoints import verify_checkpoints, write_checkpoint
 from persistence.connection import connect
+from persistence.snapshot import snapshot
 from replay.integrity import verify_log
-from replay.snapshot import snapshot
 from support.core import World
 
 

@@ -16,7 +16,10 @@ from gateway.commands.scans import Scans
 from gateway.services import Services
 from persistence.chain import verify_chains
 from persistence.connection import connect
-from projections.rebuild import diff, fold_log, load_live
+from persistence.snapshot import snapshot
+from persistence.tables import load_tables
+from projections.compare import diff
+from replay.fold import fold
 
 
 class ManualClock:
@@ -101,11 +104,10 @@ async def assert_log_rebuilds_live(database_url: str) -> None:
     """Every projection folded from the event log equals the live rows (read in one snapshot),
     and every stream's hash chain is intact."""
     async with await connect(database_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            rebuilt = await fold_log(conn)
-            live = await load_live(conn)
-        assert diff(live, rebuilt.tables) == []
+        async with snapshot(conn):
+            rebuilt = await fold(conn)
+            live = await load_tables(conn)
+        assert diff(live, rebuilt.tables.tables) == []
         assert await verify_chains(conn) == []
 
 

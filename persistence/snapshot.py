@@ -1,4 +1,5 @@
-"""One consistent view of the database for a whole audit run.
+"""One consistent view of the database for a whole audit run, or for several reads of the
+Gateway (:meth:`persistence.transaction.Database.snapshot`).
 
 ``REPEATABLE READ`` takes its snapshot at the first statement and keeps it until the end of the
 transaction: the event log and the projections read inside it belong to the same moment, so a
