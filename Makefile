@@ -1,6 +1,6 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
 #   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite
-#   make lint                                   ruff + mypy
+#   make lint                                   ruff + mypy + import contracts (lint-imports)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
 # Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
 
@@ -31,6 +31,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(MYPY_PACKAGES)
+	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)
 	$(VENV)/bin/leasehold demo
