@@ -111,9 +111,9 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for entry in SUBCOMMAND_MODULES:
-        names = [name for name, _ in entry.commands]
-        if commands is None or any(name in commands for name in names):
-            _import_command_module(entry, names[0]).register(subparsers)
+        chosen = [name for name, _ in entry.commands if commands is None or name in commands]
+        if chosen:
+            _import_command_module(entry, chosen[0]).register(subparsers)
         else:
             for name, help_text in entry.commands:
                 # No options of its own: while choosing the command, everything after it is left
