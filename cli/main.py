@@ -25,7 +25,6 @@ import logging
 import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 __all__ = ["SUBCOMMAND_MODULES", "CommandError", "CommandModule", "build_parser", "main"]
@@ -87,6 +86,9 @@ class _VersionAction(argparse._VersionAction):
 
 
 def _version() -> str:
+    # Deferred: importing importlib.metadata costs `leasehold --help` more than all the rest of it.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("leasehold")
     except PackageNotFoundError:
