@@ -61,7 +61,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
 _OWN_PACKAGES = frozenset({"cli", "domain", "gateway", "migrations", "persistence", "projections", "replay",
                            "worker"})
 
-SERVER_EXTRA_HINT = "pip install 'leasehold[server]'"
+_SERVER_EXTRA_HINT = "pip install 'leasehold[server]'"
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -86,7 +86,7 @@ class _VersionAction(argparse._VersionAction):
 
 
 def _version() -> str:
-    # Deferred: importing importlib.metadata costs `leasehold --help` more than all the rest of it.
+    # Deferred: importlib.metadata (with zipfile and email) is most of what `leasehold --help` imports.
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -134,7 +134,7 @@ def _import_command_module(entry: CommandModule, command: str) -> Any:
         if not entry.needs_server or not missing or missing in _OWN_PACKAGES:
             raise
         raise CommandError(f"`leasehold {command}` needs the server extra, which is not installed "
-                           f"(no module named {missing!r}): {SERVER_EXTRA_HINT}") from exc
+                           f"(no module named {missing!r}): {_SERVER_EXTRA_HINT}") from exc
 
 
 def _chosen_command(argv: Sequence[str] | None) -> str | None:
