@@ -20,7 +20,7 @@ $(VENV_PY):
 
 # Reinstall only when pyproject.toml is newer than the stamp.
 $(STAMP): pyproject.toml | $(VENV_PY)
-	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[test]'
+	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

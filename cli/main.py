@@ -3,11 +3,18 @@
 Subcommands come from the modules listed in :data:`SUBCOMMAND_MODULES` (the dispatch table).
 Each module exposes ``register(subparsers)``, which adds its parser(s) and sets a handler with
 ``parser.set_defaults(func=handler)``; ``handler(args: argparse.Namespace) -> int`` returns the
-exit code. To add a command, write such a module and append its dotted name below.
+exit code. To add a command, write such a module and append a :class:`CommandModule` below with
+the names and one-line helps its ``register`` gives the top-level parser.
 
-Exit codes: 0 success, 1 failure (unreachable database, failed migration, ...), 2 usage error.
-Handlers report expected failures by raising :class:`CommandError`; database driver errors that
-escape a handler are reported the same way, without a traceback.
+Only the module of the command being run is imported. The table repeats each command's one-line
+help so that ``leasehold --help`` lists every command without importing any of them: a worker
+host runs ``leasehold worker run`` without the server's packages installed (the ``server``
+extra), and does not pay for importing them on a host that has them. Running a server command
+where the ``server`` extra is missing prints one line saying so.
+
+Exit codes: 0 success, 1 failure (unreachable database, failed migration, missing ``server``
+extra, ...), 2 usage error. Handlers report expected failures by raising :class:`CommandError`;
+database driver errors that escape a handler are reported the same way, without a traceback.
 """
 
 from __future__ import annotations
@@ -16,25 +23,45 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from cli.embedded import EmbeddedPostgresError
+__all__ = ["SUBCOMMAND_MODULES", "CommandError", "CommandModule", "build_parser", "main"]
 
-__all__ = ["SUBCOMMAND_MODULES", "CommandError", "build_parser", "main"]
+
+@dataclass(frozen=True)
+class CommandModule:
+    """A module of the dispatch table and the top-level commands its ``register`` adds."""
+
+    #: Dotted name of the module exposing ``register(subparsers)``.
+    module: str
+    #: ``(command, one-line help)`` of each command it registers, in help order; the help must be
+    #: the one ``register`` passes to ``add_parser`` (a test compares them).
+    commands: tuple[tuple[str, str], ...]
+    #: Whether it needs the ``server`` extra (everything but the worker agent does).
+    needs_server: bool = True
+
 
 #: Dispatch table: modules whose ``register(subparsers)`` contributes subcommands, in help order.
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "cli.database",  # migrate, db start|stop|status|url
-    "cli.pki",  # pki init|issue-worker
-    "cli.replay",  # replay timeline|rebuild|verify|as-of|verify-chain|checkpoint|export|verify-bundle
-    "cli.gateway",  # gateway serve
-    "cli.admin",  # admin create-key
-    "cli.legacy",  # legacy drain
-    "worker.cli",  # worker run
-    "cli.demo",  # demo
+SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
+    CommandModule("cli.database", (("migrate", "upgrade the database schema (alembic)"),
+                                   ("db", "manage the embedded PostgreSQL server"))),
+    CommandModule("cli.pki", (("pki", "manage the Gateway's mTLS certificate authority"),)),
+    CommandModule("cli.replay", (
+        ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
+    CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
+    CommandModule("cli.admin", (("admin", "operator administration (API keys)"),)),
+    CommandModule("cli.legacy", (("legacy", "the legacy Redis scan queue (moving it to the Gateway)"),)),
+    CommandModule("worker.cli", (("worker", "run the remote worker agent"),), needs_server=False),
+    CommandModule("cli.demo", (("demo", "run the end-to-end demo (what `make demo` runs)"),)),
 )
+
+#: Top-level packages of this project: a missing one is a broken install, not a missing extra.
+_OWN_PACKAGES = frozenset({"cli", "domain", "gateway", "migrations", "persistence", "projections", "replay",
+                           "worker"})
+
+_SERVER_EXTRA_HINT = "pip install 'leasehold[server]'"
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -48,28 +75,77 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
+class _VersionAction(argparse._VersionAction):
+    """``--version``, reading the installed version only when asked: the metadata lookup would
+    otherwise cost every command (``leasehold worker run`` included) tens of milliseconds."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        self.version = f"%(prog)s {_version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _version() -> str:
+    # Deferred: importlib.metadata (with zipfile and email) is most of what `leasehold --help` imports.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("leasehold")
     except PackageNotFoundError:
         return "unknown"
 
 
-def build_parser(modules: Sequence[str] = SUBCOMMAND_MODULES) -> argparse.ArgumentParser:
-    """Build the ``leasehold`` argument parser from the subcommand modules in ``modules``."""
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """Build the ``leasehold`` argument parser.
+
+    The modules of ``commands`` (every module when ``None``) are imported and register their real
+    parsers; every other command is a placeholder that only lists its name and one-line help, so
+    the top-level help and usage errors read the same either way. Raises :class:`CommandError`
+    when a module needs the ``server`` extra and it is not installed.
+    """
     parser = argparse.ArgumentParser(
         prog="leasehold",
         description="Durable, event-sourced task lifecycle for remote scanner workers.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction, version="%(prog)s")
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log more (-v: info, -vv: debug) to stderr"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in modules:
-        module = importlib.import_module(name)
-        module.register(subparsers)
+    for entry in SUBCOMMAND_MODULES:
+        chosen = [name for name, _ in entry.commands if commands is None or name in commands]
+        if chosen:
+            _import_command_module(entry, chosen[0]).register(subparsers)
+        else:
+            for name, help_text in entry.commands:
+                # No options of its own: while choosing the command, everything after it is left
+                # for the real parser (see main()).
+                subparsers.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def _import_command_module(entry: CommandModule, command: str) -> Any:
+    """Import ``entry.module``; a missing third-party package of a server command is a missing
+    ``server`` extra, reported in one line rather than with a traceback."""
+    try:
+        return importlib.import_module(entry.module)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if not entry.needs_server or not missing or missing in _OWN_PACKAGES:
+            raise
+        raise CommandError(f"`leasehold {command}` needs the server extra, which is not installed "
+                           f"(no module named {missing!r}): {_SERVER_EXTRA_HINT}") from exc
+
+
+def _chosen_command(argv: Sequence[str] | None) -> str | None:
+    """The command named on the command line, found by the top-level parser alone.
+
+    Top-level options and usage errors (an unknown command) are handled here exactly as the full
+    parser would: ``--help``/``--version`` print and exit, a bad command exits 2.
+    """
+    known, _ = build_parser(commands=()).parse_known_args(argv)
+    command: str | None = known.command
+    return command
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -79,7 +155,10 @@ def _configure_logging(verbosity: int) -> None:
 
 def _database_error_message(exc: BaseException) -> str | None:
     """Return a one-paragraph message for driver/SQLAlchemy/embedded-server errors, else ``None``."""
-    if isinstance(exc, EmbeddedPostgresError):
+    # An EmbeddedPostgresError can only come from an imported cli.embedded; looking it up rather
+    # than importing it keeps the module (and its start-up cost) out of commands that never use it.
+    embedded = sys.modules.get("cli.embedded")
+    if embedded is not None and isinstance(exc, embedded.EmbeddedPostgresError):
         return str(exc)
     module = type(exc).__module__
     if module.startswith(("psycopg", "sqlalchemy")):
@@ -90,7 +169,12 @@ def _database_error_message(exc: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``leasehold`` command line; return the process exit code."""
-    parser = build_parser()
+    command = _chosen_command(argv)
+    try:
+        parser = build_parser(commands=() if command is None else (command,))
+    except CommandError as exc:
+        print(f"leasehold: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     func = getattr(args, "func", None)

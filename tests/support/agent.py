@@ -12,7 +12,7 @@ import stat
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,12 +112,15 @@ class AgentProcess:
 
 
 @asynccontextmanager
-async def agent_process(argv: list[str], log_path: Path) -> AsyncIterator[AgentProcess]:
-    """``leasehold worker run ARGV`` as a subprocess (stderr into ``log_path``); killed on exit."""
+async def agent_process(argv: list[str], log_path: Path, *,
+                        env: Mapping[str, str] | None = None) -> AsyncIterator[AgentProcess]:
+    """``leasehold worker run ARGV`` as a subprocess (stderr into ``log_path``, environment ``env``,
+    default this process's); killed on exit."""
     leasehold = Path(sys.executable).with_name("leasehold")
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(str(leasehold), "worker", "run", *argv,
-                                                       stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL)
+                                                       stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+                                                       env=env)
     try:
         yield AgentProcess(process, log_path)
     finally:
