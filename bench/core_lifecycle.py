@@ -61,17 +61,22 @@ from psycopg_pool import AsyncConnectionPool
 from cli.embedded import redact_url
 from domain.results import payload_sha256
 from domain.task import project_task
-from gateway.commands.lifecycle import Lifecycle, TaskSpec
+from gateway.commands.lifecycle import Lifecycle, ResultBatch, TaskSpec
 from gateway.commands.registry import Registry
 from gateway.commands.scans import Scans
 from gateway.services import build_services
 from migrations import runner as migrate
 from persistence.connection import connect, create_pool
 from persistence.event_log import read_stream
+from persistence.group_commit import GroupCommit
 from persistence.transaction import Database
 
 BENCH_DB = "leasehold_bench"
 LIMIT_DB = "leasehold_bench_limit"
+#: Lanes of group commit per process (0: off); set from --group-commit, read by every process.
+GROUP_COMMIT_ENV = "LEASEHOLD_BENCH_GROUP_COMMIT"
+#: "1": the final batch travels with complete (3 commands a lifecycle); set from --final-with-complete.
+FINAL_WITH_COMPLETE_ENV = "LEASEHOLD_BENCH_FINAL_WITH_COMPLETE"
 DEFAULT_YARDSTICK_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench"
 TASK_TYPE = "probe"
 SPEC = TaskSpec(task_type=TASK_TYPE, scope={"host": "bench.example.test"}, lease_seconds=60,
@@ -259,13 +264,18 @@ async def one_lifecycle(lifecycle: Lifecycle, scans: Scans, loop: BenchLoop,
     if acquired.task.id != task.id:
         loop.misses += 1
     records = [{"type": "asset", "kind": "host", "value": f"{acquired.task.id}.bench.example.test"}]
-    await lifecycle.submit_batch(
-        loop.worker, acquired.task.id, acquired.attempt.id, acquired.lease_token, sequence_number=1,
-        idempotency_key="final", payload_sha256=payload_sha256(records), records=records, final=True)
+    final = None
+    if os.environ.get(FINAL_WITH_COMPLETE_ENV) == "1":  # the batch travels with complete
+        final = ResultBatch(1, "final", payload_sha256(records), records)
+    else:
+        await lifecycle.submit_batch(
+            loop.worker, acquired.task.id, acquired.attempt.id, acquired.lease_token, sequence_number=1,
+            idempotency_key="final", payload_sha256=payload_sha256(records), records=records, final=True)
     t3 = time.perf_counter()
     if hook:
         hook("submit_batch")
-    await lifecycle.complete(loop.worker, acquired.task.id, acquired.attempt.id, acquired.lease_token)
+    await lifecycle.complete(loop.worker, acquired.task.id, acquired.attempt.id, acquired.lease_token,
+                             final_batch=final)
     t4 = time.perf_counter()
     if hook:
         hook("complete")
@@ -301,7 +311,11 @@ async def throughput_process(url: str, proc: int, conc: int, seconds: float, war
     pool = create_pool(url, min_size=conc, max_size=conc)
     await pool.open(wait=True)
     try:
-        services = build_services(Database(pool))
+        db = Database(pool)
+        lanes = int(os.environ.get(GROUP_COMMIT_ENV, "0"))
+        if lanes:
+            GroupCommit(db, lanes=lanes).install()
+        services = build_services(db)
         registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
         loops = list(await asyncio.gather(*(make_loop(registry, f"bench-{tag}-p{proc}-l{i}")
                                             for i in range(conc))))
@@ -1045,6 +1059,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=15, help="timed window per run (default 15)")
     p.add_argument("--warmup", type=float, default=3, help="warm-up per throughput run (default 3)")
     p.add_argument("--concurrency", type=int, default=8, help="asyncio loops per process (default 8)")
+    p.add_argument("--final-with-complete", action="store_true",
+                   help="send the final batch with complete (3 commands a lifecycle instead of 4)")
+    p.add_argument("--group-commit", type=int, default=0, metavar="LANES",
+                   help="share transactions between concurrent commands in LANES lanes per process (0: off)")
     p.add_argument("--processes", type=int, default=2, help="processes of the multi-process run (default 2)")
     p.add_argument("--limit-clients", type=int, help="pg_limit clients (default: --concurrency)")
     p.add_argument("--cost-lifecycles", type=int, default=200, help="lifecycles counted on the wire (default 200)")
@@ -1064,6 +1082,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ[GROUP_COMMIT_ENV] = str(args.group_commit)  # spawned processes inherit these
+    os.environ[FINAL_WITH_COMPLETE_ENV] = "1" if args.final_with_complete else "0"
     server_url, origin = resolve_server_url(args.database_url)
     log(f"server: {redact_url(server_url)} ({origin})")
     conc, seconds = args.concurrency, args.seconds

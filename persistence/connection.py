@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 from psycopg import AsyncConnection
+from psycopg.pq import Format
 from psycopg.types.json import JsonbDumper, set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
@@ -14,11 +15,34 @@ set_json_dumps(lambda obj: orjson.dumps(obj).decode())
 set_json_loads(orjson.loads)
 
 
+#: The schema's domains (migration 0008): each one's type and array type, and its base type's.
+_DOMAINS = """
+SELECT d.oid, d.typarray, b.oid, b.typarray
+FROM pg_type d JOIN pg_type b ON b.oid = d.typbasetype
+WHERE d.typtype = 'd' AND d.typnamespace = 'public'::regnamespace
+"""
+
+
 async def configure(conn: AsyncConnection[Any]) -> None:
-    """Per-connection setup: Python dicts travel as jsonb; autocommit, so that commands send
-    their own BEGIN/COMMIT inside one pipeline (see ``persistence.transaction``)."""
+    """Per-connection setup: Python dicts travel as jsonb; values of the schema's domains load as
+    their base types; autocommit, so that commands send their own BEGIN/COMMIT inside one
+    pipeline (see ``persistence.transaction``)."""
     conn.adapters.register_dumper(dict, JsonbDumper)
     await conn.set_autocommit(True)
+    await _load_domains_as_their_base_types(conn)
+
+
+async def _load_domains_as_their_base_types(conn: AsyncConnection[Any]) -> None:
+    """A domain column comes back with its base type's OID, but an array of a domain (an
+    ``array_agg`` of ``worker_tasks.state``, say) with the domain's own array OID, which psycopg
+    would hand over as unparsed text. Load both with the base type's loaders."""
+    cur = await conn.execute(_DOMAINS)
+    for domain, domain_array, base, base_array in await cur.fetchall():
+        for fmt in (Format.TEXT, Format.BINARY):
+            for oid, like in ((domain, base), (domain_array, base_array)):
+                loader = conn.adapters.get_loader(like, fmt)
+                if loader is not None:
+                    conn.adapters.register_loader(oid, loader)
 
 
 async def connect(url: str, **kwargs: Any) -> AsyncConnection[Any]:

@@ -72,9 +72,12 @@ async def copy_table(conn: AsyncConnection[Any], schema: str, table: str, rows: 
     if rows:
         columns = list(next(iter(rows)))
         values = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[columns[0]],))
+        # A domain column is copied as its base type (binary COPY dumps by type, and domains
+        # have no dumpers of their own).
         cur = await conn.execute(
-            "SELECT a.attname, a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            "SELECT a.attname, CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_type t ON t.oid = a.atttypid"
             " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, table))
         types = dict(await cur.fetchall())
         statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT BINARY)").format(

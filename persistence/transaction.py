@@ -24,11 +24,11 @@ own, never committing anything; ``Database.snapshot()`` gives several reads one 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
@@ -43,6 +43,7 @@ from persistence.writes import WriteBuffer
 from projections.projector import project
 from projections.rows import RowOp
 
+T = TypeVar("T")
 Clock = Callable[[], datetime | None]
 Params = dict[str, Any]
 Row = tuple[Any, ...]
@@ -93,12 +94,13 @@ async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
 class Transaction:
     """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
 
-    __slots__ = ("_conn", "_writes", "_topics", "committed")
+    __slots__ = ("_conn", "_writes", "_topics", "_sent", "committed")
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self._conn = conn
         self._writes = WriteBuffer()
         self._topics: list[str] = []
+        self._sent = 0  # how many times queued writes were sent
         self.committed = False
 
     # --- reads -----------------------------------------------------------------------------
@@ -185,14 +187,50 @@ class Transaction:
         """Whether the connection itself failed (nothing more can run on it)."""
         return self._conn.broken or self._conn.closed
 
+    async def begin(self, *settings: str) -> None:
+        """Queue BEGIN (and ``SET LOCAL`` statements), each on a cursor of its own."""
+        await self._conn.cursor().execute("BEGIN")
+        for setting in settings:
+            await self._conn.cursor().execute(setting)
+
     async def commit(self) -> None:
         """Send the queued writes, then COMMIT. Without this call the transaction rolls back."""
         await self._flush()
         await self._conn.cursor().execute("COMMIT")
         self.committed = True
 
+    async def rollback(self) -> None:
+        """Drop the queued writes and queue ROLLBACK (what was sent is undone)."""
+        self._writes.clear()
+        self._topics.clear()
+        await self._conn.cursor().execute("ROLLBACK")
+
+    async def settle(self) -> int:
+        """Send the queued writes now (no round trip of their own in the pipeline); how many
+        times this transaction has sent writes so far (:attr:`writes_sent`). A shared
+        transaction calls it between bodies, so that whether a body sent anything is known."""
+        await self._flush()
+        return self._sent
+
+    def drop_queued(self, topics_from: int) -> None:
+        """Forget the writes queued since the last :meth:`settle`, and the wake-ups after the
+        first ``topics_from`` (a body that refused before sending anything)."""
+        self._writes.clear()
+        del self._topics[topics_from:]
+
+    @property
+    def writes_sent(self) -> int:
+        """How many times this transaction has sent queued writes."""
+        return self._sent
+
+    @property
+    def topics(self) -> list[str]:
+        """The wake-ups this transaction will send at COMMIT."""
+        return self._topics
+
     async def _flush(self) -> None:
         if self._writes:
+            self._sent += 1
             await self._writes.flush(self._conn.cursor())
 
 
@@ -229,6 +267,8 @@ class Database:
                  on_commit: Callable[[list[str]], None] | None = None) -> None:
         self.pool = pool
         self.on_commit = on_commit
+        #: Shares transactions between concurrent :meth:`run` bodies when set.
+        self.group: GroupRunner | None = None
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
@@ -238,24 +278,33 @@ class Database:
                 tx = Transaction(conn)
                 try:
                     async with conn.pipeline():
-                        # BEGIN on a cursor of its own, like every statement (see the module doc).
-                        await conn.cursor().execute("BEGIN")
-                        try:
-                            yield tx
-                        finally:
-                            if not tx.committed and not conn.broken:
-                                tx._writes.clear()
-                                await conn.cursor().execute("ROLLBACK")
+                        await tx.begin()
+                        yield tx
+                        if not tx.committed:  # left without a commit: undo what was sent
+                            await tx.rollback()
                 except BaseException:
-                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
-                        # conn.rollback(), not a ROLLBACK statement: it also forgets psycopg's
-                        # prepared statements. A statement psycopg meant to prepare in the failed
-                        # pipeline was skipped by the server, and would otherwise be "prepared"
-                        # only client-side.
-                        await conn.rollback()
+                    await abandon(conn)
                     raise
             if tx.committed and tx._topics and self.on_commit is not None:
                 self.on_commit(tx._topics)
+
+    async def run(self, body: Callable[[Transaction], Awaitable[T]], *, key: object = None) -> T:
+        """Run ``body`` in a transaction and commit it; ``body``'s result.
+
+        ``body`` reads and queues writes on the transaction it is given and must not commit: with
+        a group committer (:class:`persistence.group_commit.GroupCommit`, set as ``group``),
+        bodies that arrive together share one transaction and one COMMIT, and each gets its
+        answer only once that COMMIT is done. ``key`` keeps the bodies that would contend for the
+        same rows (one worker's, say) in one lane. A body may run more than once (a shared
+        transaction that failed is retried body by body), so it must do nothing but read and
+        queue writes.
+        """
+        if self.group is not None:
+            return await self.group.submit(body, key)
+        async with self.transaction() as tx:
+            result = await body(tx)
+            await tx.commit()
+        return result
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Reader]:
@@ -284,6 +333,22 @@ class Database:
         """Raise :class:`domain.errors.Unavailable` unless the database answers."""
         async with self.read() as reader:
             await reader.one("ping", {})
+
+
+class GroupRunner(Protocol):
+    """What :meth:`Database.run` hands its bodies to when transactions are shared."""
+
+    async def submit(self, body: Callable[[Transaction], Awaitable[T]], key: object) -> T: ...
+
+
+async def abandon(conn: AsyncConnection[Any]) -> None:
+    """After a failure inside a transaction: roll it back, unless the connection is gone.
+
+    ``conn.rollback()``, not a ROLLBACK statement: it also forgets psycopg's prepared statements.
+    A statement psycopg meant to prepare in the failed pipeline was skipped by the server, and
+    would otherwise be "prepared" only client-side."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not conn.closed:
+        await conn.rollback()
 
 
 class translated_errors:

@@ -16,10 +16,13 @@ transaction, and nothing is left unsent.
 The sub-statements of one statement share a snapshot, cannot see each other's effects and run
 in no specified order, so a write starts a new statement (still in the same pipeline, in order)
 when the current one already writes its table (one row written twice, or unique checks that
-would run in another order), or when a trigger of one of the two tables reads the other
-(``scan_jobs`` reads ``scans``, ``worker_tasks`` reads ``scan_jobs``). Events are the
-exception: all the events of a statement are rows of its one ``INSERT INTO events``, in order, so
-``notification_id`` follows the order of the appends.
+would run in another order). Events are the exception: all the events of a statement are rows of
+its one ``INSERT INTO events``, in order, so ``notification_id`` follows the order of the appends.
+Checks that read another table run after the statement, where they see all of it: foreign keys
+at its end, and the two triggers that compare execution modes across tables at COMMIT (they are
+deferred constraint triggers, migration 0008); a row trigger reading another table would see
+none of its sibling sub-statements' rows, so none may exist (``tests/core/test_write_buffer.py``
+fails when one appears).
 """
 
 from __future__ import annotations
@@ -33,14 +36,6 @@ from psycopg import AsyncCursor, sql
 from projections.rows import PRIMARY_KEYS, Insert, RowOp, Update, Upsert
 
 _cache: dict[tuple[Any, ...], sql.Composed] = {}
-
-#: Triggers that read another table, as (table whose trigger fires, the column whose update
-#: fires it, the table it reads): such a pair never shares a statement (see the module doc).
-TRIGGER_READS: tuple[tuple[str, str, str], ...] = (
-    ("scan_jobs", "scan_id", "scans"),
-    ("worker_tasks", "scan_job_id", "scan_jobs"),
-)
-
 
 def _columns(names: Iterable[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
@@ -153,16 +148,9 @@ class _Statement:
         self.notifies: list[Any] = []
         self.tables: set[str] = set()
 
-    def admits(self, table: str, columns: Iterable[str], insert: bool) -> bool:
-        """Whether a write to ``table`` (an insert, or an update of ``columns``) may join."""
-        if table in self.tables:
-            return False
-        for fires, column, reads in TRIGGER_READS:
-            if table == fires and reads in self.tables and (insert or column in columns):
-                return False
-            if table == reads and insert and fires in self.tables:
-                return False
-        return True
+    def admits(self, table: str) -> bool:
+        """Whether a write to ``table`` may join (it is not written by this statement yet)."""
+        return table not in self.tables
 
     def shape(self) -> tuple[Any, ...]:
         return (self.event_count, tuple(shape for shape, _, _ in self.parts), len(self.notifies))
@@ -210,9 +198,9 @@ class WriteBuffer:
             self._statements.append(_Statement())
         return self._statements[-1]
 
-    def _for(self, table: str, columns: Iterable[str], insert: bool) -> _Statement:
+    def _for(self, table: str) -> _Statement:
         statement = self._current()
-        if not statement.admits(table, columns, insert):
+        if not statement.admits(table):
             statement = _Statement()
             self._statements.append(statement)
         statement.tables.add(table)
@@ -229,11 +217,7 @@ class WriteBuffer:
         """Queue row changes (folded by :func:`coalesce` first)."""
         for op in coalesce(ops):
             shape, query, params = _render(op)
-            if isinstance(op, Update):
-                statement = self._for(op.table, op.values, False)
-            else:
-                statement = self._for(op.table, op.row, True)
-            statement.parts.append((shape, query, params))
+            self._for(op.table).parts.append((shape, query, params))
 
     def statement(self, table: str, query: str, params: dict[str, Any]) -> None:
         """Queue a data-modifying statement on ``table`` with named parameters (``%(name)s``)
@@ -243,7 +227,7 @@ class WriteBuffer:
             names = tuple(_NAMED.findall(query))
             found = _positional[query] = (sql.SQL(_NAMED.sub("%s", query)), names)
         text, names = found
-        self._for(table, (), True).parts.append((("statement", query), text, [params[n] for n in names]))
+        self._for(table).parts.append((("statement", query), text, [params[n] for n in names]))
 
     def notify(self, channel: str, payload: str) -> None:
         """Queue ``pg_notify(channel, payload)`` (delivered at commit, like any NOTIFY)."""

@@ -23,6 +23,7 @@ from gateway.api.worker_models import (
     AttemptView,
     BatchAck,
     CancelNotice,
+    CompleteRequest,
     FailRequest,
     Lease,
     RenewResponse,
@@ -33,7 +34,7 @@ from gateway.api.worker_models import (
 )
 from gateway.auth import worker_identity
 from gateway.commands import wakeups
-from gateway.commands.lifecycle import Acquired
+from gateway.commands.lifecycle import Acquired, ResultBatch
 from gateway.identity import WorkerIdentity
 from gateway.keys import NOTIFIER, SERVICES, SETTINGS
 
@@ -163,11 +164,16 @@ async def results(request: web.Request) -> web.StreamResponse:
                        accepted_at=b.accepted_at, duplicate=ack.duplicate))
 
 
-@routes.route("POST", ATTEMPT_PATH + "/complete", summary="Complete the task (needs an accepted final batch)",
-              auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
+@routes.route("POST", ATTEMPT_PATH + "/complete",
+              summary="Complete the task (needs an accepted final batch, or carries it as final_batch)",
+              auth="worker", request=CompleteRequest, response=TaskStatus, tags=("worker",))
 async def complete(request: web.Request) -> web.StreamResponse:
-    w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.complete(*w.args(), **w.caller())))
+    w = await _attempt_write(request, CompleteRequest)
+    batch = w.body.final_batch
+    final = None if batch is None else ResultBatch(batch.sequence_number, batch.idempotency_key,
+                                                   batch.payload_sha256, batch.payload)
+    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
+                                                                           **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",

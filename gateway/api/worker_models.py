@@ -54,14 +54,29 @@ class WorkerWriteRequest(Body):
     lease_token: Token
 
 
-class ResultBatchRequest(WorkerWriteRequest):
+class BatchBody(Body):
+    """A result batch: the records and what identifies them."""
+
     sequence_number: Annotated[StrictInt, Field(ge=1, le=1_000_000), INTEGRAL]
     idempotency_key: str = Field(min_length=1, max_length=200)
     payload_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$",
                                 description="sha256 of the canonical JSON of `payload` (keys sorted, no spaces)")
     payload: list[dict[str, SkipValidation[PayloadValue]]] = Field(max_length=100_000,
                                                                   description="plugin records")
+
+
+class ResultBatchRequest(BatchBody, WorkerWriteRequest):
     final: StrictBool = False
+
+
+class FinalBatch(BatchBody):
+    """The attempt's final batch, sent with ``complete`` (it is the final one by definition)."""
+
+
+class CompleteRequest(WorkerWriteRequest):
+    final_batch: FinalBatch | None = Field(
+        None, description="the attempt's last result batch, submitted and the task completed in one step "
+                          "(exactly as POST …/results with final=true, then POST …/complete)")
 
 
 class FailRequest(WorkerWriteRequest):

@@ -21,6 +21,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -109,6 +110,22 @@ class BatchReceipt:
 
 
 @dataclass(frozen=True, slots=True)
+class ResultBatch:
+    """A batch of result records as a worker submits it (its sha256 is checked on arrival)."""
+
+    sequence_number: int
+    idempotency_key: str
+    payload_sha256: str
+    records: list[Any]
+    final: bool = True
+
+
+#: Builds a worker's write command from its attempt (as the state stands when it is decided), the
+#: hash of the token it presented, and the batch already stored under its idempotency key.
+WriteMaker = Callable[[AttemptState, str, BatchRecord | None], WorkerWrite]
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSpec:
     """What a scan job's task needs (the scan supplies organisation and job)."""
 
@@ -144,7 +161,8 @@ class Lifecycle:
     async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
         """Queue a job on the scan and create its task (one transaction, scan row locked)."""
         job_id, task_id = self.new_id(), self.new_id()
-        async with self.db.transaction() as tx:
+
+        async def body(tx: Transaction) -> list[DomainEvent]:
             params = {"scan_id": scan_id, "now": self.clock()}
             row, (next_position, now) = await tx.read(one("scan_lock", params), one("scan_next_job_position", params))
             if row is None:
@@ -166,9 +184,11 @@ class Lifecycle:
             tx.append(StreamHead(scan_id, version, bytes(head_hash)), [queued])
             tx.append(StreamHead(task_id), created)
             tx.notify(wakeups.available(org_id))
-            await tx.commit()
-        self.observe([queued, *created])
-        task = project_task(created)
+            return [queued, *created]
+
+        events = await self.db.run(body, key=scan_id)
+        self.observe(events)
+        task = project_task(events[1:])
         assert task is not None
         return task
 
@@ -196,7 +216,8 @@ class Lifecycle:
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
-        async with self.db.transaction() as tx:
+
+        async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
                       "fingerprint": fingerprint}
             # One round trip: the caller's standing, the worker's row (locked) and live attempts,
@@ -221,30 +242,30 @@ class Lifecycle:
             if earlier is not None:
                 task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
-                await tx.commit()
-                self.observe(events)
                 assert task.current_attempt is not None
-                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling)
+                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling), events
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
-                return Poll(None, cancelling)
+                return Poll(None, cancelling), []
             row = await tx.one("task_lock_acquirable", {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
             if row is None:
-                return Poll(None, cancelling)
+                return Poll(None, cancelling), []
             task, head = task_from_row(row)
             events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                              lease_token_hash=hash_token(token), request_id=request_id),
                             now=now, actor=actor)
             tx.append(head, events)
-            await tx.commit()
+            leased = project_task(events, task)
+            assert leased is not None and leased.current_attempt is not None
+            return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling), events
+
+        polled, events = await self.db.run(body, key=worker_id)
         self.observe(events)
-        leased = project_task(events, task)
-        assert leased is not None and leased.current_attempt is not None
-        return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling)
+        return polled
 
     # --- worker writes --------------------------------------------------------------------
 
@@ -252,14 +273,14 @@ class Lifecycle:
                            *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """leased -> running (idempotent)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: MarkRunning(a, h), fingerprint=fingerprint)
+                                           [lambda a, h, _b: MarkRunning(a, h)], fingerprint=fingerprint)
         return task
 
     async def renew(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
                     *, actor: str | None = None, fingerprint: str | None = None) -> Renewed:
         """Extend the lease; the answer says whether the worker should stop (cancel requested)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Renew(a, h), check_standing=True,
+                                           [lambda a, h, _b: Renew(a, h)], check_standing=True,
                                            fingerprint=fingerprint)
         return Renewed(task=task, cancel_requested=task.state == "cancelling")
 
@@ -269,42 +290,62 @@ class Lifecycle:
                            fingerprint: str | None = None) -> BatchReceipt:
         """RFC "Result submission": accept a batch once; a repeat with the same key and sha256
         returns the original acknowledgement, with another sha256 it is refused."""
-        body = canonical_payload(records)
-        computed = hashlib.sha256(body).hexdigest()
-        if computed != payload_sha256.lower():
-            raise InvalidRequest("payload_sha256 does not match the payload received",
-                                 expected=computed)
-        batch_id = self.new_id()
-
-        def command(attempt: AttemptState, token_hash: str, existing: BatchRecord | None) -> SubmitBatch:
-            return SubmitBatch(attempt, token_hash, batch_id=batch_id, sequence_number=sequence_number,
-                               idempotency_key=idempotency_key, payload_sha256=computed,
-                               record_count=len(records), final=final, existing=existing)
-
+        batch = ResultBatch(sequence_number, idempotency_key, payload_sha256, records, final)
+        batch_id, submit, payload = self._batch_command(batch)
         task, existing = await self._worker_write(
-            worker_id, task_id, attempt_id, lease_token, actor, command, idempotency_key=idempotency_key,
-            payload=(computed, body), fingerprint=fingerprint)
+            worker_id, task_id, attempt_id, lease_token, actor, [submit], idempotency_key=idempotency_key,
+            payload=payload, fingerprint=fingerprint)
         if existing is not None:
             return BatchReceipt(batch=existing, task=task, duplicate=True)
-        assert task.current_attempt is not None
         return BatchReceipt(batch=BatchRecord(
             batch_id=batch_id, attempt_id=attempt_id, sequence_number=sequence_number,
-            idempotency_key=idempotency_key, payload_sha256=computed, record_count=len(records),
+            idempotency_key=idempotency_key, payload_sha256=payload[0], record_count=len(records),
             final=final, accepted_at=task.updated_at), task=task, duplicate=False)
 
     async def complete(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
-                       *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
-        """running -> completed; needs an accepted final batch. Repeating it is safe."""
-        task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Complete(a, h), fingerprint=fingerprint)
+                       *, final_batch: ResultBatch | None = None, actor: str | None = None,
+                       fingerprint: str | None = None) -> TaskState:
+        """running -> completed; needs an accepted final batch. Repeating it is safe.
+
+        With ``final_batch``, the attempt's last batch is submitted and the task completed in one
+        transaction: exactly :meth:`submit_batch` (``final=True``) followed by :meth:`complete`,
+        with the same idempotency (a batch already accepted under its key is not stored again),
+        and nothing done when the batch is refused.
+        """
+        if final_batch is None:
+            task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
+                                               [lambda a, h, _b: Complete(a, h)], fingerprint=fingerprint)
+            return task
+        if not final_batch.final:
+            raise InvalidRequest("the batch sent with complete is the final one (final: true)")
+        _, submit, payload = self._batch_command(final_batch)
+        task, _ = await self._worker_write(
+            worker_id, task_id, attempt_id, lease_token, actor, [submit, lambda a, h, _b: Complete(a, h)],
+            idempotency_key=final_batch.idempotency_key, payload=payload, fingerprint=fingerprint)
         return task
+
+    def _batch_command(self, batch: ResultBatch) -> tuple[UUID, WriteMaker, tuple[str, bytes]]:
+        """The id of a new batch, the command that submits ``batch`` (its sha256 recomputed over
+        the canonical JSON of the records and compared with the one sent), and the payload."""
+        body = canonical_payload(batch.records)
+        computed = hashlib.sha256(body).hexdigest()
+        if computed != batch.payload_sha256.lower():
+            raise InvalidRequest("payload_sha256 does not match the payload received", expected=computed)
+        batch_id = self.new_id()
+
+        def command(attempt: AttemptState, token_hash: str, existing: BatchRecord | None) -> SubmitBatch:
+            return SubmitBatch(attempt, token_hash, batch_id=batch_id, sequence_number=batch.sequence_number,
+                               idempotency_key=batch.idempotency_key, payload_sha256=computed,
+                               record_count=len(batch.records), final=batch.final, existing=existing)
+
+        return batch_id, command, (computed, body)
 
     async def fail(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
                    error: str, retryable: bool = True, actor: str | None = None,
                    fingerprint: str | None = None) -> TaskState:
         """The attempt failed: retry_wait (with backoff) if retryable and attempts remain."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: Fail(a, h, error=error, retryable=retryable),
+                                           [lambda a, h, _b: Fail(a, h, error=error, retryable=retryable)],
                                            fingerprint=fingerprint)
         return task
 
@@ -312,12 +353,12 @@ class Lifecycle:
                                  *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """cancelling -> cancelled, on the worker's word that it stopped."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           lambda a, h, _b: AcknowledgeCancel(a, h), fingerprint=fingerprint)
+                                           [lambda a, h, _b: AcknowledgeCancel(a, h)], fingerprint=fingerprint)
         return task
 
     async def _worker_write(
         self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
-        make: Callable[[AttemptState, str, BatchRecord | None], WorkerWrite], *,
+        makers: Sequence[WriteMaker], *,
         idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
         check_standing: bool = False, fingerprint: str | None = None,
     ) -> tuple[TaskState, BatchRecord | None]:
@@ -325,8 +366,7 @@ class Lifecycle:
         it), the worker's standing is checked first, in the round trip that locks the task:
         Forbidden, and nothing done or recorded, when the certificate is not ``worker_id``'s or
         the worker is revoked or disabled."""
-        rejection: WriteRejected | None = None
-        async with self.db.transaction() as tx:
+        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent]]:
             row = await _lock_task_and_read(tx, "task_read_for_write", {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
                 "now": self.clock()}, caller=(fingerprint, worker_id) if fingerprint is not None else None)
@@ -344,21 +384,32 @@ class Lifecycle:
                 await self._refuse_revoked_renewal(tx, worker_id, task)
             existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
             now: datetime = row[-1]
-            command = make(attempt, hash_token(lease_token), existing)
-            events = decide(task, command, now=now, actor=actor or f"worker:{worker_id}",
-                            draw=self.rng.random(), retry_policy=self.retry_policy)
-            if events and isinstance(events[0], WriteRejected):
-                rejection = events[0]
-            elif payload is not None and events:
+            events: list[DomainEvent] = []
+            so_far, token_hash = task, hash_token(lease_token)
+            for make in makers:  # in order, each on the state the previous ones left
+                current = so_far.current_attempt
+                named = current if current is not None and current.id == attempt.id else attempt
+                decided = decide(so_far, make(named, token_hash, existing), now=now,
+                                 actor=actor or f"worker:{worker_id}", draw=self.rng.random(),
+                                 retry_policy=self.retry_policy)
+                events += decided
+                if decided and isinstance(decided[0], WriteRejected):
+                    break
+                so_far = project_task(decided, so_far) or so_far
+            rejected = any(isinstance(e, WriteRejected) for e in events)
+            if payload is not None and events and not rejected:
                 tx.write("result_payloads", "payload_store", {"sha256": payload[0], "body": payload[1]})
             after, settled = await self._commit(tx, task, head, events, now)
-            if payload is not None and rejection is None:
+            if payload is not None and not rejected:
                 for event in events:  # only a newly accepted batch: a duplicate has no events
                     if isinstance(event, ResultBatchAccepted):
                         await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
-            await tx.commit()
-        self.observe([*events, *settled])
-        if rejection is not None:
+            return after, existing, [*events, *settled]
+
+        after, existing, events = await self.db.run(body, key=worker_id)
+        self.observe(events)
+        rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
+        if rejection is not None:  # recorded; now refuse the write
             raise rejection_error(rejection)
         return after, existing if not events and existing is not None else None
 
@@ -370,9 +421,7 @@ class Lifecycle:
         return await self._gateway_command(task_id, RequestCancel(reason=reason), actor)
 
     async def _gateway_command(self, task_id: UUID, command: Any, actor: str) -> TaskState:
-        async with self.db.transaction() as tx:
-            task, events = await self._decide_locked(tx, task_id, command, actor)
-            await tx.commit()
+        task, events = await self.db.run(lambda tx: self._decide_locked(tx, task_id, command, actor))
         self.observe(events)
         return task
 
@@ -464,21 +513,28 @@ class Lifecycle:
                 "worker_attempts_to_cancel", {"worker_id": worker_id, "organization_id": organization_id})]
         cancelled: list[UUID] = []
         for task_id, attempt_id in targets:
-            async with self.db.transaction() as tx:
-                row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
-                if row is None:
-                    continue
-                task, head = task_from_row(row)
-                current = task.current_attempt
-                if current is None or current.id != attempt_id or task.state not in ("leased", "running"):
-                    continue  # finished, expired or re-leased since it was listed
-                events = decide(task, RequestCancel(reason=reason), now=row[-1], actor=actor,
-                                draw=self.rng.random(), retry_policy=self.retry_policy)
-                _, settled = await self._commit(tx, task, head, events, row[-1])
-                await tx.commit()
-            self.observe([*events, *settled])
-            cancelled.append(task_id)
+            events = await self.db.run(partial(self._cancel_live_attempt, task_id=task_id, attempt_id=attempt_id,
+                                               reason=reason, actor=actor), key=worker_id)
+            if events:
+                self.observe(events)
+                cancelled.append(task_id)
         return cancelled
+
+    async def _cancel_live_attempt(self, tx: Transaction, *, task_id: UUID, attempt_id: UUID, reason: str,
+                                   actor: str) -> list[DomainEvent]:
+        """Under the task lock: ask ``attempt_id`` to stop if it is still the task's live attempt;
+        the events appended (none when it finished, expired or was re-leased since it was listed)."""
+        row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
+        if row is None:
+            return []
+        task, head = task_from_row(row)
+        current = task.current_attempt
+        if current is None or current.id != attempt_id or task.state not in ("leased", "running"):
+            return []
+        events = decide(task, RequestCancel(reason=reason), now=row[-1], actor=actor,
+                        draw=self.rng.random(), retry_policy=self.retry_policy)
+        _, settled = await self._commit(tx, task, head, events, row[-1])
+        return [*events, *settled]
 
     async def _refuse_revoked_renewal(self, tx: Transaction, worker_id: UUID, task: TaskState) -> None:
         """RFC "Lease duration": renewal is refused once the worker, or its assignment to the

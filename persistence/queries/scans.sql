@@ -30,7 +30,8 @@ FOR UPDATE
 -- scan's size: the distinct job statuses (all that scan_outcome needs), the number of jobs, and
 -- the last job (job i runs profile step i: all that next_step needs). No job's task is read:
 -- settling runs on every task that ends, and must not read a large scan's every task each time.
-SELECT coalesce(array_agg(DISTINCT j.status), '{}'::text[]), count(*),
+-- (status::text: an array of a domain comes back as text to the driver, which knows the base type only)
+SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]), count(*),
        (SELECT l.status FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1),
        (SELECT l.id FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1)
 FROM scan_jobs j

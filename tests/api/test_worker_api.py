@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from domain.results import payload_sha256
 from support.gateway import RunningGateway
 
 
@@ -25,6 +26,25 @@ async def test_full_lifecycle_over_https(gateway: RunningGateway) -> None:
     r = await worker.write(lease, "complete")
     assert r.status == 200 and r.body["task"]["state"] == "completed"
     assert r.body["attempt"]["status"] == "succeeded"
+
+
+async def test_complete_can_carry_the_final_batch(gateway: RunningGateway) -> None:
+    """Two requests a task: acquire, then complete with the final batch (submitted and completed
+    in one transaction); repeating it answers the same, and a malformed batch is a 422."""
+    worker = await gateway.worker()
+    await gateway.task()
+    lease = (await worker.acquire()).body["lease"]
+    records = [{"type": "asset", "kind": "host", "value": "10.9.9.9"}]
+    batch = {"sequence_number": 1, "idempotency_key": "last", "payload_sha256": payload_sha256(records),
+             "payload": records}
+    bad = await worker.write(lease, "complete", final_batch={**batch, "sequence_number": 0})
+    assert bad.status == 422 and bad.headers["Content-Type"].startswith("application/problem+json")
+    r = await worker.write(lease, "complete", final_batch=batch)
+    assert r.status == 200, r.body
+    assert r.body["task"]["state"] == "completed" and r.body["attempt"]["status"] == "succeeded"
+    again = await worker.write(lease, "complete", final_batch=batch)
+    assert again.status == 200 and again.body == r.body
+    assert await gateway.count("SELECT count(*) FROM worker_result_batches WHERE final") == 1
 
 
 async def test_acquire_with_nothing_to_do_answers_204(gateway: RunningGateway) -> None:
