@@ -142,8 +142,10 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
     return certs, lifecycle, services.scans, (pool, org)
 
 
-async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]:
-    """Run ``loops`` worker loops until the queue is empty (204) or ``tasks`` completed here."""
+async def drain(workers: list[Worker], loops: int, tasks: int, step_by_step: bool = False) -> dict[str, Any]:
+    """Run ``loops`` worker loops until the queue is empty (204) or ``tasks`` completed here: each
+    task is acquire -> complete carrying the final batch (as the worker agent does), or with
+    ``step_by_step`` acquire -> results (final) -> complete."""
     done = 0
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -162,13 +164,15 @@ async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]
             lease = body["lease"]
             base = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}"
             token = lease["lease_token"]
-            status, _ = await w.post(base + "/results", {"lease_token": token, "sequence_number": 1,
-                                                         "idempotency_key": "final", "payload_sha256": SHA,
-                                                         "payload": RECORDS, "final": True})
-            if status != 200:
-                errors[f"results {status}"] = errors.get(f"results {status}", 0) + 1
-                continue
-            status, _ = await w.post(base + "/complete", {"lease_token": token})
+            batch = {"sequence_number": 1, "idempotency_key": "final", "payload_sha256": SHA, "payload": RECORDS}
+            complete: dict[str, Any] = {"lease_token": token, "final_batch": batch}
+            if step_by_step:
+                status, _ = await w.post(base + "/results", {"lease_token": token, **batch, "final": True})
+                if status != 200:
+                    errors[f"results {status}"] = errors.get(f"results {status}", 0) + 1
+                    continue
+                complete = {"lease_token": token}
+            status, _ = await w.post(base + "/complete", complete)
             if status == 200:
                 done += 1
             else:
@@ -178,7 +182,8 @@ async def drain(workers: list[Worker], loops: int, tasks: int) -> dict[str, Any]
     return {"tasks": done, "latencies": latencies, "errors": errors}
 
 
-def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int, start: Any, out: Any) -> None:
+def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int, step_by_step: bool,
+                   start: Any, out: Any) -> None:
     """One client process: its own event loop and sessions (the client is CPU-heavy too)."""
 
     async def main() -> dict[str, Any]:
@@ -186,7 +191,7 @@ def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int,
                           limit=max(1, loops // len(certs) + 1)) for c in certs]
         try:
             start.wait()
-            return await drain(workers, loops, tasks)
+            return await drain(workers, loops, tasks, step_by_step)
         finally:
             for w in workers:
                 await w.session.close()
@@ -195,13 +200,13 @@ def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int,
 
 
 def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks: int,
-                       processes: int) -> dict[str, Any]:
+                       processes: int, step_by_step: bool = False) -> dict[str, Any]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_drain_process, args=(base, str(ca), [str(c) for c in certs[i::processes]],
-                                                      loops // processes, tasks, start, out))
+                                                      loops // processes, tasks, step_by_step, start, out))
              for i in range(processes)]
     for p in procs:
         p.start()
@@ -298,11 +303,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await gateway.ready(pki.ca_cert)
             meter = CpuMeter({"gateway": gateway.proc.pid})
             results["gateway"] = await asyncio.to_thread(
-                drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes)
+                drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
+                args.step_by_step)
             g = results["gateway"]
             g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
             print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
                   f"client_processes={args.client_processes} "
+                  f"requests_per_task={3 if args.step_by_step else 2} "
                   f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
                   f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}")
             for name in ("pg_limit", "procrastinate", "pgqueuer"):
@@ -343,6 +350,8 @@ def main() -> int:
     p.add_argument("--limit-seconds", type=int, default=10)
     p.add_argument("--yardstick-dir", type=Path, default=DEFAULT_YARDSTICK_DIR)
     p.add_argument("--skip-yardsticks", action="store_true")
+    p.add_argument("--step-by-step", action="store_true",
+                   help="three requests a task (results, then complete) instead of complete carrying the batch")
     p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()

@@ -34,6 +34,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from worker.backoff import Backoff, sleep_unless
+from worker.batcher import Batch
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("leasehold.worker.client")
@@ -280,9 +281,16 @@ class GatewayClient:
         reply = await self._write(attempt, "results", body, retry_while, stop)
         return _parse(BatchAck, reply.body, "results")
 
-    async def complete(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
-                       stop: asyncio.Event | None = None) -> None:
-        await self._write(attempt, "complete", {}, retry_while, stop)
+    async def complete(self, attempt: AttemptRef, *, final_batch: Batch | None = None,
+                       retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:
+        """Complete the attempt; with ``final_batch``, its last batch travels in the same request
+        (and the Gateway accepts both in one transaction)."""
+        body: dict[str, Any] = {}
+        if final_batch is not None:
+            body["final_batch"] = {"sequence_number": final_batch.sequence_number,
+                                   "idempotency_key": final_batch.idempotency_key,
+                                   "payload_sha256": final_batch.payload_sha256, "payload": final_batch.payload}
+        await self._write(attempt, "complete", body, retry_while, stop)
 
     async def fail(self, attempt: AttemptRef, *, error: str, retryable: bool,
                    retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:

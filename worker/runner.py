@@ -12,7 +12,7 @@ While the plugin runs, five things happen at once:
 The first of these to have something to say decides how the attempt ends (:class:`Ending`):
 
 ======================  =================================================================
-plugin exited 0         final batch, then ``complete``
+plugin exited 0         ``complete`` carrying the final batch
 plugin failed           ``fail`` with exit code and stderr tail (not retried: exit code 2,
                         or an ``error`` record with ``"retryable": false``)
 invalid output          stop the plugin, ``fail`` (retryable) naming the line
@@ -119,6 +119,7 @@ class TaskRunner:
         self._deadline = self._deadline_hard - self._safety
         self._endings: asyncio.Queue[Ending] = asyncio.Queue()
         self._final_acked = asyncio.Event()
+        self._completed = False  # the Gateway completed the attempt with its final batch
         self._error_records: list[dict[str, Any]] = []
         self._started = time.monotonic()
         self._background: list[asyncio.Task[Any]] = []
@@ -228,7 +229,8 @@ class TaskRunner:
 
     async def _complete(self, batcher: Batcher) -> str:
         try:
-            await self.client.complete(self.attempt, retry_while=self.lease_alive)
+            if not self._completed:  # (the final batch normally carried the completion)
+                await self.client.complete(self.attempt, retry_while=self.lease_alive)
         except TaskWasCancelled:
             return await self._acknowledge_cancel("cancelled before completion")
         except GatewayError as exc:
@@ -289,16 +291,21 @@ class TaskRunner:
             await self.client.progress(self.attempt, retry_while=self.lease_alive)
             while True:
                 batch = await batcher.outbox.get()
+                if batch.final:  # the last batch travels with complete: one request, one transaction
+                    await self.client.complete(self.attempt, final_batch=batch, retry_while=self.lease_alive)
+                    self._completed = True
+                    log.info("final result batch accepted with the completion", extra={
+                        **self.log_fields, "sequence_number": batch.sequence_number,
+                        "records": batch.record_count})
+                    self._final_acked.set()
+                    return
                 ack = await self.client.submit(
                     self.attempt, sequence_number=batch.sequence_number, idempotency_key=batch.idempotency_key,
-                    payload_sha256=batch.payload_sha256, payload=batch.payload, final=batch.final,
+                    payload_sha256=batch.payload_sha256, payload=batch.payload, final=False,
                     retry_while=self.lease_alive)
                 log.info("result batch accepted", extra={
                     **self.log_fields, "sequence_number": batch.sequence_number, "records": batch.record_count,
-                    "final": batch.final, "duplicate": ack.duplicate})
-                if batch.final:
-                    self._final_acked.set()
-                    return
+                    "final": False, "duplicate": ack.duplicate})
         except TaskWasCancelled as exc:
             self._end(Ending("cancelled", f"the Gateway refused a write: {exc.detail}"))
         except LeaseLost as exc:

@@ -64,8 +64,9 @@ async def test_lost_answer_to_a_result_batch_is_retried_and_accepted_exactly_onc
     async with fault_proxy(_port(gateway.worker_url)) as proxy:
         # One task at a time: while it runs no acquire is in flight, so the first request after
         # the flag is set is the plugin's result batch (renewals come every 10 s).
+        # 30 records in batches of 20: the first travels on /results, the last with /complete.
         settings = worker.settings(gateway, gateway=proxy.url(), plugins_dir=plugins_dir, max_concurrency=1,
-                                   batch_records=1000, batch_seconds=30)
+                                   batch_records=20, batch_seconds=30)
         flag = asyncio.Event()
         rule = proxy.add_rule(Fault.DROP_RESPONSE, when=flag.is_set, times=1)
         async with running_agent(settings):
@@ -78,13 +79,14 @@ async def test_lost_answer_to_a_result_batch_is_retried_and_accepted_exactly_onc
     [dropped] = proxy.faulted(Fault.DROP_RESPONSE)
     assert dropped.answered  # the Gateway did answer; the worker never saw it
     [attempt] = await attempts(gateway, task_id)
-    [batch] = await batches(gateway, task_id)  # one row per (attempt, sequence), not two
-    assert (batch["attempt_id"], batch["sequence_number"], batch["final"]) == (attempt["id"], 1, True)
-    assert batch["idempotency_key"] == f"{attempt['id']}:1"
-    assert [r["n"] for r in batch["records"]] == list(range(30))
+    first, last = await batches(gateway, task_id)  # one row per (attempt, sequence), not two
+    assert (first["attempt_id"], first["sequence_number"], first["final"]) == (attempt["id"], 1, False)
+    assert first["idempotency_key"] == f"{attempt['id']}:1"
+    assert [r["n"] for r in first["records"]] == list(range(20))
+    assert (last["sequence_number"], last["final"], [r["n"] for r in last["records"]]) == (2, True, list(range(20, 30)))
     acks = [r for r in caplog.records if r.getMessage() == "result batch accepted"]
     assert [(r.sequence_number, r.duplicate) for r in acks] == [(1, True)]  # type: ignore[attr-defined]
-    assert await _event_count(gateway, task_id, "ResultBatchAccepted") == 1
+    assert await _event_count(gateway, task_id, "ResultBatchAccepted") == 2
 
 
 async def test_lost_answer_to_an_acquire_returns_the_same_attempt_not_a_second_lease(
