@@ -59,6 +59,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from cli.embedded import redact_url
+from domain.events import ProfileStep
 from domain.results import payload_sha256
 from domain.task import project_task
 from gateway.commands.lifecycle import Lifecycle, ResultBatch, TaskSpec
@@ -230,6 +231,47 @@ async def make_loop(registry: Registry, name: str) -> BenchLoop:
                                             task_types=(TASK_TYPE,), max_concurrent_tasks=1000)
     await registry.assign_worker(worker, org)
     return BenchLoop(org, worker)
+
+
+#: The realistic shape: scans of a three-step profile over several targets, each step's task created
+#: by orchestration when the previous one completes, each batch one asset record per target.
+PROFILE_TARGETS = 4
+PROFILE = tuple(ProfileStep(task_type=TASK_TYPE, lease_seconds=60, execution_timeout_seconds=600)
+                for _ in range(3))
+
+
+async def profile_scans(url: str, conc: int, seconds: float, warmup: float) -> dict[str, Any]:
+    """``conc`` loops, each running scans of :data:`PROFILE` one after the other for ``seconds``
+    (after ``warmup``): acquire, then complete carrying the step's batch; tasks per second."""
+    pool = create_pool(url, min_size=conc, max_size=conc)
+    await pool.open(wait=True)
+    try:
+        services = build_services(Database(pool))
+        loops = list(await asyncio.gather(*(make_loop(services.registry, f"bench-profile-{i}")
+                                            for i in range(conc))))
+        targets = [f"10.0.0.{n}" for n in range(1, PROFILE_TARGETS + 1)]
+        records = [{"type": "asset", "kind": "host", "value": host} for host in targets]
+        final = ResultBatch(1, "final", payload_sha256(records), records)
+
+        async def run(loop: BenchLoop, until: float) -> int:
+            tasks = 0
+            while time.perf_counter() < until:
+                await services.scans.create_scan(loop.org, {"targets": targets}, profile=PROFILE)
+                while (a := await services.lifecycle.acquire(loop.worker)) is not None:
+                    await services.lifecycle.complete(loop.worker, a.task.id, a.attempt.id, a.lease_token,
+                                                      final_batch=final)
+                    tasks += 1
+            return tasks
+
+        await asyncio.gather(*(run(loop, time.perf_counter() + warmup) for loop in loops))
+        await asyncio.to_thread(vacuum_analyze, url)
+        cpu0, started = time.process_time(), time.perf_counter()
+        tasks = sum(await asyncio.gather(*(run(loop, started + seconds) for loop in loops)))
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    finally:
+        await pool.close()
+    return {"tasks": tasks, "seconds": round(elapsed, 2), "tasks_per_s": round(tasks / elapsed, 1),
+            "client_cpu_ms_per_task": round(cpu * 1e3 / max(tasks, 1), 3)}
 
 
 async def new_scan(scans: Scans, loop: BenchLoop) -> UUID:
@@ -1071,7 +1113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--history-parallel", type=int, default=2, help="bulk-load connections (default 2)")
     p.add_argument("--acquires", type=int, default=2000, help="timed acquires per history state (default 2000)")
     p.add_argument("--skip", action="append", default=[],
-                   choices=["limit", "single", "multi", "cost", "history"], help="skip a section (repeatable)")
+                   choices=["limit", "single", "multi", "profile", "cost", "history"], help="skip a section (repeatable)")
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="only run a single-process throughput run in-process under cProfile, save the "
                         "stats to FILE and print the top 15 functions (cumulative and self time)")
@@ -1149,6 +1191,17 @@ def main(argv: list[str] | None = None) -> int:
         out["ratio_to_pg_limit"] = {"ratio": ratio, "best_procs": best["procs"]}
         lines.append(f"ratio_to_pg_limit={ratio} (best: procs={best['procs']} conc={conc}, "
                      f"pg_limit clients={out['pg_limit']['clients']})")
+
+    if "profile" not in args.skip:
+        log(f"profile scans: procs=1 conc={conc} seconds={seconds} steps={len(PROFILE)} targets={PROFILE_TARGETS}")
+        p = asyncio.run(profile_scans(fresh_bench_database(server_url), conc, seconds, args.warmup))
+        out["profile_scans"] = p
+        ratio = (f" ratio_to_pg_limit={p['tasks_per_s'] / out['pg_limit']['lifecycles_per_s']:.3f}"
+                 if "pg_limit" in out else "")
+        lines.append(f"core_profile_scans procs=1 conc={conc} steps={len(PROFILE)} targets={PROFILE_TARGETS} "
+                     f"tasks={p['tasks']} tasks_per_s={p['tasks_per_s']} "
+                     f"client_cpu_ms_per_task={p['client_cpu_ms_per_task']}{ratio} (acquire, then complete "
+                     "carrying the batch; the next step's task created as each step ends)")
 
     if "cost" not in args.skip:
         log(f"cost: {args.cost_lifecycles} sequential lifecycles through the counting relay")

@@ -1,11 +1,15 @@
 -- Centralized ingestion: run in the batch acceptance transaction, once per newly
 -- accepted batch. Every statement is idempotent for a given (batch_id, record_index).
 
--- name: ingest_asset
+-- name: ingest_assets
+-- Every asset of one batch (distinct kind and value: the caller merges repeats) and its sighting
+-- by the batch's job. attributes merge into what earlier batches reported.
 WITH a AS (
     INSERT INTO assets (id, organization_id, kind, value, attributes, first_seen_at, last_seen_at,
                         first_batch_id)
-    VALUES (%(id)s, %(organization_id)s, %(kind)s, %(value)s, %(attributes)s, %(now)s, %(now)s, %(batch_id)s)
+    SELECT u.id, %(organization_id)s, u.kind, u.value, u.attributes, %(now)s, %(now)s, %(batch_id)s
+    FROM unnest(%(ids)s::uuid[], %(kinds)s::text[], %(values)s::text[], %(attributes)s::jsonb[])
+         AS u(id, kind, value, attributes)
     ON CONFLICT (organization_id, kind, value) DO UPDATE
         SET last_seen_at = greatest(assets.last_seen_at, excluded.last_seen_at),
             attributes = assets.attributes || excluded.attributes
@@ -44,19 +48,22 @@ INSERT INTO threat_detections (threat_id, scan_job_id, scan_id, batch_id, detect
 VALUES (%(threat_id)s, %(scan_job_id)s, %(scan_id)s, %(batch_id)s, %(now)s)
 ON CONFLICT (threat_id, scan_job_id) DO NOTHING
 
--- name: ingest_file_record
+-- name: ingest_file_records
 INSERT INTO file_records (batch_id, record_index, organization_id, scan_id, scan_job_id, data, recorded_at)
-VALUES (%(batch_id)s, %(record_index)s, %(organization_id)s, %(scan_id)s, %(scan_job_id)s, %(data)s, %(now)s)
+SELECT %(batch_id)s, u.record_index, %(organization_id)s, %(scan_id)s, %(scan_job_id)s, u.data, %(now)s
+FROM unnest(%(record_indexes)s::integer[], %(records)s::jsonb[]) AS u(record_index, data)
 ON CONFLICT (batch_id, record_index) DO NOTHING
 
--- name: ingest_exposure_change
+-- name: ingest_exposure_changes
 INSERT INTO exposure_changes (batch_id, record_index, organization_id, scan_id, scan_job_id, data, recorded_at)
-VALUES (%(batch_id)s, %(record_index)s, %(organization_id)s, %(scan_id)s, %(scan_job_id)s, %(data)s, %(now)s)
+SELECT %(batch_id)s, u.record_index, %(organization_id)s, %(scan_id)s, %(scan_job_id)s, u.data, %(now)s
+FROM unnest(%(record_indexes)s::integer[], %(records)s::jsonb[]) AS u(record_index, data)
 ON CONFLICT (batch_id, record_index) DO NOTHING
 
--- name: ingest_raw_output
+-- name: ingest_raw_outputs
 INSERT INTO raw_outputs (batch_id, record_index, organization_id, scan_id, scan_job_id, data, recorded_at)
-VALUES (%(batch_id)s, %(record_index)s, %(organization_id)s, %(scan_id)s, %(scan_job_id)s, %(data)s, %(now)s)
+SELECT %(batch_id)s, u.record_index, %(organization_id)s, %(scan_id)s, %(scan_job_id)s, u.data, %(now)s
+FROM unnest(%(record_indexes)s::integer[], %(records)s::jsonb[]) AS u(record_index, data)
 ON CONFLICT (batch_id, record_index) DO NOTHING
 -- name: scan_assets
 SELECT a.id, a.kind, a.value, a.attributes, a.first_seen_at, a.last_seen_at
