@@ -72,12 +72,16 @@ from persistence.event_log import read_stream
 from persistence.group_commit import GroupCommit
 from persistence.transaction import Database
 
+# Scratch databases (dropped and recreated): --scratch-prefix renames them, e.g. for the suite's smoke run.
 BENCH_DB = "leasehold_bench"
 LIMIT_DB = "leasehold_bench_limit"
+REPLICA_DB = "leasehold_bench_replica"
+REPLICA_DIR = Path(__file__).resolve().parent / "sql"
 #: Lanes of group commit per process (0: off); set from --group-commit, read by every process.
 GROUP_COMMIT_ENV = "LEASEHOLD_BENCH_GROUP_COMMIT"
-#: "1": the final batch travels with complete (3 commands a lifecycle); set from --final-with-complete.
-FINAL_WITH_COMPLETE_ENV = "LEASEHOLD_BENCH_FINAL_WITH_COMPLETE"
+#: "1": the final batch is submitted on its own before complete (4 commands a lifecycle instead of 3,
+#: the worker API's step-by-step shape); set from --step-by-step.
+STEP_BY_STEP_ENV = "LEASEHOLD_BENCH_STEP_BY_STEP"
 DEFAULT_YARDSTICK_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench"
 TASK_TYPE = "probe"
 SPEC = TaskSpec(task_type=TASK_TYPE, scope={"host": "bench.example.test"}, lease_seconds=60,
@@ -165,6 +169,26 @@ def run_pg_limit(yardstick_dir: Path, url: str, clients: int, seconds: int) -> i
     if out.returncode != 0 or match is None:
         raise SystemExit(f"pg_limit.sh failed (rc={out.returncode}):\n{out.stdout}\n{out.stderr}")
     return int(match.group(1))
+
+
+def run_replica(server_url: str, clients: int, seconds: int) -> int:
+    """The pure-SQL replica of our own lifecycle (``bench/sql/replica_lifecycle.sql``) with pgbench on
+    a freshly migrated scratch database: what PostgreSQL alone needs for our statements and rows."""
+    url = recreate_database(server_url, REPLICA_DB)
+    migrate.upgrade(url)
+    scans = 4000 * seconds + 10_000  # one pending scan per lifecycle to come, more than it can run
+    setup = subprocess.run(["psql", url, "-q", "-v", "ON_ERROR_STOP=1", "-v", f"clients={clients}", "-v",
+                            f"scans={scans}", "-f", str(REPLICA_DIR / "replica_setup.sql")],
+                           capture_output=True, text=True, check=False)
+    if setup.returncode != 0:
+        raise SystemExit(f"replica set-up failed:\n{setup.stderr}")
+    out = subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+                          "-T", str(seconds), "-f", str(REPLICA_DIR / "replica_lifecycle.sql"), url],
+                         capture_output=True, text=True, check=False)
+    match = re.search(r"^tps = ([0-9.]+)", out.stdout, re.MULTILINE)
+    if out.returncode != 0 or match is None:
+        raise SystemExit(f"replica pgbench failed (rc={out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return int(float(match.group(1)))
 
 
 def yardstick_statements(yardstick_dir: Path) -> list[tuple[str, bool]]:
@@ -286,7 +310,8 @@ async def provision(scans: Scans, loop: BenchLoop, count: int) -> None:
 async def one_lifecycle(lifecycle: Lifecycle, scans: Scans, loop: BenchLoop,
                         steps: dict[str, list[float]] | None,
                         hook: Callable[[str], None] | None = None) -> None:
-    """create_task -> acquire -> one final 1-record batch -> complete, on a fresh scan."""
+    """create_task -> acquire -> complete carrying one final 1-record batch (with --step-by-step the
+    batch is submitted on its own first), on a fresh scan."""
     if not loop.scans:
         loop.refills += 1
         loop.scans.append(await new_scan(scans, loop))
@@ -307,7 +332,7 @@ async def one_lifecycle(lifecycle: Lifecycle, scans: Scans, loop: BenchLoop,
         loop.misses += 1
     records = [{"type": "asset", "kind": "host", "value": f"{acquired.task.id}.bench.example.test"}]
     final = None
-    if os.environ.get(FINAL_WITH_COMPLETE_ENV) == "1":  # the batch travels with complete
+    if os.environ.get(STEP_BY_STEP_ENV) != "1":  # the batch travels with complete, as the agent sends it
         final = ResultBatch(1, "final", payload_sha256(records), records)
     else:
         await lifecycle.submit_batch(
@@ -1101,8 +1126,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=15, help="timed window per run (default 15)")
     p.add_argument("--warmup", type=float, default=3, help="warm-up per throughput run (default 3)")
     p.add_argument("--concurrency", type=int, default=8, help="asyncio loops per process (default 8)")
-    p.add_argument("--final-with-complete", action="store_true",
-                   help="send the final batch with complete (3 commands a lifecycle instead of 4)")
+    p.add_argument("--step-by-step", action="store_true",
+                   help="submit the final batch on its own, then complete (4 commands a lifecycle instead of 3)")
     p.add_argument("--group-commit", type=int, default=0, metavar="LANES",
                    help="share transactions between concurrent commands in LANES lanes per process (0: off)")
     p.add_argument("--processes", type=int, default=2, help="processes of the multi-process run (default 2)")
@@ -1113,7 +1138,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--history-parallel", type=int, default=2, help="bulk-load connections (default 2)")
     p.add_argument("--acquires", type=int, default=2000, help="timed acquires per history state (default 2000)")
     p.add_argument("--skip", action="append", default=[],
-                   choices=["limit", "single", "multi", "profile", "cost", "history"], help="skip a section (repeatable)")
+                   choices=["limit", "replica", "single", "multi", "profile", "cost", "history"],
+                   help="skip a section (repeatable)")
+    p.add_argument("--scratch-prefix", default=BENCH_DB,
+                   help="names of the scratch databases it drops and recreates (default leasehold_bench)")
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="only run a single-process throughput run in-process under cProfile, save the "
                         "stats to FILE and print the top 15 functions (cumulative and self time)")
@@ -1123,9 +1151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BENCH_DB, LIMIT_DB, REPLICA_DB
     args = parse_args(argv)
+    BENCH_DB, LIMIT_DB, REPLICA_DB = (args.scratch_prefix, f"{args.scratch_prefix}_limit",
+                                      f"{args.scratch_prefix}_replica")
     os.environ[GROUP_COMMIT_ENV] = str(args.group_commit)  # spawned processes inherit these
-    os.environ[FINAL_WITH_COMPLETE_ENV] = "1" if args.final_with_complete else "0"
+    os.environ[STEP_BY_STEP_ENV] = "1" if args.step_by_step else "0"
     server_url, origin = resolve_server_url(args.database_url)
     log(f"server: {redact_url(server_url)} ({origin})")
     conc, seconds = args.concurrency, args.seconds
@@ -1167,6 +1198,17 @@ def main(argv: list[str] | None = None) -> int:
                      + " (whole script, prefill included; pgbench and its backends exit before the"
                      " reading, so they count as other)")
 
+    if "replica" not in args.skip:
+        clients = args.limit_clients or conc
+        log(f"replica: clients={clients} seconds={int(seconds)}")
+        replica = run_replica(server_url, clients, max(1, int(seconds)))
+        out["replica"] = {"clients": clients, "lifecycles_per_s": replica}
+        ratio = (f" ratio_to_pg_limit={replica / out['pg_limit']['lifecycles_per_s']:.3f}"
+                 if "pg_limit" in out else "")
+        lines.append(f"replica_lifecycle clients={clients} seconds={max(1, int(seconds))} "
+                     f"lifecycles_per_s={replica}{ratio} (our statements and rows in pure SQL, pgbench: "
+                     "the best the service layer could do with a client that cost nothing)")
+
     url = fresh_bench_database(server_url)
     runs: list[dict[str, Any]] = []
     for section, procs in (("single", 1), ("multi", args.processes)):
@@ -1191,6 +1233,10 @@ def main(argv: list[str] | None = None) -> int:
         out["ratio_to_pg_limit"] = {"ratio": ratio, "best_procs": best["procs"]}
         lines.append(f"ratio_to_pg_limit={ratio} (best: procs={best['procs']} conc={conc}, "
                      f"pg_limit clients={out['pg_limit']['clients']})")
+    if runs and "replica" in out:
+        best = max(runs, key=lambda r: r["lifecycles_per_s"])
+        lines.append(f"ratio_to_replica={best['lifecycles_per_s'] / out['replica']['lifecycles_per_s']:.3f} "
+                     "(the service layer against the same statements and rows in pure SQL)")
 
     if "profile" not in args.skip:
         log(f"profile scans: procs=1 conc={conc} seconds={seconds} steps={len(PROFILE)} targets={PROFILE_TARGETS}")

@@ -278,17 +278,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"# server: {source}")
     results: dict[str, Any] = {}
     if not args.skip_yardsticks:
-        results["pg_limit"] = run_pg_limit(args.yardstick_dir, recreate_database(server, "leasehold_gw_limit"),
+        results["pg_limit"] = run_pg_limit(args.yardstick_dir, recreate_database(server, f"{args.scratch_prefix}_limit"),
                                            8, args.limit_seconds)
         print(f"pg_limit clients=8 lifecycles_per_s={results['pg_limit']}")
         results["procrastinate"] = run_peer(args.yardstick_dir / "procrastinate_noop.py",
-                                            recreate_database(server, "leasehold_gw_proc"),
+                                            recreate_database(server, f"{args.scratch_prefix}_proc"),
                                             [str(args.tasks), "10", "2"])
         print(f"procrastinate jobs_per_s={results['procrastinate']}")
         results["pgqueuer"] = run_peer(args.yardstick_dir / "pgqueuer_noop.py",
-                                       recreate_database(server, "leasehold_gw_pgq"), [str(args.tasks), "10", "2"])
+                                       recreate_database(server, f"{args.scratch_prefix}_pgq"), [str(args.tasks), "10", "2"])
         print(f"pgqueuer batch=10 jobs_per_s={results['pgqueuer']}")
-    url = recreate_database(server, "leasehold_gw")
+    url = recreate_database(server, args.scratch_prefix)
     migrate.upgrade(url)
     with tempfile.TemporaryDirectory() as tmp:
         pki = init_pki(Path(tmp) / "pki")
@@ -353,6 +353,8 @@ def main() -> int:
     p.add_argument("--step-by-step", action="store_true",
                    help="three requests a task (results, then complete) instead of complete carrying the batch")
     p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
+    p.add_argument("--scratch-prefix", default="leasehold_gw",
+                   help="names of the scratch databases it drops and recreates (default leasehold_gw)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     results = asyncio.run(run(args))

@@ -195,7 +195,7 @@ def private_redis(directory: Path) -> Any:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server, source = resolve_server_url(args.database_url)
     print(f"# server: {source}")
-    url = recreate_database(server, "leasehold_wakeup")
+    url = recreate_database(server, args.scratch_name)
     migrate.upgrade(url)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,6 +220,8 @@ def main() -> int:
     p.add_argument("--poll-interval-seconds", type=float, default=5.0, help="Gateway B's safety poll")
     p.add_argument("--redis-url", help="use this Redis for the redis_hint path (default: a private redis-server)")
     p.add_argument("--no-redis", action="store_true", help="measure the notify path only")
+    p.add_argument("--scratch-name", default="leasehold_wakeup",
+                   help="the scratch database it drops and recreates (default leasehold_wakeup)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     results = asyncio.run(run(args))
