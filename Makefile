@@ -1,5 +1,6 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
-#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite
+#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included)
+#   make test-unit                              the fast tier: pure logic, no PostgreSQL, seconds
 #   make lint                                   ruff + mypy + import contracts (lint-imports)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
 # Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations,$(if $(wildcard $(p)/__init__.py),-p $(p)))
 
 .DEFAULT_GOAL := test
-.PHONY: install test lint demo
+.PHONY: install test test-unit lint demo
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+# tests/unit/conftest.py refuses any test there that asks for a database (the run stops), so this
+# tier can never start or wait for a server.
+test-unit: $(STAMP)
+	$(VENV_PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
-"""The write buffer: a command's writes travel as few combined statements, split where one
-statement of data-modifying CTEs would not do what the same writes do one after the other, and
-sent before anything that could read them."""
+"""The write buffer against PostgreSQL: split statements do what sequential writes do, queued
+writes are sent before anything that could read them, and checks that read another table run
+where they see the whole statement. The splitting rules themselves are unit-tested without a
+database in tests/unit/test_write_buffer_splitting.py."""
 
 from __future__ import annotations
 
@@ -16,45 +17,6 @@ from persistence.transaction import Database, Transaction, one
 from persistence.writes import WriteBuffer
 from projections.rows import Insert, Update
 from support.core import World
-
-EVENT = (uuid4(), 1, "topic", b"{}", b"\0" * 32, b"\1" * 32)
-
-
-def test_writes_to_different_tables_share_one_statement() -> None:
-    """The shape of a worker write: events, the task, its attempt, a batch and a notification."""
-    writes = WriteBuffer()
-    task, attempt = uuid4(), uuid4()
-    writes.events([EVENT, EVENT])
-    writes.ops([Update("worker_tasks", {"id": task}, {"version": 3}),
-                Update("worker_task_attempts", {"id": attempt}, {"batch_count": 1}),
-                Insert("worker_result_batches", {"id": uuid4(), "attempt_id": attempt})])
-    writes.notify("leasehold", "available:x")
-    assert len(writes) == 1
-
-
-def test_the_same_row_twice_takes_two_statements() -> None:
-    writes = WriteBuffer()
-    task = uuid4()
-    writes.ops([Update("worker_tasks", {"id": task}, {"state": "cancelled"}),
-                Update("worker_tasks", {"id": task}, {"cancel_requested_at": 1},
-                       guard=(("cancel_requested_at", (None,)),))])
-    assert len(writes) == 2
-
-
-def test_one_table_twice_takes_two_statements() -> None:
-    writes = WriteBuffer()
-    writes.ops([Update("worker_task_attempts", {"id": uuid4()}, {"status": "expired"}),
-                Insert("worker_task_attempts", {"id": uuid4(), "status": "leased"})])
-    assert len(writes) == 2
-
-
-def test_updates_that_fire_no_trigger_share_a_statement() -> None:
-    """An acquire: the task, then its job; neither update touches the column a trigger watches."""
-    writes = WriteBuffer()
-    writes.ops([Update("worker_tasks", {"id": uuid4()}, {"state": "leased"}),
-                Update("scan_jobs", {"id": uuid4()}, {"status": "running"}),
-                Update("scans", {"id": uuid4()}, {"status": "running"}, guard=(("status", ("pending",)),))])
-    assert len(writes) == 1
 
 
 async def _priority(tx: Transaction, task: UUID) -> int:
