@@ -1,123 +1,21 @@
-"""Workers and assignments: the pure decisions, and the commands against a real PostgreSQL
-(lock, separate read, append, project; rebuild equals live; revocation's task cancellation)."""
+"""Workers and assignments: the commands against a real PostgreSQL (lock, separate read, append,
+project; rebuild equals live; revocation's task cancellation). The pure decisions are unit-tested
+in tests/unit/test_registry_rules.py."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
 
 from domain import registry as rules
-from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound, TaskWasCancelled
-from domain.events import AssignmentChanged, WorkerAssigned, WorkerRegistered, WorkerRevoked, WorkerUpdated
-from domain.registry import WorkerState
+from domain.errors import Forbidden, InvalidTransition, NotFound, TaskWasCancelled
 from persistence.connection import connect
 from persistence.event_log import read_stream
 from support.core import World, assert_log_rebuilds_live
-
-NOW = datetime(2030, 1, 1, tzinfo=UTC)
-ORG_A, ORG_B = UUID(int=1), UUID(int=2)
-
-
-def registered(**changes: Any) -> WorkerState:
-    event = rules.register_worker(UUID(int=99), name="w", fingerprint="ab" * 32, capabilities=("b", "a", "a"),
-                                  task_types=("probe",), max_concurrent_tasks=2, now=NOW, actor="test")
-    worker = rules.project_worker([event])
-    assert worker is not None
-    return worker
-
-
-def fold(worker: WorkerState, events: list[Any]) -> WorkerState:
-    after = rules.project_worker(events, worker)
-    assert after is not None
-    return after
-
-
-# --- pure decisions --------------------------------------------------------------------------
-
-
-def test_registration_normalises_labels_and_fingerprint() -> None:
-    event = rules.register_worker(uuid4(), name="w", fingerprint=":".join(["AB"] * 32), capabilities=("b", "a", "a"),
-                                  task_types=(), max_concurrent_tasks=1, now=NOW, actor="test")
-    assert isinstance(event, WorkerRegistered)
-    assert event.fingerprint == "ab" * 32 and event.capabilities == ("a", "b")
-    for bad in ({"max_concurrent_tasks": 0}, {"capabilities": (" padded",)}, {"capabilities": ("",)},
-                {"fingerprint": "zz"}):
-        kwargs: dict[str, Any] = {"name": "w", "fingerprint": "ab" * 32, "capabilities": (), "task_types": (),
-                                  "max_concurrent_tasks": 1, **bad}
-        with pytest.raises(InvalidRequest):
-            rules.register_worker(uuid4(), now=NOW, actor="test", **kwargs)
-
-
-def test_update_changes_only_what_is_given_and_repeating_it_is_a_no_op() -> None:
-    worker = registered()
-    events = rules.update_worker(worker, task_types=("probe", "dns"), now=NOW, actor="op")
-    assert len(events) == 1 and isinstance(events[0], WorkerUpdated)
-    assert events[0].originator_version == 2
-    after = fold(worker, events)
-    assert after.task_types == ("dns", "probe") and after.capabilities == ("a", "b")
-    assert after.max_concurrent_tasks == 2
-    assert rules.update_worker(after, task_types=("dns", "probe"), now=NOW, actor="op") == []
-    assert rules.update_worker(after, now=NOW, actor="op") == []
-    with pytest.raises(InvalidRequest):
-        rules.update_worker(after, max_concurrent_tasks=1001, now=NOW, actor="op")
-
-
-def test_enable_disable_are_idempotent() -> None:
-    worker = registered()
-    assert rules.set_worker_enabled(worker, True, now=NOW, actor="op") == []
-    off = fold(worker, rules.set_worker_enabled(worker, False, now=NOW, actor="op"))
-    assert not off.enabled
-    assert rules.set_worker_enabled(off, False, now=NOW, actor="op") == []
-    assert fold(off, rules.set_worker_enabled(off, True, now=NOW, actor="op")).enabled
-
-
-def test_revocation_is_permanent_and_repeating_it_is_a_no_op() -> None:
-    worker = fold(registered(), [])
-    worker = fold(worker, rules.assign(worker, ORG_A, now=NOW, actor="op"))
-    events = rules.revoke_worker(worker, reason="key leaked", now=NOW, actor="op")
-    assert [type(e) for e in events] == [WorkerRevoked]
-    revoked = fold(worker, events)
-    assert revoked.revoked and not revoked.enabled
-    assert rules.revoke_worker(revoked, reason="again", now=NOW, actor="op") == []
-    assert rules.set_worker_enabled(revoked, False, now=NOW, actor="op") == []
-    for change in (lambda: rules.set_worker_enabled(revoked, True, now=NOW, actor="op"),
-                   lambda: rules.update_worker(revoked, max_concurrent_tasks=3, now=NOW, actor="op"),
-                   lambda: rules.assign(revoked, ORG_B, now=NOW, actor="op")):
-        with pytest.raises(InvalidTransition):
-            change()
-    with pytest.raises(InvalidRequest):
-        rules.revoke_worker(worker, reason="  ", now=NOW, actor="op")
-
-
-def test_assignment_lifecycle() -> None:
-    worker = registered()
-    with pytest.raises(NotFound):
-        rules.end_assignment(worker, ORG_A, revoke=False, now=NOW, actor="op")
-    assigned = fold(worker, rules.assign(worker, ORG_A, now=NOW, actor="op"))
-    assert assigned.assignments[ORG_A].active
-    assert rules.assign(assigned, ORG_A, now=NOW, actor="op") == []  # already active
-
-    removed_events = rules.end_assignment(assigned, ORG_A, revoke=False, now=NOW, actor="op")
-    assert [(type(e), e.enabled, e.revoked) for e in removed_events if isinstance(e, AssignmentChanged)] == [
-        (AssignmentChanged, False, False)]
-    removed = fold(assigned, removed_events)
-    assert not removed.assignments[ORG_A].active and not removed.assignments[ORG_A].revoked
-    assert rules.end_assignment(removed, ORG_A, revoke=False, now=NOW, actor="op") == []
-
-    revoked = fold(removed, rules.end_assignment(removed, ORG_A, revoke=True, now=NOW, actor="op"))
-    assert revoked.assignments[ORG_A].revoked
-    assert rules.end_assignment(revoked, ORG_A, revoke=True, now=NOW, actor="op") == []
-    assert rules.end_assignment(revoked, ORG_A, revoke=False, now=NOW, actor="op") == []  # revoked is stronger
-
-    again = rules.assign(revoked, ORG_A, now=NOW, actor="op")  # an explicit re-add is allowed
-    assert [type(e) for e in again] == [WorkerAssigned]
-    assert fold(revoked, again).assignments[ORG_A].active
-
 
 # --- commands against PostgreSQL ---------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from psycopg_pool import AsyncConnectionPool
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
 from domain.profiles import LegacyExecuted
-from domain.schedule import Timing
 from gateway.commands.schedules import FailureBackoff, Schedules
 from persistence.chain import verify_chains
 from persistence.connection import connect
@@ -98,25 +97,6 @@ async def test_misfire_policies(world: World, pool: AsyncConnectionPool, clock: 
     clock.now = nxt + timedelta(minutes=59)
     assert await schedules.claim_due() == 1
     assert len(await fired(pool, sid)) == scans + 1
-
-
-def test_cron_in_a_timezone_across_dst() -> None:
-    timing = Timing("0 9 * * *", None, "Europe/Berlin")
-    t = datetime(2030, 3, 29, 12, tzinfo=UTC)  # DST starts 2030-03-31 in the EU
-    slots = []
-    for _ in range(4):
-        t = timing.next_after(t)
-        slots.append(t)
-    assert slots == [datetime(2030, 3, 30, 8, tzinfo=UTC), datetime(2030, 3, 31, 7, tzinfo=UTC),
-                     datetime(2030, 4, 1, 7, tzinfo=UTC), datetime(2030, 4, 2, 7, tzinfo=UTC)]
-    autumn = timing.next_after(datetime(2030, 10, 27, 0, tzinfo=UTC))  # DST ends 2030-10-27
-    assert autumn == datetime(2030, 10, 27, 8, tzinfo=UTC)
-    with pytest.raises(InvalidRequest):
-        Timing("not cron", None, "UTC").validate()
-    with pytest.raises(InvalidRequest):
-        Timing("0 9 * * *", 60, "UTC").validate()
-    with pytest.raises(InvalidRequest):
-        Timing(None, 60, "Mars/Olympus").validate()
 
 
 async def test_cron_schedule_fires_at_local_time(world: World, pool: AsyncConnectionPool,
