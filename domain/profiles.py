@@ -40,8 +40,9 @@ from domain.events import (
 )
 from domain.scan import validate_steps
 
-#: Visible characters at both ends, at most 100 in all (the API's label rule).
-PROFILE_NAME = re.compile(r"^\S(.{0,98}\S)?$")
+#: Visible characters at both ends, at most 100 in all (the API's label rule). ``\Z``, not ``$``,
+#: which would let a trailing newline through.
+PROFILE_NAME = re.compile(r"\A\S(.{0,98}\S)?\Z")
 
 
 class LegacyExecuted(Conflict):

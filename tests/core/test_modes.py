@@ -1,5 +1,6 @@
-"""Execution modes and stored profiles on real PostgreSQL: the flags' precedence, a legacy job
-never gets a worker task (code and database), the rollback switch leaves running scans alone,
+"""Execution modes and stored profiles on real PostgreSQL: the flags decide each new scan's mode
+(their precedence table is unit-tested in tests/unit/test_profile_rules.py), a legacy job never
+gets a worker task (code and database), the rollback switch leaves running scans alone,
 stored-profile edits never reach existing scans, and every new event rebuilds to the live rows."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from domain.errors import Conflict, InvalidTransition, NotFound
 from domain.events import ProfileStep
-from domain.profiles import LegacyExecuted, execution_mode
+from domain.profiles import LegacyExecuted
 from domain.results import payload_sha256
 from gateway.commands.lifecycle import Acquired, TaskSpec
 from support.core import World, assert_log_rebuilds_live
@@ -47,12 +48,6 @@ async def _run(world: World, worker: UUID) -> Acquired:
                           payload_sha256=payload_sha256(records), records=records, final=True)
     await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token)
     return a
-
-
-def test_precedence_table() -> None:
-    """Gateway iff the organisation's flag is on and the stored profile (if any) does not say off."""
-    assert [execution_mode(org, profile) for org in (True, False) for profile in (None, True, False)] == [
-        "gateway", "gateway", "legacy", "legacy", "legacy", "legacy"]
 
 
 async def test_the_flags_decide_each_new_scans_mode(world: World, database_url: str) -> None:
