@@ -3,6 +3,7 @@ against a simple model of the RFC's transition table (no database, no clock, no 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -12,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from domain.errors import InvalidTransition
 from domain.events import WriteRejected
+from domain.retry import DEFAULT_RETRY_POLICY
 from domain.task import (
     AcknowledgeCancel,
     AttemptState,
@@ -42,7 +44,9 @@ ALLOWED = {
 }
 LIVE_STATES = {"leased", "running", "cancelling"}
 WORKER = WorkerView(id=UUID(int=99), enabled=True, revoked=False, max_concurrent_tasks=10, live_attempts=0,
-                    capabilities=frozenset(), task_types=frozenset({"probe"}))
+                    capabilities=frozenset({"tcp"}), task_types=frozenset({"probe"}))
+OTHER_TYPE_WORKER = replace(WORKER, id=UUID(int=98), task_types=frozenset({"dns"}))
+MISSING_CAPABILITY_WORKER = replace(WORKER, id=UUID(int=97), capabilities=frozenset({"udp"}))
 
 
 def token_hash(n: int) -> str:
@@ -68,19 +72,22 @@ class TaskMachine(RuleBasedStateMachine):
     @initialize(max_attempts=st.integers(1, 4), lease=st.integers(5, 60), timeout=st.integers(30, 300))
     def create(self, max_attempts: int, lease: int, timeout: int) -> None:
         events = decide(None, CreateTask(task_id=self._id(), scan_id=self._id(), scan_job_id=self._id(),
-                                         organization_id=self._id(), task_type="probe",
+                                         organization_id=self._id(), task_type="probe", required_capabilities=("tcp",),
                                          max_attempts=max_attempts, lease_seconds=lease,
                                          execution_timeout_seconds=timeout), now=self.now, actor="test")
         task = project_task(events)
         assert task is not None and task.state == "pending"
         self.task = task
 
-    def _apply(self, command: object, draw: float = 0.5) -> list[object]:
+    def _apply(self, command: object, draw: float = 0.5, *, refused: bool = False) -> list[object]:
+        """Decide and fold ``command``, which must raise ``InvalidTransition`` exactly when ``refused``."""
         before = self.task
         try:
             events = decide(before, command, now=self.now, actor="test", draw=draw)  # type: ignore[arg-type]
         except InvalidTransition:
+            assert refused, (before.state, command)
             return []
+        assert not refused, (before.state, command, events)
         after = project_task(events, before)
         assert after is not None
         assert after.version == before.version + len(events)
@@ -95,6 +102,12 @@ class TaskMachine(RuleBasedStateMachine):
         self.task = after
         return list(events)
 
+    def _after_attempt_ended(self, before: TaskState) -> str:
+        """Where a task goes when its attempt ends without success (lease or deadline)."""
+        if before.state == "cancelling":
+            return "cancelled"
+        return "retry_wait" if before.attempt_count < before.max_attempts else "failed_terminal"
+
     # gateway ----------------------------------------------------------------------------
 
     @rule()
@@ -103,11 +116,17 @@ class TaskMachine(RuleBasedStateMachine):
         acquirable = (before.state in ("pending", "retry_wait") and before.available_at <= self.now
                       and before.attempt_count < before.max_attempts)
         events = self._apply(GrantLease(attempt_id=self._id(), worker=WORKER,
-                                   lease_token_hash=token_hash(self.ids)))
+                                        lease_token_hash=token_hash(self.ids)), refused=not acquirable)
         assert bool(events) == acquirable
         if events:
             assert self.task.attempt_count == before.attempt_count + 1
             self.batches, self.final_accepted = 0, False
+
+    @rule(worker=st.sampled_from([OTHER_TYPE_WORKER, MISSING_CAPABILITY_WORKER]))
+    def acquire_by_a_worker_that_cannot_run_it(self, worker: WorkerView) -> None:
+        """Whatever the task's state, a worker without its type or a capability never gets it."""
+        self._apply(GrantLease(attempt_id=self._id(), worker=worker, lease_token_hash=token_hash(self.ids)),
+                    refused=True)
 
     @rule(seconds=st.sampled_from([1, 5, 20, 61, 400]))
     def time_passes(self, seconds: int) -> None:
@@ -115,13 +134,21 @@ class TaskMachine(RuleBasedStateMachine):
 
     @rule()
     def sweep_expired(self) -> None:
-        if self.task.current_attempt is not None:
-            self._apply(ExpireLease(self.task.current_attempt.id))
+        before, current = self.task, self.task.current_attempt
+        if current is None:
+            return
+        due = current.live and current.lease_expires_at <= self.now
+        self._apply(ExpireLease(current.id))
+        assert self.task.state == (self._after_attempt_ended(before) if due else before.state)
 
     @rule()
     def sweep_deadline(self) -> None:
-        if self.task.current_attempt is not None:
-            self._apply(ExceedDeadline(self.task.current_attempt.id))
+        before, current = self.task, self.task.current_attempt
+        if current is None:
+            return
+        due = current.live and current.deadline_at <= self.now
+        self._apply(ExceedDeadline(current.id))
+        assert self.task.state == (self._after_attempt_ended(before) if due else before.state)
 
     @rule()
     def cancel(self) -> None:
@@ -133,7 +160,11 @@ class TaskMachine(RuleBasedStateMachine):
 
     @rule()
     def terminate_cancelling(self) -> None:
-        self._apply(TerminateCancelling(timedelta(seconds=30)))
+        before, grace = self.task, timedelta(seconds=30)
+        due = (before.state == "cancelling" and before.cancel_requested_at is not None
+               and before.cancel_requested_at + grace <= self.now)
+        self._apply(TerminateCancelling(grace))
+        assert self.task.state == ("cancelled" if due else before.state)
 
     # worker writes (by the current attempt, or a stale one, with a right or wrong token) ------
 
@@ -166,11 +197,14 @@ class TaskMachine(RuleBasedStateMachine):
     def renew(self, data: st.DataObject) -> None:
         if (picked := self._pick(data)) is None:
             return
-        valid = self._valid(*picked)
-        self._apply(Renew(*picked))
+        valid, before = self._valid(*picked), self.task
+        events = self._apply(Renew(*picked))
         if valid:
-            assert self.task.current_attempt is not None
-            assert self.task.current_attempt.lease_expires_at > self.now
+            assert before.current_attempt is not None and self.task.current_attempt is not None
+            extended = min(self.now + timedelta(seconds=before.lease_seconds), before.current_attempt.deadline_at)
+            assert self.task.current_attempt.lease_expires_at == extended > self.now
+        elif not self._valid(*picked, cancelling_ok=True):
+            assert [type(e) for e in events] == [WriteRejected]
 
     @rule(data=st.data(), final=st.booleans())
     def submit(self, data: st.DataObject, final: bool) -> None:
@@ -193,32 +227,36 @@ class TaskMachine(RuleBasedStateMachine):
         expected = self._valid(*picked) and self.final_accepted
         before = self.task.state
         self._apply(Complete(*picked))
-        if expected:
-            assert self.task.state == "completed"
-        elif before != "completed":
-            assert self.task.state == before
+        assert self.task.state == ("completed" if expected else before)
 
     @rule(data=st.data(), retryable=st.booleans(), draw=st.floats(0, 0.999))
     def fail(self, data: st.DataObject, retryable: bool, draw: float) -> None:
         if (picked := self._pick(data)) is None:
             return
-        valid = self._valid(*picked)
-        attempts_left = self.task.attempt_count < self.task.max_attempts
+        valid, before = self._valid(*picked), self.task
+        attempts_left = before.attempt_count < before.max_attempts
         self._apply(Fail(*picked, error="boom", retryable=retryable), draw)
         if valid:
-            assert self.task.state == ("retry_wait" if retryable and attempts_left else "failed_terminal")
+            retries = retryable and attempts_left
+            assert self.task.state == ("retry_wait" if retries else "failed_terminal")
+            if retries:
+                delay = DEFAULT_RETRY_POLICY.delay(before.attempt_count, draw)
+                assert self.task.available_at == self.now + delay
+        else:
+            assert self.task.state == before.state
 
     @rule(data=st.data())
     def acknowledge_cancel(self, data: st.DataObject) -> None:
         if (picked := self._pick(data)) is None:
             return
         attempt, token = picked
-        current = self.task.current_attempt
-        expected = (self.task.state == "cancelling" and current is not None and current.id == attempt.id
+        before, current = self.task.state, self.task.current_attempt
+        expected = (before == "cancelling" and current is not None and current.id == attempt.id
                     and token == current.lease_token_hash)
-        self._apply(AcknowledgeCancel(*picked))
-        if expected:
-            assert self.task.state == "cancelled"
+        # Acknowledging a cancel nobody requested, with a lease that is still good, is refused.
+        unrequested = before != "cancelling" and self._valid(*picked)
+        self._apply(AcknowledgeCancel(*picked), refused=unrequested)
+        assert self.task.state == ("cancelled" if expected else before)
 
     # invariants -------------------------------------------------------------------------
 
