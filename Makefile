@@ -1,6 +1,9 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
 #   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included)
 #   make test-unit                              the fast tier: pure logic, no PostgreSQL, seconds
+#   make mutation                               mutation testing of domain/ against tests/unit (minutes);
+#                                               writes docs/mutation-report.md (score, surviving mutants)
+#   make openapi / make cli-help                rewrite the committed contract snapshots from the code
 #   make lint                                   ruff + mypy + import contracts (lint-imports)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
 # Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
@@ -9,12 +12,14 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PY := $(VENV)/bin/python
 STAMP := $(VENV)/.leasehold-installed
+MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
+MUTATION_JOBS ?= 2
 # The packages listed in pyproject's [tool.mypy] that exist yet.
 MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations,$(if $(wildcard $(p)/__init__.py),-p $(p)))
 
 .DEFAULT_GOAL := test
-.PHONY: install test test-unit lint demo
+.PHONY: install test test-unit mutation openapi cli-help lint demo
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +38,20 @@ test: $(STAMP)
 # tier can never start or wait for a server.
 test-unit: $(STAMP)
 	$(VENV_PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+$(MUTATION_STAMP): pyproject.toml | $(STAMP)
+	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test,mutation]'
+	touch $(MUTATION_STAMP)
+
+# Not part of `make test`: every mutant of domain/ (mutmut, configured in pyproject's [tool.mutmut])
+# is judged by the unit tier, with hypothesis derandomized so a verdict never depends on luck.
+# mutants/ is rebuilt each time (mutmut's cache does not know which mutants new tests may kill).
+# The report lists the score and every surviving mutant with its diff; it fails below 90% or when
+# tests/unit/equivalent_mutants.md names a mutant that no longer survives.
+mutation: $(MUTATION_STAMP)
+	rm -rf mutants
+	LEASEHOLD_HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	$(VENV_PY) tests/unit/mutation_report.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -11,16 +11,25 @@ server from inside a test. Tests that need PostgreSQL belong in the other folder
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from cli.embedded import EmbeddedPostgres
 
 UNIT_DIR = Path(__file__).resolve().parent
+
+#: ``make mutation`` judges every mutant by this tier: with this profile hypothesis draws the same
+#: examples for each of them (a mutant is killed or not, never by luck) and keeps no example
+#: database, which would carry one mutant's failures over to the next.
+settings.register_profile("mutation", derandomize=True, database=None)
+if os.environ.get("LEASEHOLD_HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["LEASEHOLD_HYPOTHESIS_PROFILE"])
 
 #: Fixtures that start, copy or connect to a PostgreSQL server (everything else that needs a
 #: database depends on one of these: ``database_url``, ``pool``, ``services``, ``world``,
