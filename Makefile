@@ -53,6 +53,14 @@ mutation: $(MUTATION_STAMP)
 	LEASEHOLD_HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
 	$(VENV_PY) tests/unit/mutation_report.py
 
+# The contract snapshots (docs/openapi.json, docs/cli/*.txt) that the snapshot tests compare
+# with the code: rewrite them after an intended change of the HTTP API or the CLI, and commit.
+openapi: $(STAMP)
+	PYTHONPATH=tests $(VENV_PY) -m support.contract openapi
+
+cli-help: $(STAMP)
+	PYTHONPATH=tests $(VENV_PY) -m support.contract cli-help
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(MYPY_PACKAGES)
