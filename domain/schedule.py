@@ -74,7 +74,9 @@ class Timing:
 
     def next_after(self, t: datetime, *, anchor: datetime | None = None) -> datetime:
         """The first slot strictly after ``t`` (interval slots are ``anchor + k * interval``;
-        without an anchor the first slot is ``t + interval``)."""
+        without an anchor the first slot is ``t + interval``). A cron expression with a year
+        field may have none left: that is an :class:`InvalidRequest`, not croniter's error, so a
+        request naming such a schedule is refused rather than failing."""
         if self.interval_seconds is not None:
             period = timedelta(seconds=self.interval_seconds)
             if anchor is None or anchor > t:
@@ -82,7 +84,10 @@ class Timing:
             return anchor + ((t - anchor) // period + 1) * period
         assert self.cron is not None
         local = t.astimezone(ZoneInfo(self.timezone))
-        nxt: datetime = croniter(self.cron, local).get_next(datetime)
+        try:
+            nxt: datetime = croniter(self.cron, local).get_next(datetime)
+        except CroniterBadDateError as exc:  # an expression bounded by a year that has passed
+            raise InvalidRequest(f"the cron expression {self.cron!r} never fires after {t.isoformat()}") from exc
         return nxt.astimezone(UTC)
 
 

@@ -14,6 +14,7 @@ from domain import events as ev
 from domain import schedule
 from domain.errors import InvalidRequest
 from domain.schedule import ScheduleState, Timing
+from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 SID, ORG, SCAN = UUID(int=1), UUID(int=2), UUID(int=3)
@@ -50,8 +51,21 @@ def test_cron_in_a_timezone_across_dst() -> None:
         Timing(None, 60, "Mars/Olympus").validate()
 
 
-def test_the_next_cron_slot_is_strictly_after() -> None:
-    assert HOURLY_CRON.next_after(NOW) == NOW + timedelta(hours=1)
+def test_the_next_cron_slot_is_strictly_after_and_in_utc() -> None:
+    slot = Timing("0 * * * *", None, "Europe/Berlin").next_after(NOW)
+    assert slot == NOW + timedelta(hours=1) and slot.tzinfo is UTC
+
+
+def test_a_cron_expression_whose_last_year_has_passed_has_no_next_slot() -> None:
+    """croniter accepts a year as a seventh field; once that year is over, there is no slot: a
+    refusal, not croniter's own error (which an HTTP request would turn into a 500)."""
+    bounded = Timing("0 0 1 1 * 0 2025", None, "UTC")
+    bounded.validate()  # it did fire once: checked from a fixed start, never from today
+    assert bounded.next_after(datetime(2024, 6, 1, tzinfo=UTC)) == datetime(2025, 1, 1, tzinfo=UTC)
+    with refused(InvalidRequest, "the cron expression '0 0 1 1 * 0 2025' never fires after 2030-01-01T00:00:00+00:00"):
+        bounded.next_after(NOW)
+    with refused(InvalidRequest, "the cron expression '0 0 1 1 * 0 2025' never fires after 2030-01-01T00:00:00+00:00"):
+        _create(timing=bounded)
 
 
 def test_interval_slots_count_from_their_anchor() -> None:
@@ -63,17 +77,20 @@ def test_interval_slots_count_from_their_anchor() -> None:
     assert MINUTE.next_after(NOW) == NOW + timedelta(seconds=60)  # no anchor: one period on
 
 
+ONE_OF = "a schedule has exactly one of cron and interval_seconds"
+
+
 @pytest.mark.parametrize(("timing", "message"), [
-    (Timing(None, None, "UTC"), "exactly one of cron and interval_seconds"),
-    (Timing("0 9 * * *", 60, "UTC"), "exactly one of cron and interval_seconds"),
-    (Timing(None, 60, "Mars/Olympus"), "unknown timezone"),
-    (Timing(None, 60, "../etc"), "unknown timezone"),
-    (Timing("not cron", None, "UTC"), "invalid cron expression"),
-    (Timing("0 0 31 2 *", None, "UTC"), "never fires"),
+    (Timing(None, None, "UTC"), ONE_OF),
+    (Timing("0 9 * * *", 60, "UTC"), ONE_OF),
+    (Timing(None, 60, "Mars/Olympus"), "unknown timezone 'Mars/Olympus'"),
+    (Timing(None, 60, "../etc"), "unknown timezone '../etc'"),
+    (Timing("not cron", None, "UTC"), "invalid cron expression 'not cron'"),
+    (Timing("0 0 31 2 *", None, "UTC"), "the cron expression '0 0 31 2 *' never fires"),
     (Timing(None, 0, "UTC"), "interval_seconds must be at least 1"),
 ])
 def test_a_timing_that_cannot_run_is_refused(timing: Timing, message: str) -> None:
-    with pytest.raises(InvalidRequest, match=message):
+    with refused(InvalidRequest, message):
         timing.validate()
 
 
@@ -100,11 +117,23 @@ def test_create_records_the_schedule_with_its_first_slot() -> None:
     assert (event.targets, event.profile, event.next_run_at) == ({"t": 1}, PROFILE, NOW + timedelta(seconds=60))
 
 
+def test_create_records_a_cron_schedule_that_runs_once_per_due_claim() -> None:
+    event = _create(timing=HOURLY_CRON, misfire_policy="run_once", name="n")
+    assert (event.cron, event.interval_seconds, event.misfire_policy, event.name) == (
+        "0 * * * *", None, "run_once", "n")
+    assert event.next_run_at == NOW + timedelta(hours=1)
+
+
+NAME = "schedule name must be 1..200 characters"
+
+
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"name": "   "}, "name"), ({"name": "n" * 201}, "name"), ({"misfire_policy": "catch_up"}, "misfire_policy"),
-    ({"profile": ()}, "profile"), ({"timing": Timing(None, 0, "UTC")}, "interval_seconds")])
+    ({"name": "   "}, NAME), ({"name": "n" * 201}, NAME),
+    ({"misfire_policy": "catch_up"}, "misfire_policy is run_once or skip"),
+    ({"profile": ()}, "a schedule needs a profile of at least one step"),
+    ({"timing": Timing(None, 0, "UTC")}, "interval_seconds must be at least 1")])
 def test_create_refuses_a_schedule_that_cannot_run(changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(InvalidRequest, match=message):
+    with refused(InvalidRequest, message):
         _create(**changes)
 
 
@@ -164,6 +193,12 @@ def test_skip_drops_two_or_more_missed_slots_without_a_scan() -> None:
     assert isinstance(event, ev.ScheduleSkipped)
     assert (event.slots, event.first_slot, event.next_run_at, event.originator_version) == (
         2, NOW, NOW + timedelta(seconds=120), 5)
+
+
+def test_a_schedule_is_due_at_its_slot() -> None:
+    event = schedule.on_due(state(), scan_id=SCAN, now=NOW, actor="scheduler")
+    assert isinstance(event, ev.ScheduleFired) and (event.slot, event.next_run_at) == (
+        NOW, NOW + timedelta(seconds=60))
 
 
 def test_skip_runs_like_run_once_when_less_than_a_period_late() -> None:
