@@ -46,7 +46,7 @@ def test_the_help_text_is_the_committed_one(name: str) -> None:
         COMMITTED_HELP[name], CURRENT_HELP[name], f"docs/cli/{name}", "cli-help")
 
 
-@pytest.mark.parametrize("command", [[], ["replay", "as-of"], ["pki", "issue-worker"]])
+@pytest.mark.parametrize("command", [[], ["replay", "as-of"]])
 def test_the_snapshots_are_what_the_installed_command_prints(command: list[str]) -> None:
     """The snapshots come from argparse's ``format_help`` in this process; ``--help`` in a real
     process, at the same width, prints the very same text."""

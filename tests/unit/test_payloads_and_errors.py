@@ -39,6 +39,14 @@ def test_each_refusal_has_its_status_code_and_default_message(cls: type[errors.L
     assert error.details == {}
 
 
+def test_a_refusal_without_a_docstring_has_an_empty_default_message() -> None:
+    class Undocumented(errors.Conflict):
+        pass
+
+    error = Undocumented()
+    assert (error.message, str(error)) == ("", "")
+
+
 def test_a_refusal_keeps_its_own_message_and_details() -> None:
     error = errors.NotFound("no such task", task_id="t-1")
     assert (error.message, str(error), error.details) == ("no such task", "no such task", {"task_id": "t-1"})

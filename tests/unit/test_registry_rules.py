@@ -13,6 +13,7 @@ from domain import registry as rules
 from domain.errors import InvalidRequest, InvalidTransition, NotFound
 from domain.events import AssignmentChanged, WorkerAssigned, WorkerRegistered, WorkerRevoked, WorkerUpdated
 from domain.registry import WorkerState
+from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 ORG_A, ORG_B = UUID(int=1), UUID(int=2)
@@ -80,10 +81,11 @@ def test_revocation_is_permanent_and_repeating_it_is_a_no_op() -> None:
     assert revoked.revoked and not revoked.enabled
     assert rules.revoke_worker(revoked, reason="again", now=NOW, actor="op") == []
     assert rules.set_worker_enabled(revoked, False, now=NOW, actor="op") == []
-    for change in (lambda: rules.set_worker_enabled(revoked, True, now=NOW, actor="op"),
-                   lambda: rules.update_worker(revoked, max_concurrent_tasks=3, now=NOW, actor="op"),
-                   lambda: rules.assign(revoked, ORG_B, now=NOW, actor="op")):
-        with pytest.raises(InvalidTransition):
+    for change, what in ((lambda: rules.set_worker_enabled(revoked, True, now=NOW, actor="op"), "enabling it"),
+                         (lambda: rules.update_worker(revoked, max_concurrent_tasks=3, now=NOW, actor="op"),
+                          "changing it"),
+                         (lambda: rules.assign(revoked, ORG_B, now=NOW, actor="op"), "assigning it")):
+        with refused(InvalidTransition, f"the worker has been revoked; {what} is no longer possible"):
             change()
     with pytest.raises(InvalidRequest):
         rules.revoke_worker(worker, reason="  ", now=NOW, actor="op")
@@ -91,8 +93,9 @@ def test_revocation_is_permanent_and_repeating_it_is_a_no_op() -> None:
 
 def test_assignment_lifecycle() -> None:
     worker = registered()
-    with pytest.raises(NotFound):
+    with refused(NotFound, "the worker is not assigned to this organisation") as unassigned:
         rules.end_assignment(worker, ORG_A, revoke=False, now=NOW, actor="op")
+    assert unassigned.value.details == {"worker_id": str(worker.id), "organization_id": str(ORG_A)}
     assigned = fold(worker, rules.assign(worker, ORG_A, now=NOW, actor="op"))
     assert assigned.assignments[ORG_A].active
     assert rules.assign(assigned, ORG_A, now=NOW, actor="op") == []  # already active
@@ -118,8 +121,9 @@ def test_an_organisation_name_is_trimmed_and_has_one_to_two_hundred_characters()
     event = rules.create_organization(ORG_A, "  acme  ", now=NOW, actor="op")
     assert (event.originator_id, event.originator_version, event.name, event.actor) == (ORG_A, 1, "acme", "op")
     assert rules.create_organization(ORG_A, "n" * 200, now=NOW, actor="op").name == "n" * 200
+    assert rules.create_organization(ORG_A, " n ", now=NOW, actor="op").name == "n"
     for bad in ("   ", "n" * 201):
-        with pytest.raises(InvalidRequest, match="organisation name"):
+        with refused(InvalidRequest, "organisation name must be 1..200 characters"):
             rules.create_organization(ORG_A, bad, now=NOW, actor="op")
 
 
@@ -139,17 +143,26 @@ def test_a_worker_is_registered_enabled_with_its_labels_and_capacity() -> None:
         True, False, ("dns", "probe"), {})
 
 
+NAME = "worker name must be 1..200 characters"
+FINGERPRINT = "fingerprint must be the hex SHA-256 of the client certificate"
+CAPACITY = "max_concurrent_tasks must be between 1 and 1000"
+
+
+def label_rule(kind: str) -> str:
+    return f"each of the {kind} must be 1..100 characters, without surrounding spaces"
+
+
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"name": ""}, "worker name"), ({"name": "n" * 201}, "worker name"),
-    ({"fingerprint": "ab" * 31}, "fingerprint"), ({"fingerprint": "ab" * 32 + "00"}, "fingerprint"),
-    ({"fingerprint": "xy" * 32}, "fingerprint"),
-    ({"max_concurrent_tasks": 1001}, "max_concurrent_tasks"),
+    ({"name": ""}, NAME), ({"name": "n" * 201}, NAME),
+    ({"fingerprint": "ab" * 31}, FINGERPRINT), ({"fingerprint": "ab" * 32 + "00"}, FINGERPRINT),
+    ({"fingerprint": "xy" * 32}, FINGERPRINT),
+    ({"max_concurrent_tasks": 1001}, CAPACITY), ({"max_concurrent_tasks": 0}, CAPACITY),
     ({"task_types": tuple(f"t{i}" for i in range(rules.MAX_LABELS + 1))}, "at most 100 task types"),
-    ({"capabilities": ("c" * (rules.MAX_LABEL_LENGTH + 1),)}, "capabilities must be 1..100"),
-    ({"task_types": ("probe ",)}, "task types must be 1..100"),
+    ({"capabilities": ("c" * (rules.MAX_LABEL_LENGTH + 1),)}, label_rule("capabilities")),
+    ({"task_types": ("probe ",)}, label_rule("task types")),
 ])
 def test_a_registration_out_of_bounds_is_refused(changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(InvalidRequest, match=message):
+    with refused(InvalidRequest, message):
         _register(**changes)
 
 
@@ -167,8 +180,10 @@ def test_an_update_of_capabilities_or_capacity_alone_keeps_the_rest() -> None:
     (capacity,) = rules.update_worker(worker, max_concurrent_tasks=1, now=NOW, actor="op")
     assert isinstance(capacity, WorkerUpdated)
     assert (capacity.capabilities, capacity.max_concurrent_tasks) == (("a", "b"), 1)
-    with pytest.raises(InvalidRequest):
+    with refused(InvalidRequest, label_rule("capabilities")):
         rules.update_worker(worker, capabilities=("",), now=NOW, actor="op")
+    with refused(InvalidRequest, label_rule("task types")):
+        rules.update_worker(worker, task_types=(" dns",), now=NOW, actor="op")
 
 
 def test_events_of_one_decision_follow_the_workers_version() -> None:
@@ -184,7 +199,8 @@ def test_a_revocation_reason_is_trimmed_and_bounded() -> None:
     (event,) = rules.revoke_worker(worker, reason="  key leaked  ", now=NOW, actor="op")
     assert isinstance(event, WorkerRevoked) and event.reason == "key leaked"
     assert rules.revoke_worker(worker, reason="r" * 1000, now=NOW, actor="op")
-    with pytest.raises(InvalidRequest, match="reason"):
+    assert rules.revoke_worker(worker, reason="r", now=NOW, actor="op")
+    with refused(InvalidRequest, "reason must be 1..1000 characters"):
         rules.revoke_worker(worker, reason="r" * 1001, now=NOW, actor="op")
 
 
@@ -216,5 +232,5 @@ def test_the_bare_assignment_event_is_the_next_of_the_stream() -> None:
 
 def test_evolve_worker_refuses_an_event_of_another_stream() -> None:
     event = rules.create_organization(ORG_A, "acme", now=NOW, actor="op")
-    with pytest.raises(TypeError, match="OrganizationCreated is not a worker event"):
+    with refused(TypeError, "OrganizationCreated is not a worker event"):
         rules.evolve_worker(event, None)

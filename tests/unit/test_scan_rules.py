@@ -12,6 +12,7 @@ import pytest
 from domain import events as ev
 from domain import scan
 from domain.errors import InvalidRequest, InvalidTransition
+from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 SCAN, ORG, JOB, ATTEMPT = UUID(int=1), UUID(int=2), UUID(int=3), UUID(int=4)
@@ -64,6 +65,10 @@ def test_a_scan_ends_once_every_job_has_ended(statuses: list[str], cancel_reques
     assert scan.scan_outcome(iter(statuses), cancel_requested=cancel_requested) == outcome
 
 
+def test_a_scan_is_not_cancelled_unless_told_so() -> None:
+    assert scan.scan_outcome(["success"]) == "success"
+
+
 def test_create_scan_starts_the_scans_stream() -> None:
     event = scan.create_scan(SCAN, ORG, {"targets": ["h"]}, "legacy", now=NOW, actor="op")
     assert (event.originator_id, event.originator_version, event.timestamp, event.actor) == (SCAN, 1, NOW, "op")
@@ -76,10 +81,10 @@ def test_queue_job_adds_the_next_event_of_a_scan_that_has_not_ended() -> None:
     assert (event.originator_version, event.job_id, event.position, event.plugin, event.organization_id) == (
         5, JOB, 2, "probe", ORG)
     for status in ("success", "failed", "cancelled"):
-        with pytest.raises(InvalidTransition, match=f"already {status}"):
+        with refused(InvalidTransition, f"the scan is already {status}"):
             scan.queue_job(SCAN, 4, status, organization_id=ORG, job_id=JOB, position=2,  # type: ignore[arg-type]
                            plugin="probe", execution_mode="gateway", now=NOW, actor="op")
-    with pytest.raises(InvalidRequest, match="plugin"):
+    with refused(InvalidRequest, "plugin must not be empty"):
         scan.queue_job(SCAN, 4, "pending", organization_id=ORG, job_id=JOB, position=0, plugin="",
                        execution_mode="gateway", now=NOW, actor="op")
 
@@ -100,15 +105,18 @@ def test_a_profile_has_one_to_fifty_steps() -> None:
     scan.validate_steps([step()])
     scan.validate_steps([step()] * scan.MAX_PROFILE_STEPS)
     for steps in ([], [step()] * (scan.MAX_PROFILE_STEPS + 1)):
-        with pytest.raises(InvalidRequest, match="1..50 steps"):
+        with refused(InvalidRequest, "a profile has 1..50 steps"):
             scan.validate_steps(steps)
 
 
-@pytest.mark.parametrize("changes", [
-    {"task_type": ""}, {"max_attempts": 0}, {"execution_timeout_seconds": 0}, {"lease_seconds": 0},
-    {"lease_seconds": 3601}])
-def test_each_step_is_checked(changes: dict[str, Any]) -> None:
-    with pytest.raises(InvalidRequest):
+LIMITS = "max_attempts and execution_timeout_seconds must be positive, lease_seconds 1..3600"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"task_type": ""}, "task_type must not be empty"), ({"max_attempts": 0}, LIMITS),
+    ({"execution_timeout_seconds": 0}, LIMITS), ({"lease_seconds": 0}, LIMITS), ({"lease_seconds": 3601}, LIMITS)])
+def test_each_step_is_checked(changes: dict[str, Any], message: str) -> None:
+    with refused(InvalidRequest, message):
         scan.validate_steps([step(), step(**changes)])
 
 
@@ -133,11 +141,13 @@ def test_an_origin_is_recorded_only_when_there_is_one() -> None:
     (legacy,) = scan.record_origin(SCAN, 2, stored_profile_id=None, legacy_scan_id="L" * 200,
                                    legacy_message_sha256="ab", now=NOW, actor="op")
     assert (legacy.legacy_scan_id, legacy.legacy_message_sha256) == ("L" * 200, "ab")
+    assert scan.record_origin(SCAN, 2, stored_profile_id=None, legacy_scan_id="L", legacy_message_sha256=None,
+                              now=NOW, actor="op")
 
 
 @pytest.mark.parametrize("legacy_id", ["", "L" * 201])
 def test_a_legacy_scan_id_has_one_to_two_hundred_characters(legacy_id: str) -> None:
-    with pytest.raises(InvalidRequest, match="legacy scan id"):
+    with refused(InvalidRequest, "a legacy scan id has 1..200 characters"):
         scan.record_origin(SCAN, 2, stored_profile_id=None, legacy_scan_id=legacy_id, legacy_message_sha256=None,
                            now=NOW, actor="op")
 
@@ -158,14 +168,14 @@ def test_repeating_the_legacy_status_is_a_no_op() -> None:
 
 
 @pytest.mark.parametrize(("mode", "status", "new", "message"), [
-    ("gateway", "pending", "running", "only a legacy-executed scan"),
-    ("legacy", "success", "failed", "already success"),
-    ("legacy", "cancelled", "running", "already cancelled"),
-    ("legacy", "running", "pending", "already running"),
+    ("gateway", "pending", "running", "only a legacy-executed scan takes progress reports from the legacy side"),
+    ("legacy", "success", "failed", "the scan is already success"),
+    ("legacy", "cancelled", "running", "the scan is already cancelled"),
+    ("legacy", "running", "pending", "the scan is already running"),
 ])
 def test_legacy_progress_never_goes_back_nor_reaches_a_gateway_scan(mode: str, status: str, new: str,
                                                                     message: str) -> None:
-    with pytest.raises(InvalidTransition, match=message):
+    with refused(InvalidTransition, message):
         scan.record_legacy_status(SCAN, 3, mode, status, new, now=NOW, actor="l")  # type: ignore[arg-type]
 
 
@@ -173,9 +183,9 @@ def test_a_pending_legacy_scan_is_handed_over_with_its_jobs() -> None:
     event = scan.hand_over(SCAN, 3, "legacy", "pending", gateway_scan_id=UUID(int=8), job_ids=[JOB, ATTEMPT],
                            now=NOW, actor="drain")
     assert (event.originator_version, event.gateway_scan_id, event.job_ids) == (4, UUID(int=8), (JOB, ATTEMPT))
-    with pytest.raises(InvalidTransition, match="only a legacy-executed scan"):
+    with refused(InvalidTransition, "only a legacy-executed scan can be handed over to the Gateway"):
         scan.hand_over(SCAN, 3, "gateway", "pending", gateway_scan_id=UUID(int=8), job_ids=[], now=NOW, actor="d")
-    with pytest.raises(InvalidTransition, match="already running"):
+    with refused(InvalidTransition, "the legacy scan is already running"):
         scan.hand_over(SCAN, 3, "legacy", "running", gateway_scan_id=UUID(int=8), job_ids=[], now=NOW, actor="d")
 
 
