@@ -132,22 +132,15 @@ class TaskMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: int) -> None:
         self.now += timedelta(seconds=seconds)
 
-    @rule()
-    def sweep_expired(self) -> None:
+    @rule(end=st.sampled_from(["lease", "deadline"]))
+    def sweep(self, end: str) -> None:
+        """The sweeper ends the current attempt once its lease or its deadline has passed."""
         before, current = self.task, self.task.current_attempt
         if current is None:
             return
-        due = current.live and current.lease_expires_at <= self.now
-        self._apply(ExpireLease(current.id))
-        assert self.task.state == (self._after_attempt_ended(before) if due else before.state)
-
-    @rule()
-    def sweep_deadline(self) -> None:
-        before, current = self.task, self.task.current_attempt
-        if current is None:
-            return
-        due = current.live and current.deadline_at <= self.now
-        self._apply(ExceedDeadline(current.id))
+        ends_at = current.lease_expires_at if end == "lease" else current.deadline_at
+        due = current.live and ends_at <= self.now
+        self._apply(ExpireLease(current.id) if end == "lease" else ExceedDeadline(current.id))
         assert self.task.state == (self._after_attempt_ended(before) if due else before.state)
 
     @rule()
