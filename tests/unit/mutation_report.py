@@ -78,6 +78,9 @@ def main() -> int:
            "`tests/unit/equivalent_mutants.md` and left out of the score. Every mutant below",
            "*Surviving mutants* is a change to the domain that no unit test notices: kill it with a test,",
            "or, if it truly cannot change behaviour, add it to the list of equivalents.", "",
+           "mutmut does not mutate decorated functions (the `@evolve.register` and `@evolve_worker.register`",
+           "folds, properties) nor module-level constants; the folds are checked column by column against",
+           "the projector in `tests/unit/test_projector.py` instead.", "",
            "| mutants | caught | killed | timeout | equivalent | surviving | score |",
            "|---:|---:|---:|---:|---:|---:|---:|",
            f"| {len(results)} | {caught} | {counts['killed']} | {counts['timeout']} | {len(equivalent)} "
