@@ -35,9 +35,11 @@ def _run_pytest(tmp_path: Path, tests: str) -> subprocess.CompletedProcess[str]:
     unit.mkdir()
     (unit / "conftest.py").write_text(UNIT_CONFTEST.read_text())
     (unit / "test_probe.py").write_text(tests)
+    # `-rN`: no short summary, whose lines are cut to the terminal width (so a count would depend on it).
     # Without the installed plugins (hypothesis, schemathesis…): the probe needs none, and starts faster.
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN",
+                           str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 

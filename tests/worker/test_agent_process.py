@@ -8,6 +8,7 @@ import asyncio
 import signal
 import time
 from pathlib import Path
+from uuid import UUID
 
 from support.agent import (
     agent_process,
@@ -68,6 +69,10 @@ async def test_sigterm_lets_running_plugins_finish_within_the_grace_then_fails_t
     assert '"level":"INFO","logger":"leasehold.worker.status","msg":"status"' in agent.log_text()
 
 
+async def _state_is(gateway: RunningGateway, task_id: UUID, state: str) -> bool:
+    return (await task_state(gateway, task_id))[0] == state
+
+
 async def test_second_signal_exits_at_once_and_takes_the_plugins_along(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
     pid_file = tmp_path / "endless.pid"
@@ -82,6 +87,9 @@ async def test_second_signal_exits_at_once_and_takes_the_plugins_along(
     async with agent_process(argv, tmp_path / "agent.log") as agent:
         pid = await read_pid(pid_file)
         try:
+            # The plugin runs before the worker's `progress` write lands; wait for that write, so the
+            # state below is what the signals left and not how far the worker had got.
+            await eventually(lambda: _state_is(gateway, task_id, "running"), what="the task to run")
             agent.process.send_signal(signal.SIGINT)
             await eventually(lambda: asyncio.sleep(0, result="signal received" in agent.log_text()),
                              what="the first signal to be handled")
