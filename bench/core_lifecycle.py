@@ -465,6 +465,43 @@ def run_throughput(url: str, procs: int, conc: int, seconds: float, warmup: floa
     }
 
 
+async def paced_latencies(url: str, conc: int, rate: float, seconds: float, lanes: int) -> dict[str, Any]:
+    """``conc`` loops sharing ``rate`` lifecycles/s between them (each starts its next lifecycle on a
+    fixed schedule, so the offered load does not depend on the answers), for ``seconds``; each
+    command's latency as the loop saw it. ``lanes`` > 0 runs the commands through group commit."""
+    pool = create_pool(url, min_size=conc, max_size=conc)
+    await pool.open(wait=True)
+    try:
+        db = Database(pool)
+        if lanes:
+            GroupCommit(db, lanes=lanes).install()
+        services = build_services(db)
+        loops = list(await asyncio.gather(*(make_loop(services.registry, f"bench-paced-{secrets.token_hex(3)}-{i}")
+                                            for i in range(conc))))
+        per_loop = max(1, math.ceil(rate * seconds / conc)) + 2
+        await asyncio.gather(*(provision(services.scans, loop, per_loop) for loop in loops))
+        await asyncio.to_thread(vacuum_analyze, url)
+        steps: dict[str, list[float]] = {name: [] for name in STEPS}
+        interval = conc / rate
+        started = time.perf_counter()
+
+        async def run(index: int) -> int:
+            due, done = started + index * interval / conc, 0
+            while due < started + seconds:
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await one_lifecycle(services.lifecycle, services.scans, loops[index], steps)
+                done += 1
+                due += interval
+            return done
+
+        done = sum(await asyncio.gather(*(run(i) for i in range(conc))))
+    finally:
+        await pool.close()
+    return {"lifecycles": done, "offered_per_s": round(rate, 1),
+            "step_ms": {name: {"p50": round(percentile(v, 50) * 1e3, 2), "p99": round(percentile(v, 99) * 1e3, 2)}
+                        for name, v in steps.items() if v}}
+
+
 def profile_throughput(url: str, conc: int, seconds: float, warmup: float, out: Path) -> dict[str, str]:
     """A single-process run in this process under cProfile (timed window only)."""
     profiler = cProfile.Profile()
@@ -1137,6 +1174,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--history-chunk", type=int, default=50_000, help="tasks per bulk-load transaction")
     p.add_argument("--history-parallel", type=int, default=2, help="bulk-load connections (default 2)")
     p.add_argument("--acquires", type=int, default=2000, help="timed acquires per history state (default 2000)")
+    p.add_argument("--paced-share", type=float, default=0.1,
+                   help="the paced section offers this share of the best measured rate (default 0.1)")
     p.add_argument("--skip", action="append", default=[],
                    choices=["limit", "replica", "single", "multi", "profile", "cost", "history"],
                    help="skip a section (repeatable)")
@@ -1237,6 +1276,19 @@ def main(argv: list[str] | None = None) -> int:
         best = max(runs, key=lambda r: r["lifecycles_per_s"])
         lines.append(f"ratio_to_replica={best['lifecycles_per_s'] / out['replica']['lifecycles_per_s']:.3f} "
                      "(the service layer against the same statements and rows in pure SQL)")
+
+    if "paced" not in args.skip and runs:
+        best = max(r["lifecycles_per_s"] for r in runs)
+        rate = best * args.paced_share
+        for lanes in (0, max(args.group_commit, 2)):
+            log(f"paced: {rate:.1f} lifecycles/s ({args.paced_share:g} of the best) over {conc} loops, "
+                f"group commit lanes={lanes}")
+            paced = asyncio.run(paced_latencies(url, conc, rate, seconds, lanes))
+            out.setdefault("paced", []).append({"group_commit_lanes": lanes, **paced})
+            steps = " ".join(f"{name}_p50={v['p50']} {name}_p99={v['p99']}" for name, v in paced["step_ms"].items())
+            lines.append(f"core_paced share={args.paced_share:g} offered_per_s={paced['offered_per_s']} "
+                         f"group_commit_lanes={lanes} lifecycles={paced['lifecycles']} {steps} "
+                         "(latency at a fraction of the peak: what an idle-ish system answers)")
 
     if "profile" not in args.skip:
         log(f"profile scans: procs=1 conc={conc} seconds={seconds} steps={len(PROFILE)} targets={PROFILE_TARGETS}")
