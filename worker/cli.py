@@ -105,6 +105,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def run(settings: WorkerSettings) -> int:
     """Run the agent in this process until it is stopped by a signal; the exit status."""
+    # Deferred: the agent pulls in aiohttp and TLS; `worker run --help` must start without them.
     from worker.agent import Agent, ConfigurationError
     from worker.logs import configure_logging
     from worker.status import LogStatusView, RichStatusView, Status
@@ -112,7 +113,7 @@ def run(settings: WorkerSettings) -> int:
     status = Status(settings.max_concurrency)
     console = None
     if settings.log_format == "text" and sys.stderr.isatty():
-        from rich.console import Console
+        from rich.console import Console  # deferred: rich only for a text log on a terminal
 
         console = Console(stderr=True)
     configure_logging(settings.log_format, settings.log_level, rich_console=console)

@@ -211,6 +211,7 @@ def _always() -> bool:
 
 
 def _version() -> str:
+    # Deferred: importlib.metadata (with zipfile and email) is needed once, for the User-Agent.
     from importlib.metadata import PackageNotFoundError, version
 
     try:

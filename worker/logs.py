@@ -67,7 +67,7 @@ def configure_logging(log_format: str = "text", level: str = "INFO", *, stream: 
         handler = logging.StreamHandler(stream or sys.stderr)
         handler.setFormatter(JsonFormatter())
     elif rich_console is not None:
-        from rich.logging import RichHandler
+        from rich.logging import RichHandler  # deferred: rich only for a text log on a terminal
 
         handler = RichHandler(console=rich_console, show_path=False, markup=False, rich_tracebacks=False,
                               log_time_format="%H:%M:%S")

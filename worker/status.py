@@ -122,7 +122,7 @@ class RichStatusView:
     """A live table of running tasks and the counters, redrawn a few times a second."""
 
     def __init__(self, status: Status, console: Any) -> None:
-        from rich.live import Live
+        from rich.live import Live  # deferred: rich only for the live view on a terminal
 
         self.status = status
         self.live = Live(get_renderable=self._render, console=console, refresh_per_second=4, transient=True)
@@ -136,7 +136,7 @@ class RichStatusView:
         self.live.console.print(self.status.line())
 
     def _render(self) -> Any:
-        from rich.table import Table
+        from rich.table import Table  # deferred: rich only for the live view on a terminal
 
         table = Table(title=self.status.line(), title_justify="left", expand=False)
         for column in ("task", "type", "attempt", "phase", "records", "pid", "elapsed"):
