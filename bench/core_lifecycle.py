@@ -1177,7 +1177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--paced-share", type=float, default=0.1,
                    help="the paced section offers this share of the best measured rate (default 0.1)")
     p.add_argument("--skip", action="append", default=[],
-                   choices=["limit", "replica", "single", "multi", "profile", "cost", "history"],
+                   choices=["limit", "replica", "single", "multi", "paced", "profile", "cost", "history"],
                    help="skip a section (repeatable)")
     p.add_argument("--scratch-prefix", default=BENCH_DB,
                    help="names of the scratch databases it drops and recreates (default leasehold_bench)")
