@@ -115,7 +115,7 @@ def cancel_legs(task: TaskState, events: Sequence[DomainEvent]) -> list[tuple[st
     """The cancellation legs ``events`` (appended to ``task``) complete: the first delivery
     after the request, and the worker's acknowledgement after the delivery."""
     legs: list[tuple[str, str, float]] = []
-    channel = None
+    channel: str = task.cancel_delivery_channel or ""
     delivered_at = task.cancel_delivered_at
     for event in events:
         if isinstance(event, CancelDelivered) and task.cancel_requested_at is not None:
@@ -123,7 +123,7 @@ def cancel_legs(task: TaskState, events: Sequence[DomainEvent]) -> list[tuple[st
             legs.append(("request_to_delivery", channel,
                          (event.timestamp - task.cancel_requested_at).total_seconds()))
         elif isinstance(event, TaskCancelled) and event.reason == ACKNOWLEDGED_BY_WORKER and delivered_at:
-            legs.append(("delivery_to_ack", channel or "", (event.timestamp - delivered_at).total_seconds()))
+            legs.append(("delivery_to_ack", channel, (event.timestamp - delivered_at).total_seconds()))
     return legs
 
 
