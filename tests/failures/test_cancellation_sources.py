@@ -1,13 +1,14 @@
-"""RFC "Cancellation", source by source, end to end: a real Gateway (real TLS, real PostgreSQL)
-and real ``leasehold worker run`` processes running real plugin processes. Each test asserts the
-task's events in order (renewals and result batches left out: how many there are depends on
-timing) and that the plugin was stopped.
+"""RFC "Cancellation", source by source, end to end: a real Gateway (real TLS, real PostgreSQL;
+in the test's process, or ``leasehold gateway serve`` where it must stop) and real ``leasehold
+worker run`` processes running real plugin processes. Each test asserts the task's events in
+order (renewals and result batches left out: how many there are depends on timing) and that
+the plugin was stopped.
 
-Sources covered here: the user cancels a scan (delivered on a renewal), an administrator
-removes an assignment (delivered on a long-poll), an administrator disables the worker, and the
-execution deadline. Elsewhere, also with real processes: worker disconnects
-(``test_network_partition.py``), worker crashes (``test_worker_crash.py``), and the Gateway shuts
-down (``test_gateway_restart.py``, plus the graceful stop below).
+Here: the user cancels a scan (delivered on a renewal), an administrator removes an assignment
+(delivered on a long-poll), an administrator disables the worker, the execution deadline
+expires, and the Gateway shuts down. The other two sources, also with real agent processes and
+events in order: the worker disconnects (``test_network_partition.py``) and the worker crashes
+(``test_worker_crash.py``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ import asyncio
 import time
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
+from cli.dev_ca import issue_worker_certificate
+from gateway.commands.lifecycle import TaskSpec
+from gateway.services import build_services
+from gateway.tls import PkiPaths
+from persistence.connection import create_pool
+from persistence.transaction import Database
 from replay.asof import task_as_of
 from replay.timeline import task_timeline
 from support.agent import (
+    AgentProcess,
     agent_process,
     attempts,
     eventually,
@@ -33,7 +41,7 @@ from support.agent import (
     wait_state,
     write_plugin,
 )
-from support.gateway import RunningGateway, service_get
+from support.gateway import GatewayProcess, RunningGateway, service_get
 
 #: Events whose number depends on timing, not on what happened.
 _CHATTER = frozenset({"LeaseRenewed", "ResultBatchAccepted", "LeaseReissued"})
@@ -265,3 +273,70 @@ async def test_the_execution_deadline_stops_the_plugin_and_fails_the_attempt_on_
     # ("worker"); had its report come too late, the sweeper would have failed it ("deadline").
     assert failed["outcome"] == "failed_terminal" and failed["reason"] in ("worker", "deadline")
     assert "deadline" in failed["error"]
+
+
+# --- the Gateway shuts down --------------------------------------------------------------------
+
+
+async def test_a_gateway_shut_down_under_a_running_task_never_cancels_it_the_lease_lapses_and_it_runs_again(
+        database_url: str, pki: PkiPaths, plugins_dir: Path, tmp_path: Path) -> None:
+    """Nobody can tell the worker anything: it gives the lease up on its own clock and stops the
+    plugin; the Gateway, back, expires the lease and the task runs again."""
+    pid_file = sleepy_plugin(plugins_dir, tmp_path)
+    server = GatewayProcess(database_url, pki, tmp_path / "gateway.log", options={"poll_interval_seconds": 1})
+    pool = create_pool(database_url, min_size=1, max_size=4)
+    await pool.open()
+    try:
+        services = build_services(Database(pool))
+        org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        task_id = (await services.lifecycle.create_task(scan, TaskSpec(task_type="sleepy", lease_seconds=2))).id
+        cert = issue_worker_certificate(pki.directory, "shutdown-worker")
+        worker_id = await services.registry.register_worker(name="shutdown-worker", fingerprint=cert.fingerprint,
+                                                            task_types=("sleepy",), max_concurrent_tasks=1)
+        await services.registry.assign_worker(worker_id, org)
+        argv = ["--gateway", server.worker_url, "--cert", str(cert.cert_path), "--key", str(cert.key_path),
+                "--ca", str(pki.ca_cert), "--log-format", "json", "--plugins-dir", str(plugins_dir),
+                "--max-concurrency", "1", "--wait-seconds", "5", "--batch-seconds", "0.2",
+                "--kill-grace-seconds", "1", "--request-timeout-seconds", "1",
+                "--backoff-initial-seconds", "0.05", "--backoff-max-seconds", "0.5"]
+
+        async def state() -> str:
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT state FROM worker_tasks WHERE id = %s", (task_id,))
+                row = await cur.fetchone()
+            assert row is not None
+            return str(row[0])
+
+        await server.start()
+        try:
+            async with agent_process(argv, tmp_path / "agent.log") as agent:
+                pid = await read_pid(pid_file)
+                try:
+                    await eventually(lambda: _is(state, "running"), what="the task to run")
+                    assert await server.stop() == 0  # SIGTERM: a graceful shutdown
+                    await plugin_stopped(pid, within=2 + 1 + 3)  # the lease's length, the kill grace
+                finally:
+                    kill_group(pid)
+                assert _abandoned(agent), agent.log_text()
+                await server.start()
+                await eventually(lambda: _is(state, "completed"), within=30, what="the task to complete")
+        finally:
+            await server.stop()
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT event_type, data ->> 'outcome' FROM analyst_events "
+                                     "WHERE originator_id = %s ORDER BY originator_version", (task_id,))
+            events = [(kind, outcome) for kind, outcome in await cur.fetchall() if kind not in _CHATTER]
+    finally:
+        await pool.close()
+    assert [kind for kind, _ in events] == [
+        "TaskCreated", "TaskLeased", "TaskStarted", "LeaseExpired", "TaskLeased", "TaskStarted", "TaskCompleted"]
+    assert events[3] == ("LeaseExpired", "retry_wait")
+
+
+async def _is(state: Any, wanted: str) -> bool:
+    return bool(await state() == wanted)
+
+
+def _abandoned(agent: AgentProcess) -> bool:
+    return any(line.get("msg") == "lease lost; attempt abandoned" for line in agent.log_lines())

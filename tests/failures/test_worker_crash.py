@@ -113,6 +113,10 @@ async def test_sigkilled_worker_loses_its_lease_the_task_completes_once_elsewher
     assert await records(gateway, task_id) == [{"type": "raw", "attempt": "2"}]
     assert runs.read_text().split() == [str(first["id"]), "1", str(second["id"]), "2"]  # one run per attempt
     events = await task_events(gateway, task_id)
+    # In order (renewals, batches and the re-issued token left out): nobody was told to cancel,
+    # the Gateway expired the lease and the task went on elsewhere.
+    assert [kind for kind, _ in events if kind not in ("LeaseRenewed", "ResultBatchAccepted", "LeaseReissued")] == [
+        "TaskCreated", "TaskLeased", "TaskStarted", "LeaseExpired", "TaskLeased", "TaskStarted", "TaskCompleted"]
     [expired] = [data for kind, data in events if kind == "LeaseExpired"]
     assert (expired["attempt_id"], expired["outcome"]) == (str(first["id"]), "retry_wait")
     assert [data["attempt_id"] for kind, data in events if kind == "TaskCompleted"] == [str(second["id"])]
