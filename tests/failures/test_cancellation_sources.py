@@ -37,6 +37,7 @@ from support.agent import (
     read_pid,
     register_worker,
     rows,
+    sleepy_plugin,
     task_state,
     wait_state,
     write_plugin,
@@ -55,20 +56,6 @@ async def lifecycle_events(gateway: RunningGateway, task_id: UUID) -> list[tuple
     return [(kind, {**data, "at": at}) for kind, data, at in found if kind not in _CHATTER]
 
 
-def sleepy_plugin(plugins_dir: Path, tmp_path: Path) -> Path:
-    """Plugin ``sleepy``: its first run writes its pid and sleeps; later runs report one record."""
-    marker, pid_file = tmp_path / "first-run", tmp_path / "plugin.pid"
-    write_plugin(plugins_dir, "sleepy", f"""
-        #!/bin/sh
-        if [ -e {marker} ]; then
-            echo '{{"type": "raw", "attempt": "'$LEASEHOLD_ATTEMPT_NUMBER'"}}'
-            exit 0
-        fi
-        touch {marker}
-        echo $$ > {pid_file}
-        exec sleep 60
-    """)
-    return pid_file
 
 
 async def plugin_stopped(pid: int, within: float) -> float:
@@ -141,7 +128,7 @@ async def assert_cancellation_on_record(gateway: RunningGateway, task_id: UUID, 
 
 async def test_scan_cancel_reaches_a_busy_worker_on_its_renewal_and_the_record_shows_each_step(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
-    pid_file = sleepy_plugin(plugins_dir, tmp_path)
+    pid_file, _ = sleepy_plugin(plugins_dir, tmp_path)
     worker = await register_worker(gateway, ("sleepy",))
     task_id = await gateway.task(task_type="sleepy", lease_seconds=3)  # renewed every second
     # One slot, taken: the agent does not long-poll, so only a renewal can tell it.
@@ -168,7 +155,7 @@ async def test_scan_cancel_reaches_a_busy_worker_on_its_renewal_and_the_record_s
 
 async def test_assignment_removal_reaches_a_long_polling_worker_and_the_record_shows_each_step(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
-    pid_file = sleepy_plugin(plugins_dir, tmp_path)
+    pid_file, _ = sleepy_plugin(plugins_dir, tmp_path)
     worker = await register_worker(gateway, ("sleepy",))
     task_id = await gateway.task(task_type="sleepy", lease_seconds=60)  # next renewal in 20 s
     # A free slot: the agent keeps a long-poll open, which the cancel wakes at once.
@@ -193,7 +180,7 @@ async def test_assignment_removal_reaches_a_long_polling_worker_and_the_record_s
 
 async def test_disabling_a_worker_ends_its_attempt_at_once_its_agent_stops_the_plugin_and_another_worker_completes(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
-    pid_file = sleepy_plugin(plugins_dir, tmp_path)
+    pid_file, _ = sleepy_plugin(plugins_dir, tmp_path)
     disabled = await register_worker(gateway, ("sleepy",))
     other = await register_worker(gateway, ("sleepy",))
     lease_seconds = 3
@@ -215,7 +202,11 @@ async def test_disabling_a_worker_ends_its_attempt_at_once_its_agent_stops_the_p
         finally:
             kill_group(pid)
         assert agent.process.returncode is None, agent.log_text()
-        lost = [line for line in agent.log_lines() if line.get("msg") == "lease lost; attempt abandoned"]
+
+        async def abandoned() -> list[dict[str, Any]]:  # logged once the plugin has exited
+            return [line for line in agent.log_lines() if line.get("msg") == "lease lost; attempt abandoned"]
+
+        lost = await eventually(abandoned, within=5, what="the agent to log the abandoned attempt")
         assert [line["attempt_id"] for line in lost] == [str(first["id"])]
         assert "disabled" in lost[0]["reason"], lost
 
@@ -282,7 +273,7 @@ async def test_a_gateway_shut_down_under_a_running_task_never_cancels_it_the_lea
         database_url: str, pki: PkiPaths, plugins_dir: Path, tmp_path: Path) -> None:
     """Nobody can tell the worker anything: it gives the lease up on its own clock and stops the
     plugin; the Gateway, back, expires the lease and the task runs again."""
-    pid_file = sleepy_plugin(plugins_dir, tmp_path)
+    pid_file, _ = sleepy_plugin(plugins_dir, tmp_path)
     server = GatewayProcess(database_url, pki, tmp_path / "gateway.log", options={"poll_interval_seconds": 1})
     pool = create_pool(database_url, min_size=1, max_size=4)
     await pool.open()
@@ -318,7 +309,8 @@ async def test_a_gateway_shut_down_under_a_running_task_never_cancels_it_the_lea
                     await plugin_stopped(pid, within=2 + 1 + 3)  # the lease's length, the kill grace
                 finally:
                     kill_group(pid)
-                assert _abandoned(agent), agent.log_text()
+                await eventually(lambda: asyncio.sleep(0, _abandoned(agent)), within=5,
+                                 what="the agent to log the abandoned attempt")
                 await server.start()
                 await eventually(lambda: _is(state, "completed"), within=30, what="the task to complete")
         finally:
