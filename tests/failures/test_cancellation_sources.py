@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -104,6 +105,14 @@ async def assert_cancellation_on_record(gateway: RunningGateway, task_id: UUID, 
     assert as_of_delivery.task is not None and as_of_delivery.task.state == "cancelling"
     assert (as_of_delivery.task.cancel_delivered_at, as_of_delivery.task.cancel_delivery_channel) == (
         delivered_at, channel)
+
+    task = await gateway.operator("GET", f"/v1/tasks/{task_id}")
+    assert (task.body["cancel_delivery_channel"], task.body["state"]) == (channel, "cancelled"), task.body
+    assert datetime.fromisoformat(task.body["cancel_delivered_at"]) == delivered_at
+    page = await gateway.operator("GET", f"/v1/tasks/{task_id}/events")
+    assert [(e["type"], e["payload"].get("channel")) for e in page.body["items"]
+            if e["type"] in ("CancelRequested", "CancelDelivered", "TaskCancelled")] == [
+        ("CancelRequested", None), ("CancelDelivered", channel), ("TaskCancelled", None)]
 
     [row] = await rows(gateway, """
         SELECT delivery_channel, ended_by, cancel_requested_at, cancel_delivered_at, cancel_acknowledged_at,
