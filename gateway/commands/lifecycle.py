@@ -556,6 +556,8 @@ class Lifecycle:
         tx.append(head, events)
         if after.state == "cancelling" and task.state != "cancelling" and after.current_attempt is not None:
             tx.notify(wakeups.cancel(after.current_attempt.worker_id))
+        if after.state == "retry_wait" and task.state != "retry_wait" and after.available_at <= now:
+            tx.notify(wakeups.available(after.organization_id))  # free again right now (a revoked attempt)
         settled: list[DomainEvent] = []
         if after.state in TERMINAL and task.state not in TERMINAL:
             settled = await settle_scan(tx, after.scan_id, now, new_id=self.new_id)
