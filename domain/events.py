@@ -271,6 +271,30 @@ class CancelRequested(DomainEvent):
     reason: str
 
 
+CancelChannel = Literal["renew", "long-poll"]
+
+
+class CancelDelivered(DomainEvent):
+    """The cancellation was handed to the attempt's worker for the first time: in the answer to a
+    lease renewal (``renew``) or to an acquire (``long-poll``). Recorded once per cancellation;
+    later answers repeat it without a new event. The task stays ``cancelling``."""
+
+    attempt_id: UUID
+    channel: CancelChannel
+
+
+class AttemptRevoked(DomainEvent):
+    """The Gateway ended a live attempt at once because its worker may no longer run it (the
+    worker was disabled): the task is free again (``retry_wait``, available now) when attempts
+    remain, else ``failed_terminal``. The worker's later writes are refused as superseded."""
+
+    scan_job_id: UUID
+    attempt_id: UUID
+    reason: str
+    outcome: Literal["retry_wait", "failed_terminal"]
+    available_at: datetime | None
+
+
 class TaskCancelled(DomainEvent):
     scan_job_id: UUID
     attempt_id: UUID | None
@@ -293,7 +317,7 @@ class WriteRejected(DomainEvent):
 
 TASK_EVENTS: tuple[type[DomainEvent], ...] = (
     TaskCreated, TaskLeased, LeaseReissued, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
-    AttemptFailed, LeaseExpired, CancelRequested, TaskCancelled, WriteRejected,
+    AttemptFailed, LeaseExpired, CancelRequested, CancelDelivered, TaskCancelled, AttemptRevoked, WriteRejected,
 )
 
 

@@ -15,6 +15,7 @@ from uuid import UUID
 from domain.errors import InvalidRequest, InvalidTransition
 from domain.events import (
     AttemptFailed,
+    AttemptRevoked,
     DomainEvent,
     ExecutionMode,
     JobStatus,
@@ -47,7 +48,7 @@ def job_status_after(event: DomainEvent) -> JobStatus | None:
             return "success"
         case AttemptFailed(outcome="failed_terminal", job_status=status):
             return status or "failed"
-        case LeaseExpired(outcome="failed_terminal"):
+        case LeaseExpired(outcome="failed_terminal") | AttemptRevoked(outcome="failed_terminal"):
             return "failed"
         case TaskCancelled():
             return "cancelled"

@@ -19,7 +19,10 @@ Transitions (RFC "Task state machine"):
     running    -> completed        complete with valid lease and an accepted final batch
     leased|running -> cancelling   cancel requested
     pending|retry_wait -> cancelled  cancel before acquire
+    cancelling -> cancelling       cancel first handed to the worker (renew or acquire answer)
     cancelling -> cancelled        worker acknowledges, or server terminates
+    leased|running -> retry_wait   the worker was disabled (attempt revoked), attempts remain
+    cancelling -> cancelled        the worker was disabled before it acknowledged
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ from domain.errors import (
 )
 from domain.events import (
     AttemptFailed,
+    AttemptRevoked,
     AttemptStatus,
+    CancelChannel,
+    CancelDelivered,
     CancelRequested,
     DomainEvent,
     LeaseExpired,
@@ -117,6 +123,8 @@ class TaskState:
     last_error: str | None = None
     finished_at: datetime | None = None
     current_attempt: AttemptState | None = field(default=None)
+    cancel_delivered_at: datetime | None = None
+    cancel_delivery_channel: CancelChannel | None = None
 
     @property
     def terminal(self) -> bool:
@@ -263,10 +271,29 @@ class TerminateCancelling:
     grace: timedelta
 
 
+@dataclass(frozen=True, slots=True)
+class DeliverCancel:
+    """Gateway: the cancellation of ``attempt_id`` is in an answer to its worker (``channel``)."""
+
+    attempt_id: UUID
+    channel: CancelChannel
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeAttempt:
+    """Gateway: end ``attempt_id`` now; its worker may no longer run it (it was disabled)."""
+
+    attempt_id: UUID
+    reason: str
+
+
 Command = (
     CreateTask | GrantLease | ReissueLease | WorkerWrite | ExpireLease | ExceedDeadline | RequestCancel
-    | TerminateCancelling
+    | TerminateCancelling | DeliverCancel | RevokeAttempt
 )
+
+#: ``TaskCancelled.reason`` when the worker acknowledged the cancellation.
+ACKNOWLEDGED_BY_WORKER = "acknowledged by worker"
 
 
 # --- decide ---------------------------------------------------------------------------------
@@ -316,6 +343,10 @@ def decide(
             return d.request_cancel(command)
         case TerminateCancelling():
             return d.terminate_cancelling(command)
+        case DeliverCancel():
+            return d.deliver_cancel(command)
+        case RevokeAttempt():
+            return d.revoke_attempt(command)
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
 
 
@@ -428,7 +459,8 @@ class _Decider:
         if (reason := self._fence(c, allow_cancelling=True)) is not None:
             return self._reject("renew", c.attempt.id, reason)
         if self.task.state == "cancelling":
-            return []  # not extended: the answer carries cancel_requested and the worker stops
+            # Not extended: the answer carries cancel_requested and the worker stops.
+            return self.deliver_cancel(DeliverCancel(c.attempt.id, "renew"))
         current = self.task.current_attempt
         assert current is not None
         expires = min(self.now + timedelta(seconds=self.task.lease_seconds), current.deadline_at)
@@ -500,7 +532,7 @@ class _Decider:
         if (reason := self._fence(c, allow_cancelling=True)) not in (None, "lease_expired", "deadline_passed"):
             return self._reject("cancel-ack", c.attempt.id, reason or "")
         return [self._event(TaskCancelled, scan_job_id=self.task.scan_job_id, attempt_id=c.attempt.id,
-                            reason="acknowledged by worker")]
+                            reason=ACKNOWLEDGED_BY_WORKER)]
 
     # gateway-side transitions ------------------------------------------------------------
 
@@ -543,6 +575,31 @@ class _Decider:
         if state in ("leased", "running"):
             return [self._event(CancelRequested, reason=c.reason)]
         return []  # cancelling, or already finished: repeated cancel is a no-op
+
+    def deliver_cancel(self, c: DeliverCancel) -> list[DomainEvent]:
+        """Only the first delivery of the cancellation to the attempt it concerns is recorded."""
+        if self.task.state != "cancelling" or self.task.cancel_delivered_at is not None:
+            return []
+        if self._live_attempt(c.attempt_id) is None:
+            return []
+        return [self._event(CancelDelivered, attempt_id=c.attempt_id, channel=c.channel)]
+
+    def revoke_attempt(self, c: RevokeAttempt) -> list[DomainEvent]:
+        """End the attempt at once. A cancellation already requested ends as ``cancelled`` (its
+        worker can no longer acknowledge it); otherwise the task is free for another worker now,
+        without backoff (the attempt did not fail), if it has attempts left."""
+        current = self._live_attempt(c.attempt_id)
+        if current is None:
+            return []  # finished, expired or superseded meanwhile
+        if self.task.state == "cancelling":
+            return [self._event(TaskCancelled, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
+                                reason=c.reason)]
+        if self.task.state not in ("leased", "running"):
+            return []
+        remaining = self.task.attempt_count < self.task.max_attempts
+        return [self._event(AttemptRevoked, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
+                            reason=c.reason, outcome="retry_wait" if remaining else "failed_terminal",
+                            available_at=self.now if remaining else None)]
 
     def terminate_cancelling(self, c: TerminateCancelling) -> list[DomainEvent]:
         requested = self.task.cancel_requested_at
@@ -683,6 +740,22 @@ def _(e: LeaseExpired, task: TaskState | None) -> TaskState:
 def _(e: CancelRequested, task: TaskState | None) -> TaskState:
     assert task is not None
     return _step(task, e, state="cancelling", cancel_requested_at=e.timestamp)
+
+
+@evolve.register
+def _(e: CancelDelivered, task: TaskState | None) -> TaskState:
+    assert task is not None
+    return _step(task, e, cancel_delivered_at=e.timestamp, cancel_delivery_channel=e.channel)
+
+
+@evolve.register
+def _(e: AttemptRevoked, task: TaskState | None) -> TaskState:
+    assert task is not None
+    terminal = e.outcome == "failed_terminal"
+    return _step(task, e, state=e.outcome, last_error=e.reason,
+                 available_at=e.available_at or task.available_at,
+                 finished_at=e.timestamp if terminal else None,
+                 current_attempt=_attempt(task, status="cancelled", finished_at=e.timestamp, error=e.reason))
 
 
 @evolve.register

@@ -63,6 +63,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                        registry=metrics.registry)
     services = build_services(db, cancel_grace=timedelta(seconds=settings.cancel_grace_seconds),
                               observe=metrics.count_events, on_schedule_failure=lambda _: failures.inc())
+    services.lifecycle.observe_cancel = metrics.observe_cancel
     app[SERVICES] = services
     # A lost LISTEN connection means the database went away: once it is back, drop the pool's
     # dead idle connections at once, rather than letting requests find them one by one.

@@ -21,6 +21,12 @@ class Metrics:
                                  registry=self.registry)
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
+        self.cancel_legs = Histogram(
+            "leasehold_cancellation_leg_seconds",
+            "Cancellation latency by leg: request_to_delivery (cancel requested -> first handed to the "
+            "worker) and delivery_to_ack (handed -> the worker acknowledged), by delivery channel",
+            ["leg", "channel"], registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -29,6 +35,9 @@ class Metrics:
     def count_events(self, events: Sequence[object]) -> None:
         for event in events:
             self.transitions.labels(type(event).__name__).inc()
+
+    def observe_cancel(self, leg: str, channel: str, seconds: float) -> None:
+        self.cancel_legs.labels(leg, channel).observe(max(0.0, seconds))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,7 +9,7 @@ from domain.errors import Forbidden
 from domain.task import AttemptState, BatchRecord, TaskState
 from persistence.event_log import StreamHead
 
-TASK_COLUMNS = 22
+TASK_COLUMNS = 24
 ATTEMPT_COLUMNS = 13
 BATCH_COLUMNS = 8
 
@@ -24,7 +24,8 @@ def task_from_row(row: Sequence[Any], task_id_offset: int = 0) -> tuple[TaskStat
         required_capabilities=tuple(r[7]), priority=r[8], scope=r[9], parameters=r[10], state=r[11],
         available_at=r[12], attempt_count=r[13], max_attempts=r[14], lease_seconds=r[15],
         execution_timeout_seconds=r[16], cancel_requested_at=r[17], last_error=r[18], created_at=r[19],
-        updated_at=r[20], finished_at=r[21], current_attempt=attempt,
+        updated_at=r[20], finished_at=r[21], cancel_delivered_at=r[22],
+        cancel_delivery_channel=r[23], current_attempt=attempt,
     )
     return task, StreamHead(r[0], r[1], bytes(r[2]))
 

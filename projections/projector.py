@@ -19,6 +19,7 @@ from functools import singledispatch
 from typing import Any
 
 from domain import events as ev
+from domain.task import ACKNOWLEDGED_BY_WORKER
 from projections.rows import Insert, RowOp, Update, Upsert
 
 
@@ -188,6 +189,7 @@ def _(e: ev.TaskCreated, hash: bytes) -> list[RowOp]:
         "execution_timeout_seconds": e.execution_timeout_seconds, "current_attempt_id": None,
         "cancel_requested_at": None, "last_error": None, "created_at": e.timestamp,
         "updated_at": e.timestamp, "finished_at": None, "version": e.originator_version, "head_hash": hash,
+        "cancel_delivered_at": None, "cancel_delivery_channel": None, "cancel_acknowledged_at": None,
     })]
 
 
@@ -256,7 +258,7 @@ def _(e: ev.TaskCompleted, hash: bytes) -> list[RowOp]:
     ]
 
 
-def _attempt_ended(e: ev.AttemptFailed | ev.LeaseExpired, hash: bytes, *, attempt_status: str,
+def _attempt_ended(e: ev.AttemptFailed | ev.LeaseExpired | ev.AttemptRevoked, hash: bytes, *, attempt_status: str,
                    error: str, job_status: str) -> list[RowOp]:
     terminal = e.outcome == "failed_terminal"
     task_values: dict[str, Any] = {"state": e.outcome, "last_error": error,
@@ -283,14 +285,26 @@ def _(e: ev.LeaseExpired, hash: bytes) -> list[RowOp]:
 
 
 @project.register
+def _(e: ev.AttemptRevoked, hash: bytes) -> list[RowOp]:
+    return _attempt_ended(e, hash, attempt_status="cancelled", error=e.reason, job_status="failed")
+
+
+@project.register
 def _(e: ev.CancelRequested, hash: bytes) -> list[RowOp]:
     return [_head("worker_tasks", e, hash, state="cancelling", cancel_requested_at=e.timestamp)]
 
 
 @project.register
+def _(e: ev.CancelDelivered, hash: bytes) -> list[RowOp]:
+    return [_head("worker_tasks", e, hash, cancel_delivered_at=e.timestamp, cancel_delivery_channel=e.channel)]
+
+
+@project.register
 def _(e: ev.TaskCancelled, hash: bytes) -> list[RowOp]:
+    acknowledged: dict[str, Any] = ({"cancel_acknowledged_at": e.timestamp} if e.reason == ACKNOWLEDGED_BY_WORKER
+                                    else {})
     ops: list[RowOp] = [
-        _head("worker_tasks", e, hash, state="cancelled", finished_at=e.timestamp),
+        _head("worker_tasks", e, hash, state="cancelled", finished_at=e.timestamp, **acknowledged),
         Update("worker_tasks", {"id": e.originator_id}, {"cancel_requested_at": e.timestamp},
                guard=(("cancel_requested_at", (None,)),)),
         _job(e.scan_job_id, e, "cancelled"),

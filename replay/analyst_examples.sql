@@ -68,6 +68,25 @@ SELECT count(*) AS cancellations,
 FROM cancellation_latency
 WHERE had_live_attempt;
 
+-- name: cancellation_latency_per_organization
+-- Per organisation: how fast a cancel reaches the worker, and how fast the worker then stops.
+SELECT o.name, coalesce(c.cancellations, 0) AS cancellations, coalesce(c.delivered, 0) AS delivered,
+       coalesce(c.acknowledged, 0) AS acknowledged, coalesce(c.terminated, 0) AS terminated,
+       round(c.request_to_delivery_p95_seconds::numeric, 3) AS to_delivery_p95_s,
+       round(c.delivery_to_ack_p95_seconds::numeric, 3) AS to_ack_p95_s
+FROM organizations o
+LEFT JOIN cancellation_latency_by_organization c ON c.organization_id = o.id
+ORDER BY cancellations DESC, o.name;
+
+-- name: cancellations_never_delivered
+-- Cancellations the worker was never told about (ended by the Gateway after the grace period,
+-- or still waiting), against those delivered on each channel.
+SELECT count(*) AS cancellations,
+       count(*) FILTER (WHERE delivery_channel = 'renew') AS on_renew,
+       count(*) FILTER (WHERE delivery_channel = 'long-poll') AS on_long_poll,
+       count(*) FILTER (WHERE cancel_delivered_at IS NULL) AS never_delivered
+FROM cancellation_deliveries;
+
 -- name: throughput_per_hour
 -- Tasks created, leased and finished per hour (all plugins), latest first.
 SELECT hour, sum(created) AS created, sum(leased) AS leased, sum(completed) AS completed,

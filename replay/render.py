@@ -83,6 +83,8 @@ def task_state_json(task: TaskState | None) -> dict[str, Any] | None:
         "attempt_count": task.attempt_count, "max_attempts": task.max_attempts,
         "available_at": task.available_at.isoformat(), "updated_at": task.updated_at.isoformat(),
         "cancel_requested_at": task.cancel_requested_at.isoformat() if task.cancel_requested_at else None,
+        "cancel_delivered_at": task.cancel_delivered_at.isoformat() if task.cancel_delivered_at else None,
+        "cancel_delivery_channel": task.cancel_delivery_channel,
         "finished_at": task.finished_at.isoformat() if task.finished_at else None, "last_error": task.last_error,
         "attempt": None if attempt is None else {
             "id": str(attempt.id), "number": attempt.attempt_number, "worker_id": str(attempt.worker_id),
@@ -136,6 +138,8 @@ def task_as_of_table(result: TaskAsOf) -> Table:
     ]
     if task.cancel_requested_at:
         rows.append(("cancel requested", _time(task.cancel_requested_at)))
+    if task.cancel_delivered_at:
+        rows.append(("cancel delivered", f"{_time(task.cancel_delivered_at)} on {task.cancel_delivery_channel}"))
     if task.last_error:
         rows.append(("last error", task.last_error))
     if attempt is not None:

@@ -10,7 +10,7 @@ their "transition" stays put and they are flagged ``rejected``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -114,6 +114,7 @@ def _task_entries(rows: list[StoredRow]) -> list[Entry]:
     attempt_numbers: dict[UUID, int] = {}
     for row in rows:
         event = row.decode()
+        previous = task
         before = task.state if task is not None else None
         task = evolve(event, task)
         if isinstance(event, ev.TaskLeased):
@@ -123,8 +124,27 @@ def _task_entries(rows: list[StoredRow]) -> list[Entry]:
             row.notification_id, row.originator_id, "task", row.originator_version, event.timestamp,
             row.recorded_at, event.actor, row.event_type, before, task.state,
             attempt_numbers.get(attempt_id) if attempt_id is not None else None, attempt_id,
-            isinstance(event, ev.WriteRejected), summarize(event, attempt_numbers), event, row.hash))
+            isinstance(event, ev.WriteRejected),
+            summarize(event, attempt_numbers) + _cancel_leg(event, previous), event, row.hash))
     return out
+
+
+def _cancel_leg(event: ev.DomainEvent, task: TaskState | None) -> str:
+    """How long the cancellation's previous step was ago: the request, for its delivery; the
+    delivery (or the request, when it was never delivered), for the end of a cancellation."""
+    if task is None or task.cancel_requested_at is None or task.state != "cancelling":
+        return ""
+    if isinstance(event, ev.CancelDelivered):
+        return f" ({_seconds(event.timestamp - task.cancel_requested_at)} after the request)"
+    if isinstance(event, ev.TaskCancelled):
+        if task.cancel_delivered_at is not None:
+            return f" ({_seconds(event.timestamp - task.cancel_delivered_at)} after the delivery)"
+        return f" (never delivered; {_seconds(event.timestamp - task.cancel_requested_at)} after the request)"
+    return ""
+
+
+def _seconds(delta: timedelta) -> str:
+    return f"{delta.total_seconds():.3f}s"
 
 
 def _scan_entries(rows: list[StoredRow]) -> list[Entry]:
@@ -182,9 +202,14 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
             return f"{attempt(event.attempt_id)} lease expired -> {event.outcome}{retry}"
         case ev.CancelRequested():
             return f"cancel requested: {event.reason}"
+        case ev.CancelDelivered():
+            return f"cancel delivered to {attempt(event.attempt_id)} on {event.channel}"
         case ev.TaskCancelled():
             which = f"{attempt(event.attempt_id)} " if event.attempt_id else ""
             return f"{which}cancelled: {event.reason}"
+        case ev.AttemptRevoked():
+            retry = f", available again {_at(event.available_at)}" if event.available_at else ""
+            return f"{attempt(event.attempt_id)} ended by the gateway ({event.reason}) -> {event.outcome}{retry}"
         case ev.WriteRejected():
             return f"REJECTED {event.command} by {attempt(event.attempt_id)}: {event.reason}"
         case ev.ScanCreated():

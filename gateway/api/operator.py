@@ -14,7 +14,9 @@ revocation commits (acquire reads the worker and its assignments in its own tran
 security revocation — of the worker, or of an assignment — then cancels the worker's active
 tasks (of that organisation), one transaction per task; repeating the request finishes a
 revocation that was interrupted midway. A routine removal cancels them too unless
-``finish_active=true`` lets them finish.
+``finish_active=true`` lets them finish. Disabling a worker goes through the same path but ends
+its active attempts at once (a disabled worker can neither hear nor acknowledge a cancel): each
+task goes back to ``retry_wait``, available to another worker now.
 """
 
 from __future__ import annotations
@@ -276,6 +278,9 @@ async def _set_enabled(request: web.Request, enabled: bool) -> web.StreamRespons
     await _worker(request, operator, worker_id)
     operator.require_admin()
     await _services(request).registry.set_worker_enabled(worker_id, enabled, actor=operator.actor)
+    if not enabled:
+        await _services(request).lifecycle.cancel_worker_attempts(
+            worker_id, reason="worker disabled", actor=operator.actor, at_once=True)
     return ok(await _worker(request, operator, worker_id))
 
 
@@ -286,7 +291,9 @@ async def enable_worker(request: web.Request) -> web.StreamResponse:
 
 
 @routes.route("POST", WORKER_PATH + "/disable",
-              summary="Disable a worker: refused from its next request on (administrator)", auth="operator",
+              summary="Disable a worker: refused from its next request on; its active attempts end at once "
+                      "and their tasks are retried elsewhere (administrator; repeating it finishes an "
+                      "interrupted disable)", auth="operator",
               response=Worker, tags=TAGS)
 async def disable_worker(request: web.Request) -> web.StreamResponse:
     return await _set_enabled(request, False)

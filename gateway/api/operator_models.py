@@ -340,6 +340,10 @@ class Task(Body):
     lease_seconds: int
     execution_timeout_seconds: int
     cancel_requested_at: datetime | None
+    cancel_delivered_at: datetime | None = Field(
+        description="when the cancellation was first handed to the worker (null: not yet, or never)")
+    cancel_delivery_channel: Literal["renew", "long-poll"] | None = Field(
+        description="how it was handed over: a renewal answer or an acquire (long-poll) answer")
     last_error: str | None
     created_at: datetime
     updated_at: datetime
@@ -354,7 +358,8 @@ class Task(Body):
                    priority=t.priority, scope=t.scope, parameters=t.parameters, state=t.state,
                    available_at=t.available_at, attempt_count=t.attempt_count, max_attempts=t.max_attempts,
                    lease_seconds=t.lease_seconds, execution_timeout_seconds=t.execution_timeout_seconds,
-                   cancel_requested_at=t.cancel_requested_at, last_error=t.last_error, created_at=t.created_at,
+                   cancel_requested_at=t.cancel_requested_at, cancel_delivered_at=t.cancel_delivered_at,
+                   cancel_delivery_channel=t.cancel_delivery_channel, last_error=t.last_error, created_at=t.created_at,
                    updated_at=t.updated_at, finished_at=t.finished_at,
                    current_attempt_id=t.current_attempt.id if t.current_attempt else None,
                    attempts=list(attempts))

@@ -86,6 +86,9 @@ async def acquire(request: web.Request) -> web.StreamResponse:
                                       fingerprint=worker.fingerprint)
         news = [(t, a) for t, a in polled.cancel_requested if a not in known]
         if polled.acquired is not None or news:
+            # On the record before the answer leaves: the first time each cancel is handed over.
+            await lifecycle.cancels_delivered(worker.id, [(t, a) for t, a in news if a in polled.undelivered],
+                                              channel="long-poll", actor=worker.actor)
             cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
             return ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
                                       cancel_requested=cancels))

@@ -29,15 +29,24 @@ import orjson
 
 from domain import scan as scan_rules
 from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
-from domain.events import DomainEvent, ResultBatchAccepted, WriteRejected
+from domain.events import (
+    CancelChannel,
+    CancelDelivered,
+    DomainEvent,
+    ResultBatchAccepted,
+    TaskCancelled,
+    WriteRejected,
+)
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from domain.task import (
+    ACKNOWLEDGED_BY_WORKER,
     AcknowledgeCancel,
     AttemptState,
     BatchRecord,
     Complete,
     CreateTask,
+    DeliverCancel,
     ExceedDeadline,
     ExpireLease,
     Fail,
@@ -46,6 +55,7 @@ from domain.task import (
     ReissueLease,
     Renew,
     RequestCancel,
+    RevokeAttempt,
     SubmitBatch,
     TaskState,
     TerminateCancelling,
@@ -88,10 +98,33 @@ class Acquired:
 
 @dataclass(frozen=True, slots=True)
 class Poll:
-    """What one acquire round found: a lease (or None), and the worker's attempts to stop."""
+    """What one acquire round found: a lease (or None), and the worker's attempts to stop
+    (``undelivered``: those whose cancellation was never handed to the worker yet)."""
 
     acquired: Acquired | None
     cancel_requested: list[tuple[UUID, UUID]]
+    undelivered: frozenset[UUID] = frozenset()
+
+
+#: How a cancellation leg is observed: (leg, channel, seconds); legs are ``request_to_delivery``
+#: and ``delivery_to_ack``.
+CancelLegObserver = Callable[[str, str, float], None]
+
+
+def cancel_legs(task: TaskState, events: Sequence[DomainEvent]) -> list[tuple[str, str, float]]:
+    """The cancellation legs ``events`` (appended to ``task``) complete: the first delivery
+    after the request, and the worker's acknowledgement after the delivery."""
+    legs: list[tuple[str, str, float]] = []
+    channel: str = task.cancel_delivery_channel or ""
+    delivered_at = task.cancel_delivered_at
+    for event in events:
+        if isinstance(event, CancelDelivered) and task.cancel_requested_at is not None:
+            channel, delivered_at = event.channel, event.timestamp
+            legs.append(("request_to_delivery", channel,
+                         (event.timestamp - task.cancel_requested_at).total_seconds()))
+        elif isinstance(event, TaskCancelled) and event.reason == ACKNOWLEDGED_BY_WORKER and delivered_at:
+            legs.append(("delivery_to_ack", channel, (event.timestamp - delivered_at).total_seconds()))
+    return legs
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +188,8 @@ class Lifecycle:
         self.new_id = new_id
         #: Called with the events of every committed command (metrics hook).
         self.observe: Callable[[Sequence[DomainEvent]], None] = lambda events: None
+        #: Called with each cancellation leg a committed command completed (metrics hook).
+        self.observe_cancel: CancelLegObserver = lambda leg, channel, seconds: None
 
     # --- creation -------------------------------------------------------------------------
 
@@ -233,7 +268,8 @@ class Lifecycle:
                 reads["cancelling"] = rows("worker_cancelling_attempts", params)
             answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
             row, earlier = answers["worker"], answers.get("earlier")
-            cancelling = [(t, a) for t, a in answers.get("cancelling", ())]
+            cancelling = [(t, a) for t, a, _ in answers.get("cancelling", ())]
+            undelivered = frozenset(a for _, a, delivered in answers.get("cancelling", ()) if not delivered)
             if fingerprint is not None:
                 caller_standing(answers["caller"], worker_id)
             if row is None:
@@ -243,17 +279,18 @@ class Lifecycle:
                 task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling), events
+                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling,
+                            undelivered), events
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
-                return Poll(None, cancelling), []
+                return Poll(None, cancelling, undelivered), []
             row = await tx.one("task_lock_acquirable", {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
             if row is None:
-                return Poll(None, cancelling), []
+                return Poll(None, cancelling, undelivered), []
             task, head = task_from_row(row)
             events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                              lease_token_hash=hash_token(token), request_id=request_id),
@@ -261,7 +298,8 @@ class Lifecycle:
             tx.append(head, events)
             leased = project_task(events, task)
             assert leased is not None and leased.current_attempt is not None
-            return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling), events
+            return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling,
+                        undelivered), events
 
         polled, events = await self.db.run(body, key=worker_id)
         self.observe(events)
@@ -366,7 +404,7 @@ class Lifecycle:
         it), the worker's standing is checked first, in the round trip that locks the task:
         Forbidden, and nothing done or recorded, when the certificate is not ``worker_id``'s or
         the worker is revoked or disabled."""
-        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent]]:
+        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent], TaskState]:
             row = await _lock_task_and_read(tx, "task_read_for_write", {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
                 "now": self.clock()}, caller=(fingerprint, worker_id) if fingerprint is not None else None)
@@ -404,10 +442,11 @@ class Lifecycle:
                 for event in events:  # only a newly accepted batch: a duplicate has no events
                     if isinstance(event, ResultBatchAccepted):
                         await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
-            return after, existing, [*events, *settled]
+            return after, existing, [*events, *settled], task
 
-        after, existing, events = await self.db.run(body, key=worker_id)
+        after, existing, events, before = await self.db.run(body, key=worker_id)
         self.observe(events)
+        self._observe_legs(before, events)
         rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
         if rejection is not None:  # recorded; now refuse the write
             raise rejection_error(rejection)
@@ -419,6 +458,32 @@ class Lifecycle:
                              actor: str = "system") -> TaskState:
         """pending/retry_wait -> cancelled at once; leased/running -> cancelling. Repeats are no-ops."""
         return await self._gateway_command(task_id, RequestCancel(reason=reason), actor)
+
+    async def cancels_delivered(self, worker_id: UUID, attempts: Sequence[tuple[UUID, UUID]], *,
+                                channel: CancelChannel, actor: str) -> None:
+        """Record that the cancellation of each (task, attempt) is in an answer to its worker now
+        (``CancelDelivered``, once per cancellation: later deliveries record nothing)."""
+        for task_id, attempt_id in attempts:
+            delivered = await self.db.run(partial(self._deliver_cancel, task_id=task_id, attempt_id=attempt_id,
+                                                  channel=channel, actor=actor), key=worker_id)
+            if delivered is not None:
+                before, events = delivered
+                self.observe(events)
+                self._observe_legs(before, events)
+
+    async def _deliver_cancel(self, tx: Transaction, *, task_id: UUID, attempt_id: UUID, channel: CancelChannel,
+                              actor: str) -> tuple[TaskState, list[DomainEvent]] | None:
+        row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
+        if row is None:
+            return None
+        task, head = task_from_row(row)
+        events = decide(task, DeliverCancel(attempt_id, channel), now=row[-1], actor=actor)
+        await self._commit(tx, task, head, events, row[-1])
+        return task, events
+
+    def _observe_legs(self, task: TaskState, events: Sequence[DomainEvent]) -> None:
+        for leg, channel, seconds in cancel_legs(task, events):
+            self.observe_cancel(leg, channel, seconds)
 
     async def _gateway_command(self, task_id: UUID, command: Any, actor: str) -> TaskState:
         task, events = await self.db.run(lambda tx: self._decide_locked(tx, task_id, command, actor))
@@ -491,6 +556,8 @@ class Lifecycle:
         tx.append(head, events)
         if after.state == "cancelling" and task.state != "cancelling" and after.current_attempt is not None:
             tx.notify(wakeups.cancel(after.current_attempt.worker_id))
+        if after.state == "retry_wait" and task.state != "retry_wait" and after.available_at <= now:
+            tx.notify(wakeups.available(after.organization_id))  # free again right now (a revoked attempt)
         settled: list[DomainEvent] = []
         if after.state in TERMINAL and task.state not in TERMINAL:
             settled = await settle_scan(tx, after.scan_id, now, new_id=self.new_id)
@@ -499,39 +566,50 @@ class Lifecycle:
     # --- revocation (operator API) --------------------------------------------------------
 
     async def cancel_worker_attempts(self, worker_id: UUID, *, organization_id: UUID | None = None,
-                                     reason: str, actor: str) -> list[UUID]:
-        """Security revocation: ask each live attempt of the worker (of one organisation, or all)
-        to stop, moving its task to ``cancelling``; the ids of the tasks this call moved.
+                                     reason: str, actor: str, at_once: bool = False) -> list[UUID]:
+        """Revocation policy, applied to each live attempt of the worker (of one organisation, or
+        all); the ids of the tasks this call changed.
 
-        Runs after the revocation committed, one transaction per task. Under the task lock it
+        * ``at_once=False`` (revoking the worker or an assignment, removing an assignment): ask
+          the attempt to stop — its task goes ``cancelling``, the worker is told and acknowledges
+          (or the Gateway ends it after the grace period) and the task ends ``cancelled``.
+        * ``at_once=True`` (disabling the worker, which can no longer hear or acknowledge a
+          cancel): end the attempt now (``AttemptRevoked``); its task is free for another worker
+          at once (``retry_wait``), or ``failed_terminal`` when no attempts remain. A task
+          already ``cancelling`` on the worker ends ``cancelled``.
+
+        Runs after the worker change committed, one transaction per task. Under the task lock it
         re-checks that the attempt is still the task's live one: a task whose lease lapsed and
-        which another worker leased meanwhile is not cancelled. Safe to repeat: a revocation
+        which another worker leased meanwhile is not touched. Safe to repeat: a revocation
         interrupted midway is finished by running it again.
         """
         async with self.db.read() as reader:
             targets = [(task_id, attempt_id) for task_id, attempt_id in await reader.all(
-                "worker_attempts_to_cancel", {"worker_id": worker_id, "organization_id": organization_id})]
-        cancelled: list[UUID] = []
+                "worker_attempts_to_cancel", {"worker_id": worker_id, "organization_id": organization_id,
+                                              "include_cancelling": at_once})]
+        changed: list[UUID] = []
         for task_id, attempt_id in targets:
-            events = await self.db.run(partial(self._cancel_live_attempt, task_id=task_id, attempt_id=attempt_id,
-                                               reason=reason, actor=actor), key=worker_id)
+            command = RevokeAttempt(attempt_id, reason) if at_once else RequestCancel(reason=reason)
+            events = await self.db.run(partial(self._end_live_attempt, task_id=task_id, attempt_id=attempt_id,
+                                               command=command, actor=actor), key=worker_id)
             if events:
                 self.observe(events)
-                cancelled.append(task_id)
-        return cancelled
+                changed.append(task_id)
+        return changed
 
-    async def _cancel_live_attempt(self, tx: Transaction, *, task_id: UUID, attempt_id: UUID, reason: str,
-                                   actor: str) -> list[DomainEvent]:
-        """Under the task lock: ask ``attempt_id`` to stop if it is still the task's live attempt;
-        the events appended (none when it finished, expired or was re-leased since it was listed)."""
+    async def _end_live_attempt(self, tx: Transaction, *, task_id: UUID, attempt_id: UUID,
+                                command: RequestCancel | RevokeAttempt, actor: str) -> list[DomainEvent]:
+        """Under the task lock: apply ``command`` if ``attempt_id`` is still the task's live
+        attempt; the events appended (none when it finished, expired or was re-leased since it
+        was listed)."""
         row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
         if row is None:
             return []
         task, head = task_from_row(row)
         current = task.current_attempt
-        if current is None or current.id != attempt_id or task.state not in ("leased", "running"):
+        if current is None or current.id != attempt_id or not current.live:
             return []
-        events = decide(task, RequestCancel(reason=reason), now=row[-1], actor=actor,
+        events = decide(task, command, now=row[-1], actor=actor,
                         draw=self.rng.random(), retry_policy=self.retry_policy)
         _, settled = await self._commit(tx, task, head, events, row[-1])
         return [*events, *settled]

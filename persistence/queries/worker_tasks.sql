@@ -14,7 +14,8 @@ SELECT t.id FROM worker_tasks t WHERE t.id = %(task_id)s FOR UPDATE
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
-       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at,
+       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
+       t.cancel_delivery_channel,
        cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
        cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
        cur.final_batch_accepted, cur.error,
@@ -35,7 +36,8 @@ WHERE t.id = %(task_id)s
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
-       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at,
+       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
+       t.cancel_delivery_channel,
        cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
        cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
        cur.final_batch_accepted, cur.error,
@@ -53,7 +55,8 @@ WHERE t.id = %(task_id)s
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
-       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at
+       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
+       t.cancel_delivery_channel
 FROM worker_tasks t
 JOIN organization_workers ow
   ON ow.organization_id = t.organization_id
@@ -105,7 +108,8 @@ FOR UPDATE OF t SKIP LOCKED
 SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
-       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at,
+       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
+       t.cancel_delivery_channel,
        cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
        cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
        cur.final_batch_accepted, cur.error

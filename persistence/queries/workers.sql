@@ -45,8 +45,9 @@ FROM workers w
 WHERE w.fingerprint = %(fingerprint)s
 
 -- name: worker_cancelling_attempts
--- The worker's live attempts whose task is being cancelled: told on every acquire answer.
-SELECT t.id, a.id
+-- The worker's live attempts whose task is being cancelled: told on every acquire answer (and
+-- whether that cancellation was already handed to the worker once).
+SELECT t.id, a.id, t.cancel_delivered_at IS NOT NULL
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = %(worker_id)s
@@ -101,14 +102,15 @@ LEFT JOIN organization_workers ow
 WHERE w.id = %(worker_id)s
 
 -- name: worker_attempts_to_cancel
--- Security revocation, after it committed: the worker's live attempts (of one organisation, or
--- all) whose task is still leased or running. Each is then cancelled in its own transaction,
--- which re-checks under the task lock that this attempt is still the task's live one.
+-- Revocation or disabling, after it committed: the worker's live attempts (of one organisation,
+-- or all) whose task is still leased or running (or, with include_cancelling, already being
+-- cancelled). Each is then ended in its own transaction, which re-checks under the task lock
+-- that this attempt is still the task's live one.
 SELECT t.id, a.id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = %(worker_id)s
   AND a.status IN ('leased', 'running')
-  AND t.state IN ('leased', 'running')
+  AND (t.state IN ('leased', 'running') OR (%(include_cancelling)s::boolean AND t.state = 'cancelling'))
   AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
 ORDER BY t.id

@@ -217,6 +217,7 @@ async def test_task_created_read_cancelled_and_audited_through_the_api(gateway: 
 
     r = await gateway.operator("POST", f"/v1/tasks/{task['id']}/cancel", {"reason": "not needed"}, key=a.key)
     assert r.status == 200 and r.body["state"] == "cancelling" and r.body["cancel_requested_at"]
+    assert (r.body["cancel_delivered_at"], r.body["cancel_delivery_channel"]) == (None, None)  # not told yet
     assert (await gateway.operator("POST", f"/v1/tasks/{task['id']}/cancel", {}, key=a.key)).body["state"] \
         == "cancelling"  # repeated cancel is a no-op
     renewed = await a.worker.write(lease, "renew")
@@ -224,14 +225,17 @@ async def test_task_created_read_cancelled_and_audited_through_the_api(gateway: 
     assert (await a.worker.write(lease, "cancel-ack")).body["task"]["state"] == "cancelled"
     r = await gateway.operator("GET", f"/v1/tasks/{task['id']}", key=a.key)
     assert r.body["state"] == "cancelled" and r.body["attempts"][0]["status"] == "cancelled"
+    assert r.body["cancel_delivery_channel"] == "renew" and r.body["cancel_delivered_at"]
 
     r = await gateway.operator("GET", f"/v1/tasks/{task['id']}/events", key=a.key)
     assert r.status == 200 and r.body["next_after_version"] is None
     events = r.body["items"]
-    # A renewal while cancelling extends nothing, so it records nothing.
-    assert [e["type"] for e in events] == ["TaskCreated", "TaskLeased", "CancelRequested", "TaskCancelled"]
-    assert [e["version"] for e in events] == [1, 2, 3, 4]
-    created, leased, cancel, _ = events
+    # A renewal while cancelling extends nothing; it records only that the cancel was handed over.
+    assert [e["type"] for e in events] == ["TaskCreated", "TaskLeased", "CancelRequested", "CancelDelivered",
+                                           "TaskCancelled"]
+    assert [e["version"] for e in events] == [1, 2, 3, 4, 5]
+    created, leased, cancel, delivered, _ = events
+    assert delivered["payload"] == {"attempt_id": lease["attempt_id"], "channel": "renew"}
     assert created["actor"].startswith("operator:") and created["payload"]["scope"] == spec["scope"]
     assert leased["actor"] == f"worker:{a.worker.fingerprint}"
     assert leased["payload"]["attempt_id"] == lease["attempt_id"]
@@ -241,7 +245,7 @@ async def test_task_created_read_cancelled_and_audited_through_the_api(gateway: 
     page = await gateway.operator("GET", f"/v1/tasks/{task['id']}/events?limit=3", key=a.key)
     assert [e["version"] for e in page.body["items"]] == [1, 2, 3] and page.body["next_after_version"] == 3
     rest = await gateway.operator("GET", f"/v1/tasks/{task['id']}/events?after_version=3", key=a.key)
-    assert [e["version"] for e in rest.body["items"]] == [4] and rest.body["next_after_version"] is None
+    assert [e["version"] for e in rest.body["items"]] == [4, 5] and rest.body["next_after_version"] is None
 
     scan = await gateway.operator("GET", f"/v1/scans/{a.scan}", key=a.key)
     assert scan.status == 200 and scan.body["organization_id"] == str(a.org)

@@ -99,3 +99,22 @@ async def test_known_cancellations_do_not_end_the_long_poll_again(gateway: Runni
     started = time.perf_counter()
     again = await worker.acquire(wait=1, known_cancels=[lease["attempt_id"]])
     assert again.status == 204 and time.perf_counter() - started >= 0.9
+
+
+async def test_long_poll_wakes_when_disabling_a_worker_frees_its_task(gateway: RunningGateway) -> None:
+    disabled, other = await gateway.worker(), await gateway.worker()
+    await gateway.task()
+    lease = (await disabled.acquire()).body["lease"]
+    waiting = asyncio.create_task(other.acquire(wait=10))
+    await asyncio.sleep(0.3)  # let the acquire start waiting
+    started = time.perf_counter()
+    reply = await gateway.operator("POST", f"/v1/workers/{disabled.id}/disable")
+    assert reply.status == 200, reply.body
+    r = await waiting
+    elapsed = time.perf_counter() - started
+    assert r.status == 200 and r.body["lease"]["task"]["id"] == lease["task"]["id"]
+    assert r.body["lease"]["attempt_id"] != lease["attempt_id"]
+    # Woken by NOTIFY when the attempt was ended, not by the 1 s poll.
+    assert elapsed < 0.5, elapsed
+    refused = await disabled.write(lease, "renew")
+    assert refused.status == 403 and refused.headers["Content-Type"].startswith("application/problem+json")

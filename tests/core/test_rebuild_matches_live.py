@@ -32,7 +32,7 @@ STEPS = st.lists(
     st.tuples(
         st.sampled_from(["task", "task", "acquire", "acquire", "acquire", "progress", "renew", "batch",
                          "final", "final", "complete", "complete", "fail", "fail_terminal", "cancel", "ack",
-                         "stale", "time", "expire", "deadline", "terminate",
+                         "stale", "time", "expire", "deadline", "terminate", "poll", "disable",
                          "org_flag", "profile", "profile_change", "scan_by_profile", "legacy_status"]),
         st.integers(0, 1_000_000),
     ),
@@ -70,6 +70,16 @@ async def run_program(world: World, workers: list[Any], steps: list[tuple[str, i
                 await lc.terminate_cancelling()
             elif op == "cancel":
                 await lc.request_cancel(rng.choice(tasks))
+            elif op == "poll":  # as the acquire endpoint: hand over (and record) the cancels
+                worker = rng.choice(workers)
+                polled = await lc.poll(worker)
+                await lc.cancels_delivered(worker, [(t, a) for t, a in polled.cancel_requested
+                                                    if a in polled.undelivered], channel="long-poll", actor="w")
+            elif op == "disable":  # as the operator endpoint: disable, end its attempts, enable again
+                worker = rng.choice(workers)
+                await world.registry.set_worker_enabled(worker, False)
+                await lc.cancel_worker_attempts(worker, reason="worker disabled", actor="op", at_once=True)
+                await world.registry.set_worker_enabled(worker, True)
             elif op in ("org_flag", "profile", "profile_change", "scan_by_profile", "legacy_status"):
                 await _mode_step(world, op, n, rng)
             elif lease is not None:
@@ -155,8 +165,12 @@ async def test_rebuild_from_the_log_equals_live_projections(pool: Any, database_
             row_state, _ = task_from_row(await cur.fetchone())
             assert project_task(await read_stream(conn, task_id)) == row_state
             states.add(row_state.state)
+        cur = await conn.execute("SELECT DISTINCT split_part(topic, ':', 2) FROM events WHERE topic LIKE ANY("
+                                 "ARRAY['%%CancelDelivered', '%%AttemptRevoked'])")
+        recorded = sorted(r[0] for r in await cur.fetchall())
     # Not a correctness check: it keeps the generator honest about reaching deep states.
     event("reached: " + ",".join(sorted(states)))
+    event("cancellation events: " + (",".join(recorded) or "none"))
     event("scan modes: " + ",".join(sorted({row["execution_mode"] for row in live["scans"].values()}))
           + f"; stored profiles: {bool(live['stored_profiles'])}")
 

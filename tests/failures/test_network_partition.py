@@ -207,6 +207,10 @@ async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_
     kinds = [kind for kind, _ in events]
     assert kinds.count("LeaseExpired") == 1 and kinds.count("TaskCompleted") == 1
     assert "WriteRejected" not in kinds
+    # In order (renewals and batches left out): the disconnected worker was never told anything;
+    # its lease ran out on the Gateway's side and the task went on elsewhere.
+    assert [kind for kind in kinds if kind not in ("LeaseRenewed", "ResultBatchAccepted")] == [
+        "TaskCreated", "TaskLeased", "TaskStarted", "LeaseExpired", "TaskLeased", "TaskStarted", "TaskCompleted"]
     [batch] = await batches(gateway, task_id)
     assert batch["attempt_id"] == second["id"]
     assert await raw_output_attempts(gateway, task_id) == ["2"]

@@ -18,7 +18,8 @@ EXAMPLES = Path(replay.__file__).with_name("analyst_examples.sql")
 PROJECTIONS = ("organizations", "workers", "organization_workers", "scans", "scan_jobs", "worker_tasks",
                "worker_task_attempts", "worker_result_batches")
 VIEWS = ("analyst_events", "task_wait_times", "attempt_durations", "attempt_failures", "task_type_reliability",
-         "worker_reliability", "worker_utilisation_hourly", "cancellation_latency", "throughput_hourly")
+         "worker_reliability", "worker_utilisation_hourly", "cancellation_latency", "throughput_hourly",
+         "cancellation_deliveries", "cancellation_latency_by_organization")
 
 
 def examples() -> dict[str, str]:

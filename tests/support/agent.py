@@ -45,6 +45,24 @@ def python_plugin(directory: Path, name: str, body: str) -> Path:
     return write_plugin(directory, name, f"#!{sys.executable}\n" + textwrap.dedent(body))
 
 
+def sleepy_plugin(plugins_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Plugin ``sleepy``: its first run writes its pid and sleeps; later runs report one record.
+    Returns (pid file, run log): every run appends its attempt number to the log."""
+    marker, pid_file, runs = tmp_path / "first-attempt-ran", tmp_path / "plugin.pid", tmp_path / "runs"
+    write_plugin(plugins_dir, "sleepy", f"""
+        #!/bin/sh
+        echo "$LEASEHOLD_ATTEMPT_ID $LEASEHOLD_ATTEMPT_NUMBER" >> {runs}
+        if [ -e {marker} ]; then
+            echo '{{"type": "raw", "attempt": "'$LEASEHOLD_ATTEMPT_NUMBER'"}}'
+            exit 0
+        fi
+        touch {marker}
+        echo $$ > {pid_file}
+        exec sleep 60
+    """)
+    return pid_file, runs
+
+
 @dataclass
 class Worker:
     """A worker registered with the Gateway: its HTTP client (for hand-made requests) and

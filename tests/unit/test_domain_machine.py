@@ -12,13 +12,14 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from domain.errors import InvalidTransition
-from domain.events import WriteRejected
+from domain.events import AttemptRevoked, CancelDelivered, WriteRejected
 from domain.retry import DEFAULT_RETRY_POLICY
 from domain.task import (
     AcknowledgeCancel,
     AttemptState,
     Complete,
     CreateTask,
+    DeliverCancel,
     ExceedDeadline,
     ExpireLease,
     Fail,
@@ -26,6 +27,7 @@ from domain.task import (
     MarkRunning,
     Renew,
     RequestCancel,
+    RevokeAttempt,
     SubmitBatch,
     TaskState,
     TerminateCancelling,
@@ -64,6 +66,7 @@ class TaskMachine(RuleBasedStateMachine):
         self.attempts: list[AttemptState] = []  # every attempt ever made, as last seen
         self.batches = 0
         self.final_accepted = False
+        self.deliveries = 0  # CancelDelivered events on the task (one cancellation at most)
 
     def _id(self) -> UUID:
         self.ids += 1
@@ -100,6 +103,7 @@ class TaskMachine(RuleBasedStateMachine):
             self.attempts = [a for a in self.attempts if a.id != after.current_attempt.id]
             self.attempts.append(after.current_attempt)
         self.task = after
+        self.deliveries += sum(isinstance(e, CancelDelivered) for e in events)
         return list(events)
 
     def _after_attempt_ended(self, before: TaskState) -> str:
@@ -158,6 +162,43 @@ class TaskMachine(RuleBasedStateMachine):
                and before.cancel_requested_at + grace <= self.now)
         self._apply(TerminateCancelling(grace))
         assert self.task.state == ("cancelled" if due else before.state)
+
+    @rule(data=st.data(), channel=st.sampled_from(["renew", "long-poll"]))
+    def deliver_cancel(self, data: st.DataObject, channel: str) -> None:
+        """An acquire answer hands the cancel of some attempt over: recorded once, for the live
+        attempt of a cancelling task only, and it changes nothing else."""
+        if not self.attempts:
+            return
+        attempt = data.draw(st.sampled_from(self.attempts))
+        before = self.task
+        current = before.current_attempt
+        expected = (before.state == "cancelling" and before.cancel_delivered_at is None and current is not None
+                    and current.id == attempt.id and current.live)
+        events = self._apply(DeliverCancel(attempt.id, channel))  # type: ignore[arg-type]
+        assert [type(e) for e in events] == ([CancelDelivered] if expected else [])
+        assert self.task.state == before.state and self.task.current_attempt == before.current_attempt
+
+    @rule(data=st.data())
+    def revoke_attempt(self, data: st.DataObject) -> None:
+        """The worker was disabled: its live attempt ends now; the task is free at once."""
+        if not self.attempts:
+            return
+        attempt = data.draw(st.sampled_from(self.attempts))
+        before, current = self.task, self.task.current_attempt
+        live = current is not None and current.id == attempt.id and current.live
+        events = self._apply(RevokeAttempt(attempt.id, "worker disabled"))
+        if not live:
+            assert events == [] and self.task == before
+            return
+        assert self.task.current_attempt is not None and self.task.current_attempt.status == "cancelled"
+        if before.state == "cancelling":
+            assert self.task.state == "cancelled"
+        else:
+            assert [type(e) for e in events] == [AttemptRevoked]
+            remaining = before.attempt_count < before.max_attempts
+            assert self.task.state == ("retry_wait" if remaining else "failed_terminal")
+            if remaining:
+                assert self.task.available_at == self.now  # no backoff: the attempt did not fail
 
     # worker writes (by the current attempt, or a stale one, with a right or wrong token) ------
 
@@ -259,6 +300,11 @@ class TaskMachine(RuleBasedStateMachine):
         assert len(live) <= 1
         current = self.task.current_attempt
         assert (current is not None and current.live) == (self.task.state in LIVE_STATES)
+
+    @invariant()
+    def a_cancel_is_delivered_once_at_most(self) -> None:
+        assert self.deliveries <= 1
+        assert (self.deliveries == 1) == (self.task.cancel_delivered_at is not None)
 
     @invariant()
     def attempt_count_bounded(self) -> None:

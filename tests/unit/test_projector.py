@@ -23,6 +23,7 @@ from domain.task import (
     AcknowledgeCancel,
     AttemptState,
     Complete,
+    DeliverCancel,
     ExceedDeadline,
     ExpireLease,
     Fail,
@@ -30,6 +31,7 @@ from domain.task import (
     ReissueLease,
     Renew,
     RequestCancel,
+    RevokeAttempt,
     TaskState,
     TerminateCancelling,
     evolve,
@@ -73,8 +75,10 @@ def assert_task_row_matches(task_row: Row, task: TaskState, head: bytes) -> None
         "updated_at": task.updated_at, "cancel_requested_at": task.cancel_requested_at,
         "last_error": task.last_error, "finished_at": task.finished_at, "version": task.version,
         "current_attempt_id": task.current_attempt.id if task.current_attempt else None, "head_hash": head,
+        "cancel_delivered_at": task.cancel_delivered_at, "cancel_delivery_channel": task.cancel_delivery_channel,
     }
-    assert task_row == expected
+    # When the worker acknowledged a cancellation is the analysts' column alone (not in the state).
+    assert {k: v for k, v in task_row.items() if k != "cancel_acknowledged_at"} == expected
 
 
 def assert_attempt_row_matches(attempt_row: Row, attempt: AttemptState) -> None:
@@ -139,8 +143,42 @@ def _cancelled_in_retry_wait(story: Story) -> None:
     story.wait(1).apply(RequestCancel())
 
 
+def _cancel_delivered_on_renew_then_acknowledged(story: Story) -> None:
+    story.wait(1).run().wait(1).apply(RequestCancel())
+    story.wait(1).apply(Renew(story.attempt, story.token))
+    story.wait(1).apply(Renew(story.attempt, story.token))  # delivered again: nothing recorded
+    story.wait(1).apply(AcknowledgeCancel(story.attempt, story.token))
+
+
+def _cancel_delivered_on_long_poll_then_terminated(story: Story) -> None:
+    story.wait(2).apply(RequestCancel())
+    story.wait(1).apply(DeliverCancel(story.attempt.id, "long-poll"))
+    story.wait(31).apply(TerminateCancelling(timedelta(seconds=30)))
+
+
+def _revoked_then_completed_elsewhere(story: Story) -> None:
+    story.wait(1).run().wait(1).apply(RevokeAttempt(story.attempt.id, "worker disabled"))
+    story.lease().wait(1).run().wait(1).batch(1, final=True)
+    story.apply(Complete(story.attempt, story.token))
+
+
+def _revoked_on_the_last_attempt(story: Story) -> None:
+    story.wait(61).apply(ExpireLease(story.attempt.id), draw=0.0)
+    story.wait(60).lease().wait(61).apply(ExpireLease(story.attempt.id), draw=0.0)
+    story.wait(60).lease().wait(1).apply(RevokeAttempt(story.attempt.id, "worker disabled"))
+
+
+def _revoked_while_cancelling(story: Story) -> None:
+    story.wait(1).run().apply(RequestCancel())
+    story.wait(1).apply(RevokeAttempt(story.attempt.id, "worker disabled"))
+
+
 @pytest.mark.parametrize("lifecycle", [_completed, _retried_then_failed, _cancelled_while_running,
-                                       _cancel_terminated, _cancelled_in_retry_wait])
+                                       _cancel_terminated, _cancelled_in_retry_wait,
+                                       _cancel_delivered_on_renew_then_acknowledged,
+                                       _cancel_delivered_on_long_poll_then_terminated,
+                                       _revoked_then_completed_elsewhere, _revoked_on_the_last_attempt,
+                                       _revoked_while_cancelling])
 def test_the_projected_task_and_attempts_match_the_domain_after_every_event(
         lifecycle: Callable[[Story], None]) -> None:
     story = Story.create(max_attempts=3, lease_seconds=60, execution_timeout_seconds=600,
@@ -192,6 +230,27 @@ def test_a_refused_write_moves_the_head_but_not_updated_at() -> None:
     tables = fold_both(story)
     task_row = row(tables, "worker_tasks", TASK_ID)
     assert task_row["updated_at"] == START and task_row["version"] == 3
+
+
+def test_the_cancellation_row_keeps_request_delivery_channel_and_acknowledgement() -> None:
+    story = Story.create().lease().wait(5)
+    story.apply(RequestCancel())
+    story.wait(2).apply(DeliverCancel(story.attempt.id, "long-poll"))
+    story.wait(1).apply(Renew(story.attempt, story.token))  # a later delivery records nothing
+    story.wait(3).apply(AcknowledgeCancel(story.attempt, story.token))
+    task_row = row(fold_both(story), "worker_tasks", TASK_ID)
+    assert (task_row["cancel_requested_at"], task_row["cancel_delivered_at"], task_row["cancel_delivery_channel"],
+            task_row["cancel_acknowledged_at"]) == (START + timedelta(seconds=5), START + timedelta(seconds=7),
+                                                    "long-poll", START + timedelta(seconds=11))
+
+
+def test_a_terminated_cancellation_has_no_acknowledgement() -> None:
+    story = Story.create().lease().wait(5)
+    story.apply(RequestCancel())
+    story.wait(31).apply(TerminateCancelling(timedelta(seconds=30)))
+    task_row = row(fold_both(story), "worker_tasks", TASK_ID)
+    assert (task_row["state"], task_row["cancel_delivered_at"], task_row["cancel_acknowledged_at"]) == (
+        "cancelled", None, None)
 
 
 def test_a_cancel_keeps_the_time_it_was_requested() -> None:

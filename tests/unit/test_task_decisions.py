@@ -23,6 +23,8 @@ from domain.errors import (
 )
 from domain.events import (
     AttemptFailed,
+    AttemptRevoked,
+    CancelDelivered,
     CancelRequested,
     LeaseExpired,
     LeaseReissued,
@@ -42,6 +44,7 @@ from domain.task import (
     BatchRecord,
     Complete,
     CreateTask,
+    DeliverCancel,
     ExceedDeadline,
     ExpireLease,
     Fail,
@@ -50,6 +53,7 @@ from domain.task import (
     ReissueLease,
     Renew,
     RequestCancel,
+    RevokeAttempt,
     SubmitBatch,
     TerminateCancelling,
     WorkerWrite,
@@ -298,7 +302,50 @@ def test_a_write_to_a_cancelling_task_is_refused_as_cancelled() -> None:
     story = running()
     story.apply(RequestCancel())
     assert _rejection(story.decide(MarkRunning(story.attempt, story.token))) == "cancelled"
-    assert story.decide(Renew(story.attempt, story.token)) == []  # renew is let through, not extended
+    # Renew is let through, not extended; its answer hands the cancel over, on the record once.
+    [delivered] = story.decide(Renew(story.attempt, story.token))
+    assert isinstance(delivered, CancelDelivered)
+    assert (delivered.attempt_id, delivered.channel) == (story.attempt.id, "renew")
+    story.apply(Renew(story.attempt, story.token))
+    assert story.task.state == "cancelling" and story.task.cancel_delivered_at == story.now
+    assert story.decide(Renew(story.attempt, story.token)) == []
+    assert story.decide(DeliverCancel(story.attempt.id, "long-poll")) == []
+
+
+def test_a_cancel_is_delivered_once_and_only_to_the_live_attempt_of_a_cancelling_task() -> None:
+    story = running()
+    assert story.decide(DeliverCancel(story.attempt.id, "long-poll")) == []  # nothing to deliver yet
+    story.apply(RequestCancel())
+    assert story.decide(DeliverCancel(UUID(int=999), "long-poll")) == []  # not this task's attempt
+    [delivered] = story.decide(DeliverCancel(story.attempt.id, "long-poll"))
+    assert isinstance(delivered, CancelDelivered) and delivered.channel == "long-poll"
+    story.apply(DeliverCancel(story.attempt.id, "long-poll"))
+    assert story.decide(DeliverCancel(story.attempt.id, "renew")) == []
+    story.apply(AcknowledgeCancel(story.attempt, story.token))
+    assert story.decide(DeliverCancel(story.attempt.id, "long-poll")) == []
+
+
+def test_revoking_an_attempt_frees_the_task_at_once_without_backoff() -> None:
+    story = running()
+    [revoked] = story.decide(RevokeAttempt(story.attempt.id, "worker disabled"))
+    assert isinstance(revoked, AttemptRevoked)
+    assert (revoked.outcome, revoked.available_at, revoked.reason) == ("retry_wait", story.now, "worker disabled")
+    story.apply(RevokeAttempt(story.attempt.id, "worker disabled"))
+    assert story.task.state == "retry_wait" and story.task.current_attempt is not None
+    assert story.task.current_attempt.status == "cancelled"
+    assert story.decide(RevokeAttempt(story.attempt.id, "again")) == []  # repeated: nothing
+    assert _rejection(story.decide(Renew(story.attempt, story.token))) == "finished"
+
+
+def test_revoking_the_last_attempt_fails_the_task_and_a_cancelling_one_ends_cancelled() -> None:
+    story = running(max_attempts=1)
+    [revoked] = story.decide(RevokeAttempt(story.attempt.id, "worker disabled"))
+    assert isinstance(revoked, AttemptRevoked) and revoked.outcome == "failed_terminal"
+    assert revoked.available_at is None
+    cancelling = running()
+    cancelling.apply(RequestCancel())
+    [ended] = cancelling.decide(RevokeAttempt(cancelling.attempt.id, "worker disabled"))
+    assert isinstance(ended, TaskCancelled) and ended.attempt_id == cancelling.attempt.id
 
 
 def test_a_write_to_a_cancelled_task_is_refused_as_cancelled() -> None:
