@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0009_cancel_delivery"
+revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
