@@ -15,6 +15,7 @@ from uuid import UUID
 from domain.errors import InvalidRequest, InvalidTransition
 from domain.events import (
     AttemptFailed,
+    AttemptTimedOut,
     DomainEvent,
     ExecutionMode,
     JobStatus,
@@ -49,6 +50,8 @@ def job_status_after(event: DomainEvent) -> JobStatus | None:
             return status or "failed"
         case LeaseExpired(outcome="failed_terminal"):
             return "failed"
+        case AttemptTimedOut():
+            return "timeout"
         case TaskCancelled():
             return "cancelled"
     return None
