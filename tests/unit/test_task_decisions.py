@@ -681,6 +681,18 @@ def test_the_sweeper_leaves_other_and_ended_attempts_alone() -> None:
     assert story.decide(ExpireLease(story.attempt.id)) == []
 
 
+def test_a_sweep_leaves_alone_a_lease_renewed_since_the_sweeper_listed_it() -> None:
+    """A sweeper lists lapsed leases from a snapshot; by the time it decides on the task (locked,
+    read afresh), the worker may have renewed: the old lease end has passed, the new one has not."""
+    story = running(lease_seconds=60)
+    story.wait(59).apply(Renew(story.attempt, story.token))
+    story.wait(2)  # past the lease end the sweeper's listing saw, inside the renewed one
+    assert story.decide(ExpireLease(story.attempt.id)) == []
+    assert story.decide(ExceedDeadline(story.attempt.id)) == []
+    (event,) = story.wait(58).decide(ExpireLease(story.attempt.id))  # the renewed lease ran out
+    assert isinstance(event, LeaseExpired)
+
+
 @pytest.mark.parametrize("sweep", [ExceedDeadline, ExpireLease])
 def test_an_attempt_renewed_up_to_its_deadline_times_out_and_is_not_retried(sweep: type) -> None:
     """Either sweep finds it (the lease ends at the deadline): a timeout, terminal although
