@@ -305,6 +305,8 @@ async def test_deadline_sweeper_ends_an_attempt_renewed_on_time_as_a_timeout(wor
     assert await scalar(pool, "SELECT status FROM scan_jobs") == "timeout"
     assert (await topics(pool, a.task.id))[-1] == "AttemptTimedOut"
     assert await scalar(pool, "SELECT reason FROM attempt_failures") == "execution deadline exceeded"
+    assert await scalar(pool, "SELECT row(timed_out, failed, expired, attempt_failure_rate)::text"
+                              " FROM task_type_reliability") == "(1,0,0,1.0000)"
     with pytest.raises(DeadlineExceeded):
         await world.lifecycle.fail(worker, a.task.id, a.attempt.id, a.lease_token, error="late")
 
