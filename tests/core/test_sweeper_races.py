@@ -95,6 +95,15 @@ async def audit_the_log(world: World, task_ids: list[UUID]) -> Counter[str]:
     return seen
 
 
+async def end_states(pool: AsyncConnectionPool, task_ids: list[UUID]) -> dict[UUID, tuple[str, str]]:
+    """(task state, attempt status) of each task (each has made one attempt)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT t.id, t.state, a.status FROM worker_tasks t"
+                                 " JOIN worker_task_attempts a ON a.task_id = t.id WHERE t.id = ANY(%s)",
+                                 (task_ids,))
+        return {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+
+
 async def race(world: World, pairs: list[tuple[UUID, Acquired]],
                act: Callable[[UUID, Acquired, float, float], Awaitable[list[str]]]) -> list[list[str]]:
     """Run one actor per task (at its offset from its lease's end) against SWEEPERS sweepers;
@@ -138,11 +147,7 @@ async def test_sweepers_racing_renewals_end_only_leases_that_had_run_out(pool: A
     assert seen["LeaseExpired"] == len(lost)
     for i in kept:  # renewed in time, again and again: never expired by any sweeper
         assert len(outcomes[i]) >= 3
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT t.id, t.state, a.status FROM worker_tasks t"
-                                 " JOIN worker_task_attempts a ON a.task_id = t.id WHERE t.id = ANY(%s)",
-                                 (task_ids,))
-        ended = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+    ended = await end_states(pool, task_ids)
     for i, task_id in enumerate(task_ids):
         assert ended[task_id] == (("running", "running") if i in kept else ("retry_wait", "expired")), (
             i, outcomes[i], ended[task_id])
@@ -169,11 +174,7 @@ async def test_sweepers_racing_completions_end_each_task_exactly_one_way(pool: A
     lost = [i for i, o in enumerate(outcomes) if o == ["lease_expired"]]
     assert done and lost and len(done) + len(lost) == TASKS, outcomes
     assert (seen["TaskCompleted"], seen["LeaseExpired"]) == (len(done), len(lost))
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT t.id, t.state, a.status FROM worker_tasks t"
-                                 " JOIN worker_task_attempts a ON a.task_id = t.id WHERE t.id = ANY(%s)",
-                                 (task_ids,))
-        ended = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+    ended = await end_states(pool, task_ids)
     for i, task_id in enumerate(task_ids):
         assert ended[task_id] == (("completed", "succeeded") if i in done else ("retry_wait", "expired")), (
             i, outcomes[i], ended[task_id])
