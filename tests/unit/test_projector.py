@@ -123,6 +123,15 @@ def _retried_then_failed(story: Story) -> None:
     story.wait(60).lease().wait(601).apply(ExceedDeadline(story.attempt.id))
 
 
+def _timed_out(story: Story) -> None:
+    story.wait(1).run()
+    while story.attempt.lease_expires_at < story.attempt.deadline_at:  # renewed on time up to the deadline
+        story.wait(30).apply(Renew(story.attempt, story.token))
+    story.now = story.attempt.deadline_at
+    story.apply(ExceedDeadline(story.attempt.id))
+    assert story.attempt.status == "timeout"
+
+
 def _cancelled_while_running(story: Story) -> None:
     story.apply(ReissueLease(story.attempt.id, token_hash(9)))
     story.wait(2).run().wait(2).apply(RequestCancel(reason="operator"))
@@ -139,7 +148,7 @@ def _cancelled_in_retry_wait(story: Story) -> None:
     story.wait(1).apply(RequestCancel())
 
 
-@pytest.mark.parametrize("lifecycle", [_completed, _retried_then_failed, _cancelled_while_running,
+@pytest.mark.parametrize("lifecycle", [_completed, _retried_then_failed, _timed_out, _cancelled_while_running,
                                        _cancel_terminated, _cancelled_in_retry_wait])
 def test_the_projected_task_and_attempts_match_the_domain_after_every_event(
         lifecycle: Callable[[Story], None]) -> None:
