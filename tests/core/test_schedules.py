@@ -111,7 +111,8 @@ async def test_concurrent_claimers_each_claim_distinct_schedules_without_waiting
                                     interval_seconds=60) for i in range(24)]
     clock.advance(61)
     # The claims hold their transactions open while they create scans; a watcher samples the
-    # server's lock waits throughout.
+    # server's row-lock waits throughout. (Committing transactions that NOTIFY queue for one
+    # database-wide lock, a wait on an ``object``: not a claim colliding with another.)
     seen_waiting: list[tuple[Any, ...]] = []
     done = asyncio.Event()
 
@@ -119,8 +120,9 @@ async def test_concurrent_claimers_each_claim_distinct_schedules_without_waiting
         while not done.is_set():
             async with pool.connection() as conn:
                 cur = await conn.execute(
-                    "SELECT pid, left(query, 120) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND cardinality(pg_blocking_pids(pid)) > 0")
+                    "SELECT pid, wait_event, left(query, 120) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
+                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')")
                 seen_waiting.extend(await cur.fetchall())
             await asyncio.sleep(0.002)
 
