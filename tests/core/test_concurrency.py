@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from domain.errors import IdempotencyConflict, LeaseholdError, LeaseLost
+from domain.errors import IdempotencyConflict, LeaseLost
 from domain.results import payload_sha256
 from support.core import World
 from support.locks import rows_locked, waits_while_running
@@ -118,31 +118,6 @@ async def test_racing_batches_with_one_key_and_different_payloads_keep_exactly_o
     assert len(accepted) == 1
     assert all(isinstance(r, IdempotencyConflict) for r in results if isinstance(r, BaseException))
     assert await rows(pool, "SELECT count(*) FROM worker_result_batches") == [(1,)]
-
-
-@pytest.mark.parametrize("rounds", [5])
-async def test_sweepers_racing_with_completions_never_double_finish(world: World, pool: Any,
-                                                                   rounds: int) -> None:
-    workers = [await world.worker() for _ in range(10)]
-    leases = [await world.running(w, lease_seconds=10) for w in workers]
-    for a, w in zip(leases, workers, strict=True):
-        await world.final_batch(w, a)
-    world.clock.advance(9.999)  # leases still valid for the completions, expiring for the sweeper soon
-
-    async def complete(w: Any, a: Any) -> Any:
-        try:
-            return await world.lifecycle.complete(w, a.task.id, a.attempt.id, a.lease_token)
-        except LeaseholdError as exc:
-            return exc
-
-    async def sweep() -> int:
-        world.clock.advance(0)
-        return sum([await world.lifecycle.expire_leases() for _ in range(rounds)])
-
-    await asyncio.gather(sweep(), *(complete(w, a) for w, a in zip(workers, leases, strict=True)))
-    states = await rows(pool, "SELECT state, count(*) FROM worker_tasks GROUP BY state")
-    assert states == [("completed", 10)]
-    assert await rows(pool, "SELECT count(*) FROM worker_task_attempts WHERE status = 'succeeded'") == [(10,)]
 
 
 async def test_identical_acquire_requests_racing_lease_one_task(world: World, pool: Any) -> None:
