@@ -462,13 +462,13 @@ async def check(conn: psycopg.AsyncConnection[Any], expected_tasks: int) -> dict
             elif kind == "TaskLeased":
                 live = attempt
             elif kind in ("TaskStarted", "LeaseRenewed", "LeaseReissued", "ResultBatchAccepted", "TaskCompleted",
-                          "AttemptFailed", "LeaseExpired"):
+                          "AttemptFailed", "LeaseExpired", "AttemptTimedOut"):
                 if attempt != live:
                     bad["stale_accepted" if kind in ("ResultBatchAccepted", "TaskCompleted")
                         else "stale_other_write"].add(task_id)
                 if kind == "ResultBatchAccepted":
                     seen_batches[(attempt, data["sequence_number"])] += 1
-                if kind in ("TaskCompleted", "AttemptFailed", "LeaseExpired"):
+                if kind in ("TaskCompleted", "AttemptFailed", "LeaseExpired", "AttemptTimedOut"):
                     live = None
                 completions += kind == "TaskCompleted"
         if completions > 1 or sum(1 for a in attempts.values() if a[0] == task_id and a[1] == "succeeded") > 1:

@@ -23,7 +23,7 @@ from pydantic.dataclasses import dataclass
 TaskStateName = Literal[
     "pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling", "cancelled"
 ]
-AttemptStatus = Literal["leased", "running", "succeeded", "failed", "expired", "cancelled"]
+AttemptStatus = Literal["leased", "running", "succeeded", "failed", "expired", "timeout", "cancelled"]
 JobStatus = Literal["queued", "running", "success", "failed", "timeout", "cancelled"]
 ScanStatus = Literal["pending", "running", "success", "failed", "cancelled"]
 ExecutionMode = Literal["gateway", "legacy"]
@@ -241,9 +241,11 @@ class TaskCompleted(DomainEvent):
 
 
 class AttemptFailed(DomainEvent):
-    """The attempt failed (reported by the worker, or its execution deadline passed).
+    """The attempt failed, as its worker reported.
 
     ``outcome`` is the task's next state; ``job_status`` is set when the outcome is terminal.
+    ``reason`` ``"deadline"`` only occurs in events recorded before :class:`AttemptTimedOut`
+    existed (they replay as they were recorded: a failed attempt).
     """
 
     scan_job_id: UUID
@@ -263,6 +265,17 @@ class LeaseExpired(DomainEvent):
     attempt_id: UUID
     outcome: Literal["retry_wait", "failed_terminal"]
     available_at: datetime | None
+
+
+class AttemptTimedOut(DomainEvent):
+    """The attempt reached the task's execution deadline (``deadline_at``): a policy limit, not a
+    lost lease. The attempt ends ``timeout``, the task ``failed_terminal`` (a plugin that ran out
+    of its time would run out of it again, so a timeout is never retried) and its job ``timeout``.
+    """
+
+    scan_job_id: UUID
+    attempt_id: UUID
+    deadline_at: datetime
 
 
 class CancelRequested(DomainEvent):
@@ -317,7 +330,8 @@ class WriteRejected(DomainEvent):
 
 TASK_EVENTS: tuple[type[DomainEvent], ...] = (
     TaskCreated, TaskLeased, LeaseReissued, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
-    AttemptFailed, LeaseExpired, CancelRequested, CancelDelivered, TaskCancelled, AttemptRevoked, WriteRejected,
+    AttemptFailed, LeaseExpired, AttemptTimedOut, CancelRequested, CancelDelivered, TaskCancelled, AttemptRevoked,
+    WriteRejected,
 )
 
 

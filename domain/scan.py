@@ -16,6 +16,7 @@ from domain.errors import InvalidRequest, InvalidTransition
 from domain.events import (
     AttemptFailed,
     AttemptRevoked,
+    AttemptTimedOut,
     DomainEvent,
     ExecutionMode,
     JobStatus,
@@ -50,6 +51,8 @@ def job_status_after(event: DomainEvent) -> JobStatus | None:
             return status or "failed"
         case LeaseExpired(outcome="failed_terminal") | AttemptRevoked(outcome="failed_terminal"):
             return "failed"
+        case AttemptTimedOut():
+            return "timeout"
         case TaskCancelled():
             return "cancelled"
     return None

@@ -15,7 +15,8 @@ Transitions (RFC "Task state machine"):
     leased     -> running          progress or first result
     running    -> running          renew lease (deadline not exceeded)
     leased|running -> retry_wait   lease expired / retryable failure, attempts remain
-    leased|running -> failed_terminal  attempts exhausted / terminal failure
+    leased|running -> failed_terminal  attempts exhausted / terminal failure / execution deadline
+                                   reached while the lease was held (attempt ``timeout``)
     running    -> completed        complete with valid lease and an accepted final batch
     leased|running -> cancelling   cancel requested
     pending|retry_wait -> cancelled  cancel before acquire
@@ -47,6 +48,7 @@ from domain.events import (
     AttemptFailed,
     AttemptRevoked,
     AttemptStatus,
+    AttemptTimedOut,
     CancelChannel,
     CancelDelivered,
     CancelRequested,
@@ -68,6 +70,7 @@ from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 LIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"leased", "running"})
 ACQUIRABLE_STATES: frozenset[str] = frozenset({"pending", "retry_wait"})
 TERMINAL_STATES: frozenset[str] = frozenset({"completed", "failed_terminal", "cancelled"})
+TIMEOUT_ERROR = "execution deadline exceeded"
 
 
 # --- state ----------------------------------------------------------------------------------
@@ -395,11 +398,11 @@ class _Decider:
         if task.state == "cancelled" or (task.state == "cancelling" and not allow_cancelling):
             return "cancelled"
         if not current.live:
-            return "lease_expired" if current.status == "expired" else "finished"
+            return _ENDED_ATTEMPT_REASONS.get(current.status, "finished")
+        if _timed_out(current, self.now):
+            return "deadline_passed"
         if current.lease_expires_at <= self.now:
             return "lease_expired"
-        if current.deadline_at <= self.now:
-            return "deadline_passed"
         return None
 
     def _is_current(self, write: WorkerWrite) -> bool:
@@ -546,26 +549,32 @@ class _Decider:
         current = self._live_attempt(c.attempt_id)
         if current is None or current.lease_expires_at > self.now:
             return []  # renewed or finished meanwhile: nothing to expire
-        if self.task.state == "cancelling":
-            return [self._event(TaskCancelled, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
-                                reason="lease expired while cancelling")]
-        outcome, available_at = self._retry_or_terminal()
-        return [self._event(LeaseExpired, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
-                            outcome=outcome, available_at=available_at)]
+        return self._end_lapsed(current)
 
     def exceed_deadline(self, c: ExceedDeadline) -> list[DomainEvent]:
         current = self._live_attempt(c.attempt_id)
         if current is None or current.deadline_at > self.now:
             return []
+        return self._end_lapsed(current)
+
+    def _end_lapsed(self, current: AttemptState) -> list[DomainEvent]:
+        """End a live attempt whose lease or deadline has passed, by whichever came first.
+
+        An attempt that still held its lease when its deadline arrived timed out (a policy
+        limit: terminal, job ``timeout``); one whose lease ran out first was lost (the recovery
+        path: retry if attempts remain). The time of the sweep does not change which it was.
+        """
+        timed_out = _timed_out(current, self.now)
         if self.task.state == "cancelling":
+            reason = "execution deadline passed while cancelling" if timed_out else "lease expired while cancelling"
             return [self._event(TaskCancelled, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
-                                reason="execution deadline passed while cancelling")]
+                                reason=reason)]
+        if timed_out:
+            return [self._event(AttemptTimedOut, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
+                                deadline_at=current.deadline_at)]
         outcome, available_at = self._retry_or_terminal()
-        return [self._event(
-            AttemptFailed, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
-            error="execution deadline exceeded", retryable=True, reason="deadline", outcome=outcome,
-            available_at=available_at, job_status="timeout" if outcome == "failed_terminal" else None,
-        )]
+        return [self._event(LeaseExpired, scan_job_id=self.task.scan_job_id, attempt_id=current.id,
+                            outcome=outcome, available_at=available_at)]
 
     def request_cancel(self, c: RequestCancel) -> list[DomainEvent]:
         state = self.task.state
@@ -610,6 +619,15 @@ class _Decider:
                             attempt_id=current.id if current is not None and current.live else None,
                             reason="not acknowledged in time; terminated by the gateway")]
 
+
+def _timed_out(attempt: AttemptState, now: datetime) -> bool:
+    """The attempt reached its execution deadline while still holding its lease (leases are
+    capped at the deadline, so a lease renewed on time runs exactly up to it)."""
+    return attempt.deadline_at <= now and attempt.deadline_at <= attempt.lease_expires_at
+
+
+# Why a write on an attempt that has already ended is refused, by how it ended.
+_ENDED_ATTEMPT_REASONS: dict[str, str] = {"expired": "lease_expired", "timeout": "deadline_passed"}
 
 _REJECTION_ERRORS: dict[str, type[LeaseholdError]] = {
     "superseded": LeaseLost, "bad_token": LeaseLost, "lease_expired": LeaseLost, "finished": LeaseLost,
@@ -734,6 +752,13 @@ def _(e: LeaseExpired, task: TaskState | None) -> TaskState:
                  finished_at=e.timestamp if terminal else None,
                  current_attempt=_attempt(task, status="expired", finished_at=e.timestamp,
                                           error="lease expired"))
+
+
+@evolve.register
+def _(e: AttemptTimedOut, task: TaskState | None) -> TaskState:
+    assert task is not None
+    return _step(task, e, state="failed_terminal", last_error=TIMEOUT_ERROR, finished_at=e.timestamp,
+                 current_attempt=_attempt(task, status="timeout", finished_at=e.timestamp, error=TIMEOUT_ERROR))
 
 
 @evolve.register

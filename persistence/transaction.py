@@ -172,6 +172,12 @@ class Transaction:
     async def savepoint(self) -> AsyncIterator[None]:
         """A block whose writes are undone, alone, if it raises (the error propagates)."""
         await self._flush()
+        # libpq learns the transaction status from a pipeline sync only: before one, our BEGIN
+        # still looks IDLE, psycopg would take this block for the outermost transaction and
+        # COMMIT at its end, ending the command's transaction (and releasing its row locks)
+        # halfway. Synced, psycopg sees the open transaction and makes a real savepoint.
+        async with self._conn.pipeline() as pipeline:
+            await pipeline.sync()
         topics = len(self._topics)
         try:
             async with self._conn.transaction():

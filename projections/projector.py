@@ -20,6 +20,7 @@ from typing import Any
 
 from domain import events as ev
 from domain.task import ACKNOWLEDGED_BY_WORKER
+from domain.task import TIMEOUT_ERROR
 from projections.rows import Insert, RowOp, Update, Upsert
 
 
@@ -258,12 +259,13 @@ def _(e: ev.TaskCompleted, hash: bytes) -> list[RowOp]:
     ]
 
 
-def _attempt_ended(e: ev.AttemptFailed | ev.LeaseExpired | ev.AttemptRevoked, hash: bytes, *, attempt_status: str,
-                   error: str, job_status: str) -> list[RowOp]:
-    terminal = e.outcome == "failed_terminal"
-    task_values: dict[str, Any] = {"state": e.outcome, "last_error": error,
+def _attempt_ended(e: ev.AttemptFailed | ev.LeaseExpired | ev.AttemptRevoked | ev.AttemptTimedOut, hash: bytes,
+                   *, attempt_status: str, error: str, job_status: str) -> list[RowOp]:
+    outcome = "failed_terminal" if isinstance(e, ev.AttemptTimedOut) else e.outcome
+    terminal = outcome == "failed_terminal"
+    task_values: dict[str, Any] = {"state": outcome, "last_error": error,
                                       "finished_at": e.timestamp if terminal else None}
-    if e.available_at is not None:
+    if not isinstance(e, ev.AttemptTimedOut) and e.available_at is not None:
         task_values["available_at"] = e.available_at
     ops: list[RowOp] = [
         _head("worker_tasks", e, hash, **task_values),
@@ -287,6 +289,11 @@ def _(e: ev.LeaseExpired, hash: bytes) -> list[RowOp]:
 @project.register
 def _(e: ev.AttemptRevoked, hash: bytes) -> list[RowOp]:
     return _attempt_ended(e, hash, attempt_status="cancelled", error=e.reason, job_status="failed")
+
+
+@project.register
+def _(e: ev.AttemptTimedOut, hash: bytes) -> list[RowOp]:
+    return _attempt_ended(e, hash, attempt_status="timeout", error=TIMEOUT_ERROR, job_status="timeout")
 
 
 @project.register

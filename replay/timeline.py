@@ -200,6 +200,9 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
         case ev.LeaseExpired():
             retry = f", retry after {_at(event.available_at)}" if event.available_at else ""
             return f"{attempt(event.attempt_id)} lease expired -> {event.outcome}{retry}"
+        case ev.AttemptTimedOut():
+            return (f"{attempt(event.attempt_id)} timed out: execution deadline {_at(event.deadline_at)} reached"
+                    " -> failed_terminal")
         case ev.CancelRequested():
             return f"cancel requested: {event.reason}"
         case ev.CancelDelivered():

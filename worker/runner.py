@@ -6,7 +6,7 @@ While the plugin runs, five things happen at once:
 * **sender** — report ``progress``, then send each cut batch until it is acknowledged;
 * **renewer** — renew the lease every ``lease_seconds / 3``; a renewal saying
   ``cancel_requested`` (or a 409) stops the plugin;
-* **watchdog** — stop the plugin shortly before the attempt's execution deadline;
+* **watchdog** — stop the plugin so that it is gone by the attempt's execution deadline;
 * **batch timer** — cut a batch when its oldest record is ``batch_seconds`` old.
 
 The first of these to have something to say decides how the attempt ends (:class:`Ending`):
@@ -16,7 +16,8 @@ plugin exited 0         ``complete`` carrying the final batch
 plugin failed           ``fail`` with exit code and stderr tail (not retried: exit code 2,
                         or an ``error`` record with ``"retryable": false``)
 invalid output          stop the plugin, ``fail`` (retryable) naming the line
-deadline                stop the plugin, ``fail`` (retryable), "execution deadline reached"
+deadline                stop the plugin, write nothing: the Gateway ends the attempt as a
+                        ``timeout`` at the deadline (never retried)
 cancel requested        stop the plugin, ``cancel-ack``
 lease lost              stop the plugin, write nothing more (someone else owns the task now)
 worker shutting down    stop the plugin, ``fail`` (retryable)
@@ -100,7 +101,7 @@ class AcquireTiming:
 
 
 class TaskRunner:
-    """Runs one lease to its end; :meth:`run` returns the outcome (completed, failed, cancelled, lost)."""
+    """Runs one lease to its end; :meth:`run` returns the outcome (completed, failed, timeout, cancelled, lost)."""
 
     def __init__(self, lease: LeaseInfo, timing: AcquireTiming, *, client: GatewayClient,
                  settings: WorkerSettings, resolver: PluginResolver, status: Status) -> None:
@@ -114,7 +115,8 @@ class TaskRunner:
         self._timing = timing
         self._lease_valid_until = timing.base + lease_span
         self._deadline_hard = timing.base + timeout
-        # Stop the plugin early enough that the ``fail`` still arrives before the Gateway's deadline.
+        # Start stopping the plugin early enough (SIGTERM, then SIGKILL after the grace) that it is
+        # gone by the Gateway's deadline.
         self._safety = min(settings.kill_grace_seconds + 1.0, 0.25 * timeout)
         self._deadline = self._deadline_hard - self._safety
         self._endings: asyncio.Queue[Ending] = asyncio.Queue()
@@ -257,10 +259,14 @@ class TaskRunner:
             return await self._fail(f"invalid output from plugin {self.task.task_type}: {ending.detail}; "
                                     f"plugin stopped{self._stderr_suffix(plugin)}", retryable=True)
         if ending.kind == "deadline":
-            return await self._fail(
-                f"execution deadline reached: plugin {self.task.task_type} stopped after {self._elapsed()}s "
-                f"(execution timeout {self.task.execution_timeout_seconds}s){self._stderr_suffix(plugin)}",
-                retryable=True)
+            # The deadline is the Gateway's policy limit: it ends the attempt as a timeout itself
+            # (terminal, job ``timeout``). A ``fail`` sent now would arrive before the deadline and
+            # turn the timeout into a retried failure, so nothing more is written.
+            log.warning("execution deadline reached; plugin stopped, the Gateway ends the attempt as a timeout",
+                        extra={**self.log_fields, "seconds": self._elapsed(),
+                               "execution_timeout_seconds": self.task.execution_timeout_seconds,
+                               "stderr": self._stderr_suffix(plugin)})
+            return "timeout"
         if ending.kind == "shutdown":
             return await self._fail(f"worker shutting down: plugin {self.task.task_type} stopped after "
                                     f"{self._elapsed()}s before it finished ({ending.detail})", retryable=True)

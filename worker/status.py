@@ -1,6 +1,6 @@
 """What the worker is doing, for people and machines.
 
-:class:`Status` counts tasks (running, completed, failed, cancelled, lost) and knows the running
+:class:`Status` counts tasks (running, completed, failed, timeout, cancelled, lost) and knows the running
 ones. Two views show it on stderr: :class:`RichStatusView`, a live table when stderr is a
 terminal, and :class:`LogStatusView`, one ``status`` log line per change (plain text, or JSON
 with ``--log-format json``).
@@ -19,7 +19,7 @@ __all__ = ["LogStatusView", "RichStatusView", "RunningTask", "Status"]
 
 log = logging.getLogger("leasehold.worker.status")
 
-OUTCOMES = ("completed", "failed", "cancelled", "lost")
+OUTCOMES = ("completed", "failed", "timeout", "cancelled", "lost")
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Status:
     def line(self) -> str:
         s = self.summary()
         text = (f"running {s['running']}/{s['capacity']} · completed {s['completed']} · failed {s['failed']}"
-                f" · cancelled {s['cancelled']} · lost {s['lost']}")
+                f" · timeout {s['timeout']} · cancelled {s['cancelled']} · lost {s['lost']}")
         if self.gateway_problem:
             text += f" · gateway unavailable ({self.gateway_problem})"
         if self.stopping:

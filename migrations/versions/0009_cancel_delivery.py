@@ -12,7 +12,7 @@ Two analyst views:
 * ``cancellation_latency_by_organization``: per organisation, counts and the two legs
   (request -> delivery, delivery -> acknowledgement) as mean, median, p95 and max.
 
-Revision ID: 0009_cancel_delivery
+Revision ID: 0009
 Revises: 0008
 """
 

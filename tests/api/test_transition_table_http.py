@@ -6,11 +6,14 @@ second time to check the idempotency rule), and checks the answer and the task s
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 import pytest
 
+from domain.retry import RetryPolicy
 from support.gateway import RunningGateway, WorkerClient
 
 
@@ -62,12 +65,41 @@ async def test_transition_row(gateway: RunningGateway, before: str, action: str,
         assert r1.body["task"]["state"] == after  # every answer states the task state
 
 
-async def test_cancel_before_acquire_and_acquire_after_backoff(gateway: RunningGateway) -> None:
+async def test_cancel_before_acquire_cancels_at_once(gateway: RunningGateway) -> None:
     worker = await gateway.worker()
     task = await gateway.task()
     await gateway.lifecycle.request_cancel(task)  # pending -> cancelled
     assert await gateway.count("SELECT state FROM worker_tasks") == "cancelled"
     assert (await worker.acquire()).status == 204
+
+
+async def test_acquire_after_backoff(gateway: RunningGateway) -> None:
+    """retry_wait -> leased only once ``available_at`` has passed: a failed attempt's task is not
+    handed out during its backoff (0.8 s here, no jitter), then is, as attempt 2."""
+    gateway.lifecycle.retry_policy = RetryPolicy(base_seconds=0.8, cap_seconds=0.8, jitter=0.0)
+    worker = await gateway.worker()
+    task = await gateway.task(max_attempts=2)
+    lease = (await worker.acquire()).body["lease"]
+    await worker.write(lease, "progress")
+    failed = await worker.write(lease, "fail", error="flaky target")
+    assert failed.status == 200 and failed.body["task"]["state"] == "retry_wait"
+    available_at = await gateway.count("SELECT available_at FROM worker_tasks WHERE id = %s", task)
+    failed_at = await gateway.count("SELECT finished_at FROM worker_task_attempts WHERE task_id = %s", task)
+    assert available_at - failed_at == timedelta(seconds=0.8)  # the backoff, not "at once"
+    refused_during_backoff = 0
+    while True:
+        reply = await worker.acquire()
+        now = await gateway.count("SELECT now()")
+        if reply.status == 200:
+            break
+        assert reply.status == 204 and now < available_at + timedelta(seconds=5), (reply.status, now)
+        refused_during_backoff += 1
+        await asyncio.sleep(0.05)
+    assert refused_during_backoff > 0
+    again = reply.body["lease"]
+    assert again["task"]["id"] == str(task) and again["attempt_id"] != lease["attempt_id"]
+    assert now >= available_at  # handed out only after the backoff
+    assert await gateway.count("SELECT attempt_count FROM worker_tasks WHERE id = %s", task) == 2
 
 
 async def test_gateway_restart_keeps_leases(database_url: str, pki: Any) -> None:

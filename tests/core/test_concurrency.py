@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from domain.errors import IdempotencyConflict, LeaseholdError, LeaseLost
+from domain.errors import IdempotencyConflict, LeaseLost
 from domain.results import payload_sha256
 from support.core import World
+from support.locks import rows_locked, waits_while_running
 
 
 async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
@@ -27,6 +28,22 @@ async def test_fifty_acquirers_over_twenty_tasks_never_lease_one_twice(world: Wo
     assert await rows(pool, "SELECT task_id, count(*) FROM worker_task_attempts GROUP BY task_id"
                       " HAVING count(*) > 1") == []
     assert await rows(pool, "SELECT count(*) FROM worker_tasks WHERE attempt_count = 1") == [(20,)]
+
+
+async def test_an_acquire_skips_a_task_another_transaction_holds_instead_of_waiting(
+        world: World, pool: Any, database_url: str) -> None:
+    """``FOR UPDATE SKIP LOCKED``: the task an acquire would pick first is row-locked by an open
+    transaction on another connection; the acquire takes the next one at once, waiting for no lock."""
+    first = await world.task(priority=9)
+    second = await world.task(priority=1)
+    worker, other = await world.worker(), await world.worker()
+    async with rows_locked(database_url, "SELECT id FROM worker_tasks WHERE id = %s FOR UPDATE", (first,)) as holder:
+        job, waiting = await waits_while_running(pool, holder, world.lifecycle.acquire(worker))
+    acquired = await asyncio.wait_for(job, 10)
+    assert waiting == [], f"the acquire waited for the locked task: {waiting}"
+    assert acquired is not None and acquired.task.id == second
+    unlocked = await world.lifecycle.acquire(other)  # once let go, the first one is leased as usual
+    assert unlocked is not None and unlocked.task.id == first
 
 
 async def test_capacity_holds_under_twenty_concurrent_acquires(world: World, pool: Any) -> None:
@@ -101,31 +118,6 @@ async def test_racing_batches_with_one_key_and_different_payloads_keep_exactly_o
     assert len(accepted) == 1
     assert all(isinstance(r, IdempotencyConflict) for r in results if isinstance(r, BaseException))
     assert await rows(pool, "SELECT count(*) FROM worker_result_batches") == [(1,)]
-
-
-@pytest.mark.parametrize("rounds", [5])
-async def test_sweepers_racing_with_completions_never_double_finish(world: World, pool: Any,
-                                                                   rounds: int) -> None:
-    workers = [await world.worker() for _ in range(10)]
-    leases = [await world.running(w, lease_seconds=10) for w in workers]
-    for a, w in zip(leases, workers, strict=True):
-        await world.final_batch(w, a)
-    world.clock.advance(9.999)  # leases still valid for the completions, expiring for the sweeper soon
-
-    async def complete(w: Any, a: Any) -> Any:
-        try:
-            return await world.lifecycle.complete(w, a.task.id, a.attempt.id, a.lease_token)
-        except LeaseholdError as exc:
-            return exc
-
-    async def sweep() -> int:
-        world.clock.advance(0)
-        return sum([await world.lifecycle.expire_leases() for _ in range(rounds)])
-
-    await asyncio.gather(sweep(), *(complete(w, a) for w, a in zip(workers, leases, strict=True)))
-    states = await rows(pool, "SELECT state, count(*) FROM worker_tasks GROUP BY state")
-    assert states == [("completed", 10)]
-    assert await rows(pool, "SELECT count(*) FROM worker_task_attempts WHERE status = 'succeeded'") == [(10,)]
 
 
 async def test_identical_acquire_requests_racing_lease_one_task(world: World, pool: Any) -> None:

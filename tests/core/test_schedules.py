@@ -26,6 +26,7 @@ from persistence.transaction import Database
 from projections.compare import diff
 from replay.fold import fold
 from support.core import ManualClock, World, assert_log_rebuilds_live
+from support.locks import rows_locked, waits_while_running
 
 PROFILE = (ProfileStep(task_type="probe"),)
 TARGETS = {"targets": ["10.0.0.1"]}
@@ -77,6 +78,67 @@ async def test_racing_claimers_create_exactly_one_scan_per_slot(world: World, po
                         (list(scans),)) == slots
     assert await next_run_at(pool, sid) == clock.now + timedelta(seconds=60)
     assert await asyncio.gather(*(c.claim_due() for c in claimers)) == [0, 0, 0]
+    await assert_log_rebuilds_live(database_url)
+
+
+async def test_a_claimer_skips_a_schedule_another_claimer_holds_instead_of_waiting(
+        world: World, pool: AsyncConnectionPool, clock: ManualClock, database_url: str) -> None:
+    """``FOR UPDATE SKIP LOCKED``: while another transaction holds the earliest due schedule, a
+    claimer takes the others at once, waits for no lock and leaves the held one alone."""
+    schedules = Schedules(Database(pool), clock=clock)
+    ids = [await schedules.create(world.org, name=f"s{i}", targets=TARGETS, profile=PROFILE,
+                                  interval_seconds=60 + i) for i in range(4)]
+    clock.advance(120)
+    held = ids[0]  # the earliest next_run_at: first in the claim's order
+    async with rows_locked(database_url, "SELECT id FROM scheduled_scans WHERE id = %s FOR UPDATE",
+                           (held,)) as holder:
+        job, waiting = await waits_while_running(pool, holder, schedules.claim_due(limit=10))
+    handled = await asyncio.wait_for(job, 10)
+    assert waiting == [], f"the claim waited for the held schedule: {waiting}"
+    assert handled == 3
+    assert [len(await fired(pool, sid)) for sid in ids] == [0, 1, 1, 1]
+    assert await schedules.claim_due(limit=10) == 1  # once let go, it is claimed as usual
+    assert [len(await fired(pool, sid)) for sid in ids] == [1, 1, 1, 1]
+
+
+async def test_concurrent_claimers_each_claim_distinct_schedules_without_waiting_or_failing(
+        world: World, pool: AsyncConnectionPool, clock: ManualClock, database_url: str) -> None:
+    """Eight claimers (eight connections) at once over twenty-four due schedules, three each:
+    every schedule fires exactly once, every claimer gets a share of its own, none raises, and
+    no claim is ever seen waiting for another's lock."""
+    claimers = [Schedules(Database(pool), clock=clock) for _ in range(8)]
+    ids = [await claimers[0].create(world.org, name=f"s{i}", targets=TARGETS, profile=PROFILE,
+                                    interval_seconds=60) for i in range(24)]
+    clock.advance(61)
+    # The claims hold their transactions open while they create scans; a watcher samples the
+    # server's row-lock waits throughout. (Committing transactions that NOTIFY queue for one
+    # database-wide lock, a wait on an ``object``: not a claim colliding with another.)
+    seen_waiting: list[tuple[Any, ...]] = []
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT pid, wait_event, left(query, 120) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
+                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')")
+                seen_waiting.extend(await cur.fetchall())
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        handled = await asyncio.gather(*(c.claim_due(limit=3) for c in claimers), return_exceptions=True)
+    finally:
+        done.set()
+        await watcher
+    assert not [h for h in handled if isinstance(h, BaseException)], handled
+    assert handled == [3] * 8, handled
+    assert seen_waiting == []
+    assert [len(await fired(pool, sid)) for sid in ids] == [1] * 24
+    claimed_by = await scalar(pool, "SELECT count(DISTINCT transaction_id) FROM events"
+                                    " WHERE originator_id = ANY(%s::uuid[]) AND topic LIKE '%%ScheduleFired'", (ids,))
+    assert claimed_by == 8  # eight transactions, three schedules each: no schedule claimed twice
     await assert_log_rebuilds_live(database_url)
 
 

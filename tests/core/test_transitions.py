@@ -54,22 +54,31 @@ async def test_acquire_leases_pending_task_and_records_attempt(world: World, poo
     assert await scalar(pool, "SELECT status FROM scans") == "running"
 
 
-@pytest.mark.parametrize("case", ["unassigned", "wrong_type", "missing_capability", "disabled_assignment"])
+@pytest.mark.parametrize("case", ["eligible", "unassigned", "wrong_type", "missing_capability",
+                                  "disabled_assignment"])
 async def test_acquire_requires_assignment_and_capability(world: World, pool: Any, case: str) -> None:
-    other_org = await world.registry.create_organization("other")
+    """Each refused case differs from the eligible worker in exactly one respect, so each is
+    refused for the reason it names (the eligible case shows nothing else is missing)."""
+    able = ("ipv4", "ipv6")
     if case == "unassigned":
-        worker = await world.worker(org=other_org)
+        worker = await world.worker(capabilities=able, org=await world.registry.create_organization("other"))
     elif case == "wrong_type":
-        worker = await world.worker(task_types=("something-else",))
+        worker = await world.worker(capabilities=able, task_types=("something-else",))
     elif case == "missing_capability":
         worker = await world.worker(capabilities=("ipv4",))
     else:
-        worker = await world.worker()
-        async with pool.connection() as conn:  # the operator API for this arrives with the Gateway
-            await conn.execute("UPDATE organization_workers SET enabled = false")
-    await world.task(required_capabilities=("ipv4", "ipv6"))
-    assert await world.lifecycle.acquire(worker) is None
-    assert await scalar(pool, "SELECT state FROM worker_tasks") == "pending"
+        worker = await world.worker(capabilities=able)
+    if case == "disabled_assignment":
+        async with pool.connection() as conn:
+            await conn.execute("UPDATE organization_workers SET enabled = false WHERE worker_id = %s", (worker,))
+    task_id = await world.task(required_capabilities=able)
+    acquired = await world.lifecycle.acquire(worker)
+    if case == "eligible":
+        assert acquired is not None and acquired.task.id == task_id
+        assert await scalar(pool, "SELECT state FROM worker_tasks") == "leased"
+    else:
+        assert acquired is None
+        assert await scalar(pool, "SELECT state FROM worker_tasks") == "pending"
 
 
 async def test_acquire_respects_capacity_and_priority(world: World) -> None:
@@ -134,19 +143,26 @@ async def test_renew_is_capped_at_and_refused_after_the_deadline(world: World, p
     assert renewed.task.current_attempt is not None
     assert renewed.task.current_attempt.lease_expires_at == a.attempt.deadline_at
     world.clock.advance(45)  # past the deadline, lease also gone
-    with pytest.raises(LeaseLost):
+    with pytest.raises(DeadlineExceeded):
         await world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)
     assert (await topics(pool, a.task.id))[-1] == "WriteRejected"
 
 
-async def test_deadline_checked_even_when_lease_still_valid(world: World) -> None:
+async def test_deadline_checked_even_when_renewed_on_time(world: World, pool: Any) -> None:
+    """Renewed on time, the lease runs exactly to the deadline: at that instant the write is
+    refused for the deadline (409 deadline-exceeded), not as a lost lease."""
     worker = await world.worker()
     a = await world.running(worker, lease_seconds=60, execution_timeout_seconds=100)
     world.clock.advance(50)
     await world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)  # lease to t=100
-    world.clock.advance(50)  # exactly the deadline; the lease ends at the same instant
-    with pytest.raises((DeadlineExceeded, LeaseLost)):
+    world.clock.advance(49.999)
+    await world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)  # still on time
+    world.clock.advance(0.001)  # exactly the deadline; the lease ends at the same instant
+    with pytest.raises(DeadlineExceeded) as refused:
         await world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)
+    assert refused.value.details["reason"] == "deadline_passed"
+    assert await scalar(pool, "SELECT data->>'reason' FROM analyst_events WHERE event_type = 'WriteRejected'") == (
+        "deadline_passed")
 
 
 # running -> completed -----------------------------------------------------------------------
@@ -274,15 +290,25 @@ async def test_retryable_failure_retries_and_terminal_failure_ends(world: World,
     assert await scalar(pool, "SELECT status FROM scan_jobs") == "failed"
 
 
-async def test_deadline_sweeper_fails_the_attempt_as_timeout(world: World, pool: Any) -> None:
+async def test_deadline_sweeper_ends_an_attempt_renewed_on_time_as_a_timeout(world: World, pool: Any) -> None:
+    """Attempts remain, yet the deadline is a policy limit: attempt ``timeout``, task terminal,
+    job ``timeout``, one ``AttemptTimedOut`` event; a late write is refused for the deadline."""
     worker = await world.worker()
-    a = await world.running(worker, lease_seconds=60, execution_timeout_seconds=90, max_attempts=1)
+    a = await world.running(worker, lease_seconds=60, execution_timeout_seconds=90, max_attempts=3)
     world.clock.advance(50)
     await world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)
     world.clock.advance(41)
-    assert await world.lifecycle.exceed_deadlines() == 1
+    assert await world.lifecycle.expire_leases() == 1  # the lease ended with the deadline: either sweep
+    assert await world.lifecycle.exceed_deadlines() == 0  # ... ends it once
     assert await scalar(pool, "SELECT state FROM worker_tasks") == "failed_terminal"
+    assert await scalar(pool, "SELECT status FROM worker_task_attempts") == "timeout"
     assert await scalar(pool, "SELECT status FROM scan_jobs") == "timeout"
+    assert (await topics(pool, a.task.id))[-1] == "AttemptTimedOut"
+    assert await scalar(pool, "SELECT reason FROM attempt_failures") == "execution deadline exceeded"
+    assert await scalar(pool, "SELECT row(timed_out, failed, expired, attempt_failure_rate)::text"
+                              " FROM task_type_reliability") == "(1,0,0,1.0000)"
+    with pytest.raises(DeadlineExceeded):
+        await world.lifecycle.fail(worker, a.task.id, a.attempt.id, a.lease_token, error="late")
 
 
 # cancellation -------------------------------------------------------------------------------

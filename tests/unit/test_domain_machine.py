@@ -3,7 +3,7 @@ against a simple model of the RFC's transition table (no database, no clock, no 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from domain.errors import InvalidTransition
-from domain.events import AttemptRevoked, CancelDelivered, WriteRejected
+from domain.events import AttemptRevoked, AttemptTimedOut, CancelDelivered, LeaseExpired, TaskCancelled, WriteRejected
 from domain.retry import DEFAULT_RETRY_POLICY
 from domain.task import (
     AcknowledgeCancel,
@@ -51,6 +51,13 @@ OTHER_TYPE_WORKER = replace(WORKER, id=UUID(int=98), task_types=frozenset({"dns"
 MISSING_CAPABILITY_WORKER = replace(WORKER, id=UUID(int=97), capabilities=frozenset({"udp"}))
 
 
+@dataclass(frozen=True)
+class Sweep:
+    attempt: AttemptState
+    decided_at: datetime
+    events: tuple[object, ...]
+
+
 def token_hash(n: int) -> str:
     return f"{n:064x}"
 
@@ -67,6 +74,7 @@ class TaskMachine(RuleBasedStateMachine):
         self.batches = 0
         self.final_accepted = False
         self.deliveries = 0  # CancelDelivered events on the task (one cancellation at most)
+        self.sweeps: list[Sweep] = []  # every sweep decision: the attempt it named, when, and its events
 
     def _id(self) -> UUID:
         self.ids += 1
@@ -106,10 +114,13 @@ class TaskMachine(RuleBasedStateMachine):
         self.deliveries += sum(isinstance(e, CancelDelivered) for e in events)
         return list(events)
 
-    def _after_attempt_ended(self, before: TaskState) -> str:
-        """Where a task goes when its attempt ends without success (lease or deadline)."""
+    def _after_attempt_ended(self, before: TaskState, *, timed_out: bool) -> str:
+        """Where a task goes when its attempt ends without success: a deadline reached while the
+        lease was held is a terminal timeout, a lapsed lease retries while attempts remain."""
         if before.state == "cancelling":
             return "cancelled"
+        if timed_out:
+            return "failed_terminal"
         return "retry_wait" if before.attempt_count < before.max_attempts else "failed_terminal"
 
     # gateway ----------------------------------------------------------------------------
@@ -136,16 +147,42 @@ class TaskMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: int) -> None:
         self.now += timedelta(seconds=seconds)
 
-    @rule(end=st.sampled_from(["lease", "deadline"]))
-    def sweep(self, end: str) -> None:
-        """The sweeper ends the current attempt once its lease or its deadline has passed."""
+    @rule(limit=st.sampled_from(["lease", "deadline"]), offset=st.sampled_from([-0.001, 0.0, 1.0]))
+    def time_reaches(self, limit: str, offset: float) -> None:
+        """Time moves to just before, exactly to, or past the current attempt's lease end or deadline."""
+        current = self.task.current_attempt
+        if current is not None and current.live:
+            at = (current.lease_expires_at if limit == "lease" else current.deadline_at) + timedelta(seconds=offset)
+            self.now = max(self.now, at)
+
+    @rule()
+    def renew_on_time_until_the_deadline(self) -> None:
+        """The worker renews every half lease, so its lease ends up capped at the deadline."""
+        current = self.task.current_attempt
+        while (current is not None and self._valid(current, current.lease_token_hash)
+               and current.lease_expires_at < current.deadline_at):
+            self._apply(Renew(current, current.lease_token_hash))
+            current = self.task.current_attempt
+            assert current is not None
+            self.now = min(self.now + timedelta(seconds=self.task.lease_seconds / 2), current.deadline_at)
+
+    @rule(end=st.sampled_from(["lease", "deadline"]), when=st.sampled_from(["now", "lease", "deadline"]))
+    def sweep(self, end: str, when: str) -> None:
+        """The sweeper names the current attempt, whether or not its lease or deadline has passed:
+        a sweeper's listing can be stale (the attempt renewed since), and the decision on the
+        state as it is now must leave such an attempt alone. ``when``: the sweep runs now, or
+        once the clock has reached the attempt's lease end or deadline."""
+        if when != "now":
+            self.time_reaches(when, 0.0)
         before, current = self.task, self.task.current_attempt
         if current is None:
             return
         ends_at = current.lease_expires_at if end == "lease" else current.deadline_at
         due = current.live and ends_at <= self.now
-        self._apply(ExpireLease(current.id) if end == "lease" else ExceedDeadline(current.id))
-        assert self.task.state == (self._after_attempt_ended(before) if due else before.state)
+        timed_out = current.deadline_at <= self.now and current.deadline_at <= current.lease_expires_at
+        events = self._apply(ExpireLease(current.id) if end == "lease" else ExceedDeadline(current.id))
+        self.sweeps.append(Sweep(current, self.now, tuple(events)))
+        assert self.task.state == (self._after_attempt_ended(before, timed_out=timed_out) if due else before.state)
 
     @rule()
     def cancel(self) -> None:
@@ -305,6 +342,22 @@ class TaskMachine(RuleBasedStateMachine):
     def a_cancel_is_delivered_once_at_most(self) -> None:
         assert self.deliveries <= 1
         assert (self.deliveries == 1) == (self.task.cancel_delivered_at is not None)
+
+    @invariant()
+    def a_sweep_only_ends_leases_that_had_expired_when_it_decided(self) -> None:
+        """Every attempt a sweep ended had lost its lease, or reached its deadline, by the time of
+        the decision, judged on the attempt as it was then (renewals included); a timeout only
+        when the lease was still held at the deadline, a lease expiry only when it was not."""
+        for sweep in self.sweeps:
+            attempt, at = sweep.attempt, sweep.decided_at
+            for event in sweep.events:
+                assert attempt.live and min(attempt.lease_expires_at, attempt.deadline_at) <= at, (attempt, at)
+                if isinstance(event, LeaseExpired):
+                    assert attempt.lease_expires_at <= at and attempt.lease_expires_at < attempt.deadline_at
+                elif isinstance(event, AttemptTimedOut):
+                    assert attempt.deadline_at <= at and attempt.deadline_at <= attempt.lease_expires_at
+                else:
+                    assert isinstance(event, TaskCancelled), event
 
     @invariant()
     def attempt_count_bounded(self) -> None:

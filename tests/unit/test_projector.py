@@ -127,6 +127,15 @@ def _retried_then_failed(story: Story) -> None:
     story.wait(60).lease().wait(601).apply(ExceedDeadline(story.attempt.id))
 
 
+def _timed_out(story: Story) -> None:
+    story.wait(1).run()
+    while story.attempt.lease_expires_at < story.attempt.deadline_at:  # renewed on time up to the deadline
+        story.wait(30).apply(Renew(story.attempt, story.token))
+    story.now = story.attempt.deadline_at
+    story.apply(ExceedDeadline(story.attempt.id))
+    assert story.attempt.status == "timeout"
+
+
 def _cancelled_while_running(story: Story) -> None:
     story.apply(ReissueLease(story.attempt.id, token_hash(9)))
     story.wait(2).run().wait(2).apply(RequestCancel(reason="operator"))
@@ -173,7 +182,7 @@ def _revoked_while_cancelling(story: Story) -> None:
     story.wait(1).apply(RevokeAttempt(story.attempt.id, "worker disabled"))
 
 
-@pytest.mark.parametrize("lifecycle", [_completed, _retried_then_failed, _cancelled_while_running,
+@pytest.mark.parametrize("lifecycle", [_completed, _retried_then_failed, _timed_out, _cancelled_while_running,
                                        _cancel_terminated, _cancelled_in_retry_wait,
                                        _cancel_delivered_on_renew_then_acknowledged,
                                        _cancel_delivered_on_long_poll_then_terminated,

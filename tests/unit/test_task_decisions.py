@@ -24,6 +24,7 @@ from domain.errors import (
 from domain.events import (
     AttemptFailed,
     AttemptRevoked,
+    AttemptTimedOut,
     CancelDelivered,
     CancelRequested,
     LeaseExpired,
@@ -39,7 +40,9 @@ from domain.events import (
     WriteRejected,
 )
 from domain.retry import RetryPolicy
+from domain.scan import job_status_after
 from domain.task import (
+    TIMEOUT_ERROR,
     AcknowledgeCancel,
     BatchRecord,
     Complete,
@@ -288,14 +291,35 @@ def test_a_write_of_a_failed_attempt_is_refused_as_finished() -> None:
     assert _rejection(story.decide(Renew(story.attempt, story.token))) == "finished"
 
 
-def test_a_write_past_the_deadline_is_refused_as_deadline_passed() -> None:
-    """A lease never outlives the deadline, so only a state built by hand reaches this check:
-    the fence still says why, should the two ever disagree."""
-    story = leased()
-    story.task = replace(story.task, current_attempt=replace(
-        story.attempt, lease_expires_at=START + timedelta(seconds=100), deadline_at=START + timedelta(seconds=50)))
-    assert story.wait(49).decide(MarkRunning(story.attempt, story.token))
-    assert _rejection(story.wait(1).decide(MarkRunning(story.attempt, story.token))) == "deadline_passed"
+def renewed_to_the_deadline(story: Story) -> Story:
+    """Renew on time (every half lease) until the lease is capped at the execution deadline."""
+    while story.attempt.lease_expires_at < story.attempt.deadline_at:
+        story.wait(story.task.lease_seconds / 2).apply(Renew(story.attempt, story.token))
+    return story
+
+
+def test_a_write_at_the_deadline_of_an_attempt_renewed_on_time_is_refused_as_deadline_passed() -> None:
+    """The lease runs exactly up to the deadline, so at that instant both have passed: the
+    deadline is the reason (the attempt did not lose its lease, it ran out of time)."""
+    story = renewed_to_the_deadline(running(lease_seconds=60, execution_timeout_seconds=100))
+    assert story.attempt.lease_expires_at == story.attempt.deadline_at == START + timedelta(seconds=100)
+    story.now = story.attempt.deadline_at - timedelta(milliseconds=1)
+    assert isinstance(story.decide(Renew(story.attempt, story.token))[0], LeaseRenewed)
+    assert _rejection(story.wait(0.001).decide(Renew(story.attempt, story.token))) == "deadline_passed"
+    assert _rejection(story.decide(MarkRunning(story.attempt, story.token))) == "deadline_passed"
+
+
+def test_a_write_after_a_lease_that_lapsed_before_the_deadline_is_refused_as_lease_expired() -> None:
+    story = running(lease_seconds=60, execution_timeout_seconds=600).wait(700)  # past both
+    assert _rejection(story.decide(Renew(story.attempt, story.token))) == "lease_expired"
+
+
+def test_a_write_of_a_timed_out_attempt_is_refused_as_deadline_passed() -> None:
+    story = renewed_to_the_deadline(running(lease_seconds=60, execution_timeout_seconds=100))
+    story.now = story.attempt.deadline_at
+    story.apply(ExceedDeadline(story.attempt.id))
+    assert story.attempt.status == "timeout"
+    assert _rejection(story.decide(Fail(story.attempt, story.token, error="late"))) == "deadline_passed"
 
 
 def test_a_write_to_a_cancelling_task_is_refused_as_cancelled() -> None:
@@ -704,27 +728,51 @@ def test_the_sweeper_leaves_other_and_ended_attempts_alone() -> None:
     assert story.decide(ExpireLease(story.attempt.id)) == []
 
 
-def test_a_passed_deadline_fails_the_attempt_as_a_timeout() -> None:
-    story = running(execution_timeout_seconds=600, max_attempts=1)
-    assert story.wait(599.999).decide(ExceedDeadline(story.attempt.id)) == []
-    (event,) = story.wait(0.001).apply(ExceedDeadline(story.attempt.id))
-    assert isinstance(event, AttemptFailed)
-    assert (event.reason, event.retryable, event.outcome, event.job_status, event.error) == (
-        "deadline", True, "failed_terminal", "timeout", "execution deadline exceeded")
+def test_a_sweep_leaves_alone_a_lease_renewed_since_the_sweeper_listed_it() -> None:
+    """A sweeper lists lapsed leases from a snapshot; by the time it decides on the task (locked,
+    read afresh), the worker may have renewed: the old lease end has passed, the new one has not."""
+    story = running(lease_seconds=60)
+    story.wait(59).apply(Renew(story.attempt, story.token))
+    story.wait(2)  # past the lease end the sweeper's listing saw, inside the renewed one
+    assert story.decide(ExpireLease(story.attempt.id)) == []
+    assert story.decide(ExceedDeadline(story.attempt.id)) == []
+    (event,) = story.wait(58).decide(ExpireLease(story.attempt.id))  # the renewed lease ran out
+    assert isinstance(event, LeaseExpired)
 
 
-def test_a_passed_deadline_with_attempts_left_retries() -> None:
-    story = running(execution_timeout_seconds=600, max_attempts=2).wait(600)
-    (event,) = story.decide(ExceedDeadline(story.attempt.id), draw=0.0)
-    assert isinstance(event, AttemptFailed)
-    assert (event.outcome, event.job_status, event.available_at) == (
-        "retry_wait", None, story.now + timedelta(seconds=2))
+@pytest.mark.parametrize("sweep", [ExceedDeadline, ExpireLease])
+def test_an_attempt_renewed_up_to_its_deadline_times_out_and_is_not_retried(sweep: type) -> None:
+    """Either sweep finds it (the lease ends at the deadline): a timeout, terminal although
+    attempts remain, with the job ``timeout``."""
+    story = renewed_to_the_deadline(running(lease_seconds=60, execution_timeout_seconds=100, max_attempts=3))
+    assert story.decide(ExceedDeadline(story.attempt.id)) == []  # not yet
+    story.now = story.attempt.deadline_at + timedelta(seconds=5)
+    (event,) = story.apply(sweep(story.attempt.id))
+    assert isinstance(event, AttemptTimedOut)
+    assert (event.attempt_id, event.deadline_at, event.scan_job_id) == (
+        story.attempt.id, START + timedelta(seconds=100), JOB_ID)
+    assert job_status_after(event) == "timeout"
+    task = story.task
+    assert (task.state, task.last_error, task.finished_at) == ("failed_terminal", TIMEOUT_ERROR, story.now)
+    assert (story.attempt.status, story.attempt.error, story.attempt.finished_at) == (
+        "timeout", TIMEOUT_ERROR, story.now)
+    assert story.decide(sweep(story.attempt.id)) == []  # safe to repeat
 
 
-def test_a_passed_deadline_of_a_cancelling_task_cancels_it() -> None:
-    story = running(execution_timeout_seconds=600)
+@pytest.mark.parametrize("sweep", [ExceedDeadline, ExpireLease])
+def test_a_lease_lost_before_the_deadline_expires_even_when_swept_after_the_deadline(sweep: type) -> None:
+    """Lease expiry stays the recovery path: which limit came first decides, not the sweep's time."""
+    story = running(lease_seconds=60, execution_timeout_seconds=600, max_attempts=2).wait(601)
+    (event,) = story.decide(sweep(story.attempt.id), draw=0.0)
+    assert isinstance(event, LeaseExpired)
+    assert (event.outcome, event.available_at) == ("retry_wait", story.now + timedelta(seconds=2))
+
+
+def test_a_deadline_reached_while_cancelling_cancels_the_task() -> None:
+    story = renewed_to_the_deadline(running(lease_seconds=60, execution_timeout_seconds=100))
     story.apply(RequestCancel())
-    (event,) = story.wait(600).decide(ExceedDeadline(story.attempt.id))
+    story.now = story.attempt.deadline_at
+    (event,) = story.decide(ExceedDeadline(story.attempt.id))
     assert isinstance(event, TaskCancelled) and event.reason == "execution deadline passed while cancelling"
     assert event.attempt_id == story.attempt.id
 

@@ -223,11 +223,10 @@ async def test_failing_plugins_fail_clearly_and_retry_per_policy_while_other_tas
             await wait_state(gateway, tasks[kind], "failed_terminal", within=20)
         hang_done = time.monotonic()
 
-    assert healthy_done < hang_done  # it completed while the hanging one was still being retried
+    assert healthy_done < hang_done  # it completed while the hanging one was still running
     assert [r["type"] for r in await records(gateway, tasks["healthy"])] == ["asset", "raw"]
 
     expected = {  # kind: (attempts made, words every attempt's error contains)
-        "hang": (2, ["execution deadline reached", "plugin hang stopped"]),
         "crash": (2, ["plugin crash exited with code 1", "boom: the scanner fell over", "scanning 10.0.0.1"]),
         "garbage": (2, ["invalid output from plugin garbage", "stdout line 2", "not JSON", "this is not json"]),
         "picky": (1, ["exit code 2: bad input", "scope.targets must not be empty"]),
@@ -243,6 +242,12 @@ async def test_failing_plugins_fail_clearly_and_retry_per_policy_while_other_tas
                 assert word in attempt["error"], (kind, word, attempt["error"])
         # Results a failed attempt sent before failing stay accepted, but it never sent a final batch.
         assert not any(b["final"] for b in await batches(gateway, tasks[kind]))
+    # The hanging plugin was stopped at its execution deadline and nothing more written: the
+    # Gateway ended the attempt as a timeout, not retried, and its job timed out.
+    assert await task_state(gateway, tasks["hang"]) == ("failed_terminal", 1, "execution deadline exceeded")
+    assert [a["status"] for a in await attempts(gateway, tasks["hang"])] == ["timeout"]
+    assert await gateway.count("SELECT j.status FROM scan_jobs j JOIN worker_tasks t ON t.scan_job_id = j.id"
+                               " WHERE t.id = %s", tasks["hang"]) == "timeout"
     for name in ("hang", "garbage"):  # stopped plugins are gone
         for pid in map(int, (pids / name).read_text().split()):
             assert not pid_alive(pid), name
