@@ -19,8 +19,7 @@ from functools import singledispatch
 from typing import Any
 
 from domain import events as ev
-from domain.task import ACKNOWLEDGED_BY_WORKER
-from domain.task import TIMEOUT_ERROR
+from domain.task import ACKNOWLEDGED_BY_WORKER, TIMEOUT_ERROR
 from projections.rows import Insert, RowOp, Update, Upsert
 
 

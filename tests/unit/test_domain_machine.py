@@ -12,7 +12,14 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from domain.errors import InvalidTransition
-from domain.events import AttemptRevoked, AttemptTimedOut, CancelDelivered, LeaseExpired, TaskCancelled, WriteRejected
+from domain.events import (
+    AttemptRevoked,
+    AttemptTimedOut,
+    CancelDelivered,
+    LeaseExpired,
+    TaskCancelled,
+    WriteRejected,
+)
 from domain.retry import DEFAULT_RETRY_POLICY
 from domain.task import (
     AcknowledgeCancel,
