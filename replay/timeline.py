@@ -185,6 +185,8 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
         case ev.TaskCancelled():
             which = f"{attempt(event.attempt_id)} " if event.attempt_id else ""
             return f"{which}cancelled: {event.reason}"
+        case ev.TaskRetried():
+            return f"retried by an operator: {event.reason} (max_attempts now {event.max_attempts}) -> pending"
         case ev.WriteRejected():
             return f"REJECTED {event.command} by {attempt(event.attempt_id)}: {event.reason}"
         case ev.ScanCreated():
@@ -207,5 +209,7 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
                     f" {len(event.job_ids)} legacy jobs cancelled")
         case ev.ScanCancelRequested():
             return f"cancel requested: {event.reason}"
+        case ev.ScanReopened():
+            return f"reopened: task {_short(event.task_id)} retried ({event.reason})"
     fields = {k: v for k, v in event.__dict__.items() if k not in _BASE_FIELDS}
     return " ".join(f"{k}={v}" for k, v in fields.items())[:160]

@@ -46,6 +46,7 @@ from domain.task import (
     ReissueLease,
     Renew,
     RequestCancel,
+    RetryTask,
     SubmitBatch,
     TaskState,
     TerminateCancelling,
@@ -419,6 +420,35 @@ class Lifecycle:
                              actor: str = "system") -> TaskState:
         """pending/retry_wait -> cancelled at once; leased/running -> cancelling. Repeats are no-ops."""
         return await self._gateway_command(task_id, RequestCancel(reason=reason), actor)
+
+    async def retry(self, task_id: UUID, *, reason: str = "retried by an operator", attempts: int | None = None,
+                    actor: str = "system") -> TaskState:
+        """failed_terminal -> pending with a fresh attempt budget (:class:`domain.task.RetryTask`).
+
+        One transaction: the task's lock, then its scan's (the lifecycle's lock order). A failed
+        scan is reopened (``ScanReopened``) so that it settles again when the task ends; a
+        cancelled scan refuses (409), as does a task in any other state.
+        """
+        async def body(tx: Transaction) -> tuple[TaskState, list[DomainEvent]]:
+            row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
+            if row is None:
+                raise NotFound("no such task", task_id=str(task_id))
+            task, head = task_from_row(row)
+            now: datetime = row[-1]
+            events = decide(task, RetryTask(reason=reason, attempts=attempts), now=now, actor=actor)
+            scan = await tx.one("scan_lock_for_orchestration", {"scan_id": task.scan_id})
+            assert scan is not None, "the foreign key guarantees the scan"
+            _, version, head_hash, status, cancel_requested, org_id, *_ = scan
+            reopened = scan_rules.reopen_for_retry(task.scan_id, version, status, cancel_requested,
+                                                   task_id=task_id, reason=reason, now=now, actor=actor)
+            after, _ = await self._commit(tx, task, head, events, now)
+            tx.append(StreamHead(task.scan_id, version, bytes(head_hash)), reopened)
+            tx.notify(wakeups.available(org_id))
+            return after, [*events, *reopened]
+
+        task, events = await self.db.run(body)
+        self.observe(events)
+        return task
 
     async def _gateway_command(self, task_id: UUID, command: Any, actor: str) -> TaskState:
         task, events = await self.db.run(lambda tx: self._decide_locked(tx, task_id, command, actor))
