@@ -1,17 +1,23 @@
 """What the operator API answers, as typed models.
 
 Fields the server adds later are ignored (``extra="ignore"``), so a client keeps working
-against a newer Gateway. The server's own models (``gateway/api/operator_models.py``) are the
-contract; these mirror the answers a client reads.
+against a newer Gateway. The answers of the finding-work endpoints (task summaries and pages,
+jobs, counts, live leases) are defined here once: the Gateway answers with these very classes.
+The others mirror the Gateway's models (``gateway/api/operator_models.py``), which are their
+contract.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+TaskStateName = Literal[
+    "pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling", "cancelled"
+]
 
 
 class Answer(BaseModel):
@@ -47,10 +53,12 @@ class Assignment(Answer):
 
 
 class LiveLease(Answer):
+    """A leased or running attempt, as the worker list shows it."""
+
     task_id: UUID
     attempt_id: UUID
     organization_id: UUID
-    status: str
+    status: Literal["leased", "running"]
     leased_at: datetime
     lease_expires_at: datetime
     deadline_at: datetime
@@ -104,12 +112,14 @@ class ScanCancellation(Answer):
 
 
 class TaskSummary(Answer):
+    """A task as lists show it: no scope, parameters or attempts (read the task for those)."""
+
     id: UUID
     organization_id: UUID
     scan_id: UUID
     scan_job_id: UUID
     task_type: str
-    state: str
+    state: TaskStateName
     priority: int
     attempt_count: int
     max_attempts: int
@@ -119,12 +129,12 @@ class TaskSummary(Answer):
     finished_at: datetime | None
     last_error: str | None
     current_attempt_id: UUID | None
-    worker_id: UUID | None
+    worker_id: UUID | None = Field(description="the worker of the current (latest) attempt; null before a lease")
 
 
 class TaskPage(Answer):
-    items: list[TaskSummary]
-    next_cursor: str | None
+    items: list[TaskSummary] = Field(description="newest first: created_at, then id, descending")
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
 
 
 class Attempt(Answer):
@@ -177,7 +187,7 @@ class Job(Answer):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    task: TaskSummary | None
+    task: TaskSummary | None = Field(description="the job's task; null for a legacy-executed job")
 
 
 class ScanDetail(Answer):
@@ -187,19 +197,20 @@ class ScanDetail(Answer):
 
 
 class QueueCounts(Answer):
-    depth: int
-    ready: int
-    oldest_ready_since: datetime | None
-    oldest_ready_age_seconds: float | None
+    depth: int = Field(description="tasks waiting for a lease (pending or retry_wait)")
+    ready: int = Field(description="of those, the ones available now (a retry_wait task waits out its backoff)")
+    oldest_ready_since: datetime | None = Field(description="since when the oldest ready task has been available")
+    oldest_ready_age_seconds: float | None = Field(description="how long it has waited, in seconds")
 
 
 class OrganizationCounts(Answer):
     organization_id: UUID
-    tasks_by_state: dict[str, int]
-    scans_by_status: dict[str, int]
+    tasks_by_state: dict[str, int] = Field(description="every task state, zero included")
+    scans_by_status: dict[str, int] = Field(description="every scan status, zero included")
     queue: QueueCounts
 
 
 class Counts(Answer):
-    organizations: list[OrganizationCounts]
-    measured_at: datetime
+    organizations: list[OrganizationCounts] = Field(description=(
+        "one entry per organisation that has scans or tasks, in id order (an organisation key: its own, always)"))
+    measured_at: datetime = Field(description="the database time the queue ages are measured at")

@@ -56,7 +56,6 @@ from gateway.api.operator_models import (
     EventsQuery,
     FindingsQuery,
     GatewayExecution,
-    Job,
     LegacyStatus,
     ListQuery,
     LiveLease,
@@ -94,7 +93,10 @@ from gateway.api.operator_models import (
     UpdateWorker,
     Worker,
     WorkerPage,
+    job,
+    live_lease,
     redact,
+    task_summary,
 )
 from gateway.auth import operator_identity
 from gateway.commands.lifecycle import TaskSpec
@@ -157,7 +159,7 @@ async def _workers(reader: Reader, operator: Operator, rows: list[Any]) -> list[
     seen: dict[UUID, datetime | None] = {r[0]: r[1] for r in await reader.all("workers_last_seen", params)}
     leases: dict[UUID, list[LiveLease]] = {}
     for lease in await reader.all("workers_live_leases", params):
-        leases.setdefault(lease[0], []).append(LiveLease.of(lease))
+        leases.setdefault(lease[0], []).append(live_lease(lease))
     return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []))
             for r in rows]
 
@@ -806,7 +808,7 @@ async def get_scan_detail(request: web.Request) -> web.StreamResponse:
         row = await reader.one("scan_get", {"scan_id": scan_id})
         if row is None or not operator.can_see(row[1]):
             raise NotFound("no such scan", scan_id=str(scan_id))
-        jobs = [Job.of(r) for r in await reader.all("scan_jobs_with_tasks",
+        jobs = [job(r) for r in await reader.all("scan_jobs_with_tasks",
                                                     {"scan_id": scan_id, "limit": MAX_DETAIL_JOBS})]
         (_, job_count, *_) = await reader.one("scan_jobs_summary", {"scan_id": scan_id}) or (None, 0)
     return ok(ScanDetail(scan=Scan.of(row), jobs=jobs, job_count=job_count))
@@ -822,7 +824,7 @@ async def list_tasks(request: web.Request) -> web.StreamResponse:
               "scan_id": query.scan_id, "worker_id": query.worker_id}
     async with _services(request).db.snapshot() as reader:
         await reader.one("custom_plans", {})
-        items = [TaskSummary.of(r) for r in await reader.all("tasks_page", params)]
+        items = [task_summary(r) for r in await reader.all("tasks_page", params)]
     return ok(TaskPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
 
 

@@ -28,6 +28,15 @@ from domain.task import TaskState
 from gateway.api.http import INTEGRAL
 from gateway.api.worker_models import AttemptView
 
+# The finding-work answers are the client's own models: one definition, which the Gateway answers with.
+from leasehold_client.models import Counts as Counts
+from leasehold_client.models import Job as Job
+from leasehold_client.models import LiveLease as LiveLease
+from leasehold_client.models import OrganizationCounts as OrganizationCounts
+from leasehold_client.models import QueueCounts as QueueCounts
+from leasehold_client.models import TaskPage as TaskPage
+from leasehold_client.models import TaskSummary as TaskSummary
+
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
 SPACE = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -177,24 +186,6 @@ NO_TASK_TYPES = ("the worker has no task types: it is never offered a task (give
 def worker_warnings(task_types: Sequence[str]) -> list[str]:
     """Why a worker with this configuration would never get work (empty: nothing to say)."""
     return [] if task_types else [NO_TASK_TYPES]
-
-
-class LiveLease(Body):
-    """A leased or running attempt, as the worker list shows it."""
-
-    task_id: UUID
-    attempt_id: UUID
-    organization_id: UUID
-    status: Literal["leased", "running"]
-    leased_at: datetime
-    lease_expires_at: datetime
-    deadline_at: datetime
-
-    @classmethod
-    def of(cls, row: Sequence[Any]) -> LiveLease:
-        """From ``workers_live_leases`` (worker_id first)."""
-        return cls(task_id=row[1], attempt_id=row[2], organization_id=row[3], status=row[4], leased_at=row[5],
-                   lease_expires_at=row[6], deadline_at=row[7])
 
 
 class Worker(Body):
@@ -608,60 +599,6 @@ class ScanPage(Body):
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
 
 
-class TaskSummary(Body):
-    """A task as lists show it: no scope, parameters or attempts (read the task for those)."""
-
-    id: UUID
-    organization_id: UUID
-    scan_id: UUID
-    scan_job_id: UUID
-    task_type: str
-    state: TaskStateName
-    priority: int
-    attempt_count: int
-    max_attempts: int
-    available_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    last_error: str | None
-    current_attempt_id: UUID | None
-    worker_id: UUID | None = Field(description="the worker of the current (latest) attempt; null before a lease")
-
-    @classmethod
-    def of(cls, r: Sequence[Any]) -> TaskSummary:
-        """From ``tasks_page`` rows (16 columns)."""
-        return cls(id=r[0], organization_id=r[1], scan_id=r[2], scan_job_id=r[3], task_type=r[4], state=r[5],
-                   priority=r[6], attempt_count=r[7], max_attempts=r[8], available_at=r[9], created_at=r[10],
-                   updated_at=r[11], finished_at=r[12], last_error=r[13], current_attempt_id=r[14],
-                   worker_id=r[15])
-
-
-class TaskPage(Body):
-    items: list[TaskSummary] = Field(description="newest first: created_at, then id, descending")
-    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
-
-
-class Job(Body):
-    id: UUID
-    position: int
-    plugin: str
-    status: str
-    execution_mode: str
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    task: TaskSummary | None = Field(description="the job's task; null for a legacy-executed job")
-
-    @classmethod
-    def of(cls, r: Sequence[Any]) -> Job:
-        """From ``scan_jobs_with_tasks`` rows."""
-        return cls(id=r[0], position=r[1], plugin=r[2], status=r[3], execution_mode=r[4], created_at=r[5],
-                   updated_at=r[6], started_at=r[7], finished_at=r[8],
-                   task=TaskSummary.of(r[9:]) if r[9] is not None else None)
-
-
 #: The most jobs a scan detail shows (by position); ``job_count`` says how many there are.
 MAX_DETAIL_JOBS = 1000
 
@@ -672,21 +609,22 @@ class ScanDetail(Body):
     job_count: int = Field(description="how many jobs the scan has")
 
 
-class QueueCounts(Body):
-    depth: int = Field(description="tasks waiting for a lease (pending or retry_wait)")
-    ready: int = Field(description="of those, the ones available now (a retry_wait task waits out its backoff)")
-    oldest_ready_since: datetime | None = Field(description="since when the oldest ready task has been available")
-    oldest_ready_age_seconds: float | None = Field(description="how long it has waited, in seconds")
+def live_lease(row: Sequence[Any]) -> LiveLease:
+    """From ``workers_live_leases`` (worker_id first)."""
+    return LiveLease(task_id=row[1], attempt_id=row[2], organization_id=row[3], status=row[4], leased_at=row[5],
+                     lease_expires_at=row[6], deadline_at=row[7])
 
 
-class OrganizationCounts(Body):
-    organization_id: UUID
-    tasks_by_state: dict[str, int] = Field(description="every task state, zero included")
-    scans_by_status: dict[str, int] = Field(description="every scan status, zero included")
-    queue: QueueCounts
+def task_summary(r: Sequence[Any]) -> TaskSummary:
+    """From ``tasks_page`` rows (16 columns; also the tail of ``scan_jobs_with_tasks``)."""
+    return TaskSummary(id=r[0], organization_id=r[1], scan_id=r[2], scan_job_id=r[3], task_type=r[4], state=r[5],
+                       priority=r[6], attempt_count=r[7], max_attempts=r[8], available_at=r[9], created_at=r[10],
+                       updated_at=r[11], finished_at=r[12], last_error=r[13], current_attempt_id=r[14],
+                       worker_id=r[15])
 
 
-class Counts(Body):
-    organizations: list[OrganizationCounts] = Field(description=(
-        "one entry per organisation that has scans or tasks, in id order (an organisation key: its own, always)"))
-    measured_at: datetime = Field(description="the database time the queue ages are measured at")
+def job(r: Sequence[Any]) -> Job:
+    """From ``scan_jobs_with_tasks`` rows: the job, then its task's columns (NULL: no task)."""
+    return Job(id=r[0], position=r[1], plugin=r[2], status=r[3], execution_mode=r[4], created_at=r[5],
+               updated_at=r[6], started_at=r[7], finished_at=r[8],
+               task=task_summary(r[9:]) if r[9] is not None else None)
