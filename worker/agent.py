@@ -103,10 +103,6 @@ class Agent:
             "gateway": self.settings.gateway, "max_concurrency": self.settings.max_concurrency,
             "task_types": ",".join(self.resolver.offered()),
             "plugins_dir": str(self.settings.plugins_dir) if self.settings.plugins_dir else None})
-        if not self.resolver.offered():
-            log.warning("this worker offers no task types (no capabilities configured and no plugin found): "
-                        "it can run no task; add plugins or set capabilities",
-                        extra={"plugins_dir": str(self.settings.plugins_dir) if self.settings.plugins_dir else None})
         try:
             async with GatewayClient(self.settings) as client:
                 acquirer = asyncio.create_task(self._acquire_loop(client))

@@ -87,12 +87,18 @@ class Acquired:
     lease_token: str
 
 
+#: What an acquire answer tells a worker registered without task types (it is never offered a task).
+NO_TASK_TYPES = "this worker is registered without task types: it is never offered a task"
+
+
 @dataclass(frozen=True, slots=True)
 class Poll:
-    """What one acquire round found: a lease (or None), and the worker's attempts to stop."""
+    """What one acquire round found: a lease (or None), the worker's attempts to stop, and why
+    the worker can get no work at all, if that is so (:data:`NO_TASK_TYPES`)."""
 
     acquired: Acquired | None
     cancel_requested: list[tuple[UUID, UUID]]
+    warning: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +254,8 @@ class Lifecycle:
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
+            if not worker.task_types:
+                return Poll(None, cancelling, NO_TASK_TYPES), []
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return Poll(None, cancelling), []
             row = await tx.one("task_lock_acquirable", {

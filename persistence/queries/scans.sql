@@ -72,7 +72,7 @@ SELECT j.id FROM scan_jobs j WHERE j.scan_id = %(scan_id)s ORDER BY j.position
 -- name: scans_page
 -- Operator API: scans newest first, (created_at, id) descending, after a keyset cursor. Every
 -- filter is optional (NULL: any). Run with custom plans (custom_plans), so that the planner sees
--- which filters are set and walks the matching index of migration 0009 in order.
+-- which filters are set and walks the matching index (migration finding_work) in order.
 SELECT s.id, s.organization_id, s.status, s.execution_mode, s.targets, s.created_at, s.updated_at,
        s.finished_at, s.profile, s.stored_profile_id, s.legacy_scan_id, s.handed_over_to
 FROM scans s

@@ -17,6 +17,7 @@ import pytest
 from test_operator_api import assert_problem, changes, make_tenant
 
 from gateway.api.operator import encode_cursor
+from gateway.commands.lifecycle import NO_TASK_TYPES
 from leasehold_client import ApiError, OperatorClient
 from persistence.chain import verify_chains
 from persistence.connection import connect
@@ -24,7 +25,9 @@ from persistence.snapshot import snapshot
 from persistence.tables import load_tables
 from projections.compare import diff
 from replay.fold import fold
+from support.agent import register_worker
 from support.gateway import ADMIN_KEY, RunningGateway
+from worker.client import GatewayClient
 
 
 def client(gateway: RunningGateway, key: str = ADMIN_KEY) -> OperatorClient:
@@ -311,6 +314,27 @@ async def test_a_worker_registered_without_task_types_is_warned_about(gateway: R
     assert busy.warnings == []
 
 
+async def test_a_worker_without_task_types_is_told_and_logs_it_once_until_it_changes(
+        gateway: RunningGateway, caplog: pytest.LogCaptureFixture) -> None:
+    await gateway.task()  # work is waiting, but not for this worker
+    worker = await register_worker(gateway, ())
+    reply = await worker.client.acquire()
+    assert reply.status == 204 and reply.headers["Leasehold-Warning"] == NO_TASK_TYPES
+    async with GatewayClient(worker.settings(gateway)) as agent_client:
+        with caplog.at_level(logging.WARNING, logger="leasehold.worker"):
+            for n in range(3):
+                answer = await agent_client.acquire(f"r{n}", wait_seconds=0)
+                assert answer.lease is None
+        said = [r for r in caplog.records if r.getMessage() == "the Gateway says this worker can get no work"]
+        assert [r.__dict__["warning"] for r in said] == [NO_TASK_TYPES]  # once, not on every poll
+        await gateway.registry.update_worker(worker.client.id, task_types=("probe",))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="leasehold.worker"):
+            answer = await agent_client.acquire("r9", wait_seconds=0)
+        assert answer.lease is not None and not caplog.records
+    assert "Leasehold-Warning" not in (await worker.client.acquire()).headers
+
+
 # --- bad query parameters -----------------------------------------------------------------------
 
 BAD_QUERIES = [
@@ -371,3 +395,19 @@ async def test_an_organisation_key_lists_only_its_own_and_a_foreign_filter_is_an
                                UUID(victim_task["id"]))
         r = await gateway.operator("GET", f"/v1/tasks?cursor={cursor}", key=caller.key)
         assert [t["id"] for t in r.body["items"]] == [str(caller.task)]
+
+
+async def test_the_client_creates_assigns_and_cancels(gateway: RunningGateway, admin: OperatorClient) -> None:
+    org = await admin.create_organization(f"org-{uuid4().hex[:8]}")
+    assert org.id in {o.id for o in (await admin.list_organizations(limit=500)).items}
+    worker = await admin.register_worker("w", "ef" * 32, task_types=["probe"], max_concurrent_tasks=2)
+    assigned = await admin.assign_worker(worker.id, org.id)
+    assert [(a.organization_id, a.state) for a in assigned.assignments] == [(org.id, "active")]
+    scan = await admin.create_scan(organization_id=org.id, targets={"hosts": ["h"]})
+    task = await admin.create_task(scan.id, "probe", priority=5, parameters={"n": 1})
+    assert (task.priority, task.parameters, task.state) == (5, {"n": 1}, "pending")
+    cancelled = await admin.cancel_task(task.id, reason="not needed")
+    assert cancelled.state == "cancelled"
+    assert (await admin.get_scan(scan.id)).status == "cancelled"
+    raw = await admin.request("GET", f"/v1/tasks/{task.id}/events")
+    assert [e["type"] for e in raw["items"]] == ["TaskCreated", "TaskCancelled"]
