@@ -411,3 +411,21 @@ async def test_the_client_creates_assigns_and_cancels(gateway: RunningGateway, a
     assert (await admin.get_scan(scan.id)).status == "cancelled"
     raw = await admin.request("GET", f"/v1/tasks/{task.id}/events")
     assert [e["type"] for e in raw["items"]] == ["TaskCreated", "TaskCancelled"]
+
+
+async def test_a_retried_profile_step_that_succeeds_goes_on_to_the_next_step(gateway: RunningGateway,
+                                                                            admin: OperatorClient) -> None:
+    worker = await gateway.worker(task_types=("probe", "crawl"))
+    scan = await admin.create_scan(organization_id=gateway.org, profile=[
+        {"task_type": "probe", "max_attempts": 1}, {"task_type": "crawl"}])
+    lease = (await worker.acquire()).body["lease"]
+    assert (await worker.write(lease, "fail", error="x", retryable=False)).status == 200
+    assert (await admin.get_scan(scan.id)).status == "failed"
+    assert (await admin.scan_detail(scan.id)).job_count == 1  # stop_on_failure: nothing more
+    await admin.retry_task(lease["task"]["id"])
+    lease = (await worker.acquire()).body["lease"]
+    assert (await worker.final_batch(lease)).status == 200
+    assert (await worker.write(lease, "complete")).status == 200
+    detail = await admin.scan_detail(scan.id)
+    assert [(j.plugin, j.status) for j in detail.jobs] == [("probe", "success"), ("crawl", "queued")]
+    assert detail.scan.status == "running" and detail.jobs[1].task is not None
