@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import aiohttp
@@ -29,6 +29,7 @@ from leasehold_client.models import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+Item = TypeVar("Item", covariant=True)
 Ids = UUID | str
 
 
@@ -54,6 +55,27 @@ def _query(**values: Any) -> dict[str, str]:
 
 def _body(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
+
+
+class _Page(Protocol[Item]):
+    @property
+    def items(self) -> Sequence[Item]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+async def _every(fetch: Callable[..., Awaitable[_Page[Item]]], page_size: int,
+                 filters: dict[str, Any]) -> AsyncIterator[Item]:
+    """Every item of a cursor-paged list: each page's ``next_cursor`` asks for the next."""
+    cursor: str | None = None
+    while True:
+        page = await fetch(limit=page_size, cursor=cursor, **filters)
+        for item in page.items:
+            yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
 
 
 class OperatorClient:
@@ -172,14 +194,8 @@ class OperatorClient:
 
     async def iter_scans(self, *, page_size: int = 100, **filters: Any) -> AsyncIterator[Scan]:
         """Every scan matching ``filters`` (those of :meth:`list_scans`), page after page."""
-        cursor: str | None = None
-        while True:
-            page = await self.list_scans(limit=page_size, cursor=cursor, **filters)
-            for scan in page.items:
-                yield scan
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+        async for scan in _every(self.list_scans, page_size, filters):
+            yield scan
 
     async def get_scan(self, scan_id: Ids) -> Scan:
         return await self._get(Scan, f"/v1/scans/{scan_id}")
@@ -208,14 +224,8 @@ class OperatorClient:
 
     async def iter_tasks(self, *, page_size: int = 100, **filters: Any) -> AsyncIterator[TaskSummary]:
         """Every task matching ``filters`` (those of :meth:`list_tasks`), page after page."""
-        cursor: str | None = None
-        while True:
-            page = await self.list_tasks(limit=page_size, cursor=cursor, **filters)
-            for task in page.items:
-                yield task
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+        async for task in _every(self.list_tasks, page_size, filters):
+            yield task
 
     async def get_task(self, task_id: Ids) -> Task:
         return await self._get(Task, f"/v1/tasks/{task_id}")

@@ -53,13 +53,11 @@ async def test_find_and_retry_work_from_the_command_line(gateway: RunningGateway
     code, out, err = await leasehold(gateway, base_env, "tasks", "list", "--type", "crawl", "--limit", "2")
     assert code == 0 and len(out.splitlines()) == 2 and "more: --cursor " in err
     cursor = err.split("--cursor ")[1].strip()
-    code, out2, _ = await leasehold(gateway, base_env, "tasks", "list", "--type", "crawl", "--limit", "2",
-                                    "--cursor", cursor)
+    code, out2, _ = await leasehold(gateway, base_env, "tasks", "list", "--type", "crawl", "--limit", "1", "--all",
+                                    "--cursor", cursor)  # the rest, a page at a time
     assert code == 0
     listed = [line.split()[0] for line in out.splitlines() + out2.splitlines()]
     assert sorted(listed) == sorted(str(t) for t in others)
-    code, out, _ = await leasehold(gateway, base_env, "tasks", "list", "--type", "crawl", "--limit", "1", "--all")
-    assert code == 0 and sorted(line.split()[0] for line in out.splitlines()) == sorted(str(t) for t in others)
 
     code, out, err = await leasehold(gateway, base_env, "tasks", "retry", str(task), "--reason", "fixed", "--attempts", "2")
     assert code == 0, err
@@ -67,8 +65,6 @@ async def test_find_and_retry_work_from_the_command_line(gateway: RunningGateway
     code, out, err = await leasehold(gateway, base_env, "tasks", "retry", str(task))
     assert (code, out) == (1, "") and err.startswith("leasehold: error: 409 Conflict: only a failed_terminal task")
 
-    code, out, _ = await leasehold(gateway, base_env, "tasks", "show", str(task), "--json")
-    assert code == 0 and orjson.loads(out)["state"] == "pending"
     code, out, _ = await leasehold(gateway, base_env, "scans", "show", str(gateway.scan))
     assert code == 0 and out.startswith(str(gateway.scan)) and "jobs: 4" in out and str(task) in out
     code, out, _ = await leasehold(gateway, base_env, "scans", "list", "--status", "running", "--json")
