@@ -133,7 +133,9 @@ SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
 -- name: tasks_page
 -- Operator API: tasks newest first, (created_at, id) descending, after a keyset cursor, each with
 -- its current attempt's worker. Every filter is optional (NULL: any); worker_id: tasks whose
--- current (latest) attempt is that worker's. Run after custom_plans (see there).
+-- current (latest) attempt is that worker's. Run after custom_plans (see there). At scale the plan
+-- walks a worker_tasks index in list order and probes each task's current attempt by its key
+-- (bench/finding_work.py: a page reads its 101 rows at 10,000 and at 100,000 tasks).
 SELECT t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, t.priority, t.attempt_count,
        t.max_attempts, t.available_at, t.created_at, t.updated_at, t.finished_at, t.last_error,
        t.current_attempt_id, cur.worker_id
