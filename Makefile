@@ -16,7 +16,7 @@ MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
 MUTATION_JOBS ?= 2
 # The packages listed in pyproject's [tool.mypy] that exist yet.
-MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations,$(if $(wildcard $(p)/__init__.py),-p $(p)))
+MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations leasehold_client,$(if $(wildcard $(p)/__init__.py),-p $(p)))
 
 .DEFAULT_GOAL := test
 .PHONY: install test test-unit mutation openapi cli-help lint demo

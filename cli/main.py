@@ -52,6 +52,12 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
         ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
     CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
     CommandModule("cli.admin", (("admin", "operator administration (API keys)"),)),
+    CommandModule("cli.operator_api", (
+        ("scans", "list and show scans (operator API)"),
+        ("tasks", "list, show and retry tasks (operator API)"),
+        ("workers", "list workers with last seen and live leases (operator API)"),
+        ("counts", "tasks by state, scans by status and queues per organisation (operator API)"),
+    ), needs_server=False),
     CommandModule("cli.legacy", (("legacy", "the legacy Redis scan queue (moving it to the Gateway)"),)),
     CommandModule("worker.cli", (("worker", "run the remote worker agent"),), needs_server=False),
     CommandModule("cli.demo", (("demo", "run the end-to-end demo (what `make demo` runs)"),)),
@@ -59,7 +65,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
 
 #: Top-level packages of this project: a missing one is a broken install, not a missing extra.
 _OWN_PACKAGES = frozenset({"cli", "domain", "gateway", "migrations", "persistence", "projections", "replay",
-                           "worker"})
+                           "worker", "leasehold_client"})
 
 _SERVER_EXTRA_HINT = "pip install 'leasehold[server]'"
 

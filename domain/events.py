@@ -176,6 +176,14 @@ class ScanCancelRequested(DomainEvent):
     reason: str
 
 
+class ScanReopened(DomainEvent):
+    """A failed scan runs again because an operator retried its failed task ``task_id`` (same
+    transaction as the task's ``TaskRetried``): back to ``running``, no longer finished."""
+
+    task_id: UUID
+    reason: str
+
+
 # --- task stream ----------------------------------------------------------------------------
 
 
@@ -314,6 +322,16 @@ class TaskCancelled(DomainEvent):
     reason: str
 
 
+class TaskRetried(DomainEvent):
+    """An operator put a ``failed_terminal`` task back to ``pending``, available at once, with
+    ``max_attempts`` raised to the attempts already made plus the fresh budget. Earlier attempts
+    and ``last_error`` stay as they were; the task's job is ``queued`` again."""
+
+    scan_job_id: UUID
+    reason: str
+    max_attempts: int
+
+
 class WriteRejected(DomainEvent):
     """A worker write was refused (stale attempt, wrong token, expired lease, cancelled task…).
 
@@ -331,7 +349,7 @@ class WriteRejected(DomainEvent):
 TASK_EVENTS: tuple[type[DomainEvent], ...] = (
     TaskCreated, TaskLeased, LeaseReissued, TaskStarted, LeaseRenewed, ResultBatchAccepted, TaskCompleted,
     AttemptFailed, LeaseExpired, AttemptTimedOut, CancelRequested, CancelDelivered, TaskCancelled, AttemptRevoked,
-    WriteRejected,
+    TaskRetried, WriteRejected,
 )
 
 

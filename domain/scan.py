@@ -30,10 +30,12 @@ from domain.events import (
     ScanJobQueued,
     ScanOriginRecorded,
     ScanProfileSet,
+    ScanReopened,
     ScanStatus,
     TaskCancelled,
     TaskCompleted,
     TaskLeased,
+    TaskRetried,
 )
 
 TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"success", "failed", "timeout", "cancelled"})
@@ -55,6 +57,8 @@ def job_status_after(event: DomainEvent) -> JobStatus | None:
             return "timeout"
         case TaskCancelled():
             return "cancelled"
+        case TaskRetried():
+            return "queued"
     return None
 
 
@@ -98,6 +102,19 @@ def finish_scan(scan_id: UUID, version: int, status: ScanStatus, *, now: datetim
                 actor: str) -> ScanFinished:
     return ScanFinished(originator_id=scan_id, originator_version=version + 1, timestamp=now,
                         actor=actor, status=status)
+
+
+def reopen_for_retry(scan_id: UUID, version: int, status: str, cancel_requested: bool, *, task_id: UUID,
+                     reason: str, now: datetime, actor: str) -> list[ScanReopened]:
+    """A task of the scan is being retried: the events the scan needs (none while it still runs;
+    ``ScanReopened`` when it had failed). A cancelled scan, or one being cancelled, stays so:
+    its tasks are not retried."""
+    if cancel_requested or status == "cancelled":
+        raise InvalidTransition("the task's scan was cancelled; its tasks are not retried")
+    if status not in TERMINAL_SCAN_STATUSES:
+        return []
+    return [ScanReopened(originator_id=scan_id, originator_version=version + 1, timestamp=now, actor=actor,
+                         task_id=task_id, reason=reason)]
 
 
 MAX_PROFILE_STEPS = 50

@@ -24,6 +24,7 @@ Transitions (RFC "Task state machine"):
     cancelling -> cancelled        worker acknowledges, or server terminates
     leased|running -> retry_wait   the worker was disabled (attempt revoked), attempts remain
     cancelling -> cancelled        the worker was disabled before it acknowledged
+    failed_terminal -> pending     an operator retries it (fresh attempt budget)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from domain.events import (
     TaskCompleted,
     TaskCreated,
     TaskLeased,
+    TaskRetried,
     TaskStarted,
     TaskStateName,
     WriteRejected,
@@ -290,9 +292,27 @@ class RevokeAttempt:
     reason: str
 
 
+#: The most attempts a task may ever have in all (the ``attempt_budget`` domain of the schema).
+MAX_ATTEMPTS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RetryTask:
+    """Operator: run a ``failed_terminal`` task again.
+
+    The task goes back to ``pending``, available at once, with ``attempts`` fresh attempts: its
+    ``max_attempts`` becomes the attempts already made plus ``attempts`` (None: as many as its
+    ``max_attempts`` so far, which for a task never retried is the budget it was created with).
+    At most :data:`MAX_ATTEMPTS` in all.
+    """
+
+    reason: str = "retried by an operator"
+    attempts: int | None = None
+
+
 Command = (
     CreateTask | GrantLease | ReissueLease | WorkerWrite | ExpireLease | ExceedDeadline | RequestCancel
-    | TerminateCancelling | DeliverCancel | RevokeAttempt
+    | TerminateCancelling | DeliverCancel | RevokeAttempt | RetryTask
 )
 
 #: ``TaskCancelled.reason`` when the worker acknowledged the cancellation.
@@ -350,6 +370,8 @@ def decide(
             return d.deliver_cancel(command)
         case RevokeAttempt():
             return d.revoke_attempt(command)
+        case RetryTask():
+            return d.retry(command)
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
 
 
@@ -619,6 +641,21 @@ class _Decider:
                             attempt_id=current.id if current is not None and current.live else None,
                             reason="not acknowledged in time; terminated by the gateway")]
 
+    def retry(self, c: RetryTask) -> list[DomainEvent]:
+        task = self.task
+        if task.state != "failed_terminal":
+            raise InvalidTransition(f"only a failed_terminal task can be retried; this one is {task.state}",
+                                    state=task.state)
+        fresh = task.max_attempts if c.attempts is None else c.attempts
+        if fresh < 1:
+            raise InvalidRequest("attempts must be at least 1")
+        if task.attempt_count + fresh > MAX_ATTEMPTS:
+            raise InvalidTransition(
+                f"the task has made {task.attempt_count} attempts; {fresh} more would exceed "
+                f"{MAX_ATTEMPTS} in all", attempt_count=task.attempt_count)
+        return [self._event(TaskRetried, scan_job_id=task.scan_job_id, reason=c.reason,
+                            max_attempts=task.attempt_count + fresh)]
+
 
 def _timed_out(attempt: AttemptState, now: datetime) -> bool:
     """The attempt reached its execution deadline while still holding its lease (leases are
@@ -791,6 +828,13 @@ def _(e: TaskCancelled, task: TaskState | None) -> TaskState:
         attempt = replace(attempt, status="cancelled", finished_at=e.timestamp)
     return _step(task, e, state="cancelled", finished_at=e.timestamp,
                  cancel_requested_at=task.cancel_requested_at or e.timestamp, current_attempt=attempt)
+
+
+@evolve.register
+def _(e: TaskRetried, task: TaskState | None) -> TaskState:
+    assert task is not None
+    return _step(task, e, state="pending", available_at=e.timestamp, max_attempts=e.max_attempts,
+                 finished_at=None)
 
 
 @evolve.register

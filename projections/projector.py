@@ -164,6 +164,11 @@ def _(e: ev.ScanFinished, hash: bytes) -> list[RowOp]:
     return [_head("scans", e, hash, status=e.status, finished_at=e.timestamp)]
 
 
+@project.register
+def _(e: ev.ScanReopened, hash: bytes) -> list[RowOp]:
+    return [_head("scans", e, hash, status="running", finished_at=None)]
+
+
 # tasks -------------------------------------------------------------------------------------
 
 
@@ -176,6 +181,18 @@ def _job(job_id: object, e: ev.DomainEvent, status: str, *, finished: bool = Tru
 
 def _attempt(attempt_id: object, **values: object) -> Update:
     return Update("worker_task_attempts", {"id": attempt_id}, values)
+
+
+def _by_worker(e: ev.DomainEvent) -> bool:
+    """Whether the worker itself caused ``e`` (a request it made), not the Gateway or an operator."""
+    return e.actor.startswith("worker:")
+
+
+def _seen(e: ev.DomainEvent, attempt_id: object, **values: object) -> Update:
+    """An attempt change; when the worker caused it, also the attempt's ``last_seen_at``."""
+    if _by_worker(e):
+        values["last_seen_at"] = e.timestamp
+    return _attempt(attempt_id, **values)
 
 
 @project.register
@@ -207,6 +224,7 @@ def _(e: ev.TaskLeased, hash: bytes) -> list[RowOp]:
             "status": "leased", "leased_at": e.timestamp, "lease_expires_at": e.lease_expires_at,
             "deadline_at": e.deadline_at, "started_at": None, "finished_at": None, "batch_count": 0,
             "final_batch_accepted": False, "error": None, "acquire_request_id": e.request_id,
+            "last_seen_at": e.timestamp if _by_worker(e) else None,
         }),
         Update("scan_jobs", {"id": e.scan_job_id}, job_values),
         # The first lease of any of its tasks starts the scan. This is the one change a task
@@ -219,18 +237,18 @@ def _(e: ev.TaskLeased, hash: bytes) -> list[RowOp]:
 @project.register
 def _(e: ev.LeaseReissued, hash: bytes) -> list[RowOp]:
     return [_head("worker_tasks", e, hash),
-            _attempt(e.attempt_id, lease_token_hash=bytes.fromhex(e.lease_token_hash))]
+            _seen(e, e.attempt_id, lease_token_hash=bytes.fromhex(e.lease_token_hash))]
 
 
 @project.register
 def _(e: ev.TaskStarted, hash: bytes) -> list[RowOp]:
     return [_head("worker_tasks", e, hash, state="running"),
-            _attempt(e.attempt_id, status="running", started_at=e.timestamp)]
+            _seen(e, e.attempt_id, status="running", started_at=e.timestamp)]
 
 
 @project.register
 def _(e: ev.LeaseRenewed, hash: bytes) -> list[RowOp]:
-    return [_head("worker_tasks", e, hash), _attempt(e.attempt_id, lease_expires_at=e.lease_expires_at)]
+    return [_head("worker_tasks", e, hash), _seen(e, e.attempt_id, lease_expires_at=e.lease_expires_at)]
 
 
 @project.register
@@ -238,7 +256,7 @@ def _(e: ev.ResultBatchAccepted, hash: bytes) -> list[RowOp]:
     return [
         _head("worker_tasks", e, hash),
         # Batches after the final one are refused, so the last accepted batch says it all.
-        _attempt(e.attempt_id, batch_count=e.sequence_number, final_batch_accepted=e.final),
+        _seen(e, e.attempt_id, batch_count=e.sequence_number, final_batch_accepted=e.final),
         Insert("worker_result_batches", {
             "id": e.batch_id, "task_id": e.originator_id, "attempt_id": e.attempt_id,
             "sequence_number": e.sequence_number, "idempotency_key": e.idempotency_key,
@@ -253,7 +271,7 @@ def _(e: ev.ResultBatchAccepted, hash: bytes) -> list[RowOp]:
 def _(e: ev.TaskCompleted, hash: bytes) -> list[RowOp]:
     return [
         _head("worker_tasks", e, hash, state="completed", finished_at=e.timestamp),
-        _attempt(e.attempt_id, status="succeeded", finished_at=e.timestamp),
+        _seen(e, e.attempt_id, status="succeeded", finished_at=e.timestamp),
         _job(e.scan_job_id, e, "success"),
     ]
 
@@ -268,7 +286,7 @@ def _attempt_ended(e: ev.AttemptFailed | ev.LeaseExpired | ev.AttemptRevoked | e
         task_values["available_at"] = e.available_at
     ops: list[RowOp] = [
         _head("worker_tasks", e, hash, **task_values),
-        _attempt(e.attempt_id, status=attempt_status, finished_at=e.timestamp, error=error),
+        _seen(e, e.attempt_id, status=attempt_status, finished_at=e.timestamp, error=error),
     ]
     if terminal:
         ops.append(_job(e.scan_job_id, e, job_status))
@@ -316,8 +334,18 @@ def _(e: ev.TaskCancelled, hash: bytes) -> list[RowOp]:
         _job(e.scan_job_id, e, "cancelled"),
     ]
     if e.attempt_id is not None:
-        ops.append(_attempt(e.attempt_id, status="cancelled", finished_at=e.timestamp))
+        ops.append(_seen(e, e.attempt_id, status="cancelled", finished_at=e.timestamp))
     return ops
+
+
+@project.register
+def _(e: ev.TaskRetried, hash: bytes) -> list[RowOp]:
+    return [
+        _head("worker_tasks", e, hash, state="pending", available_at=e.timestamp, max_attempts=e.max_attempts,
+              finished_at=None),
+        Update("scan_jobs", {"id": e.scan_job_id}, {"status": "queued", "updated_at": e.timestamp,
+                                                    "finished_at": None}),
+    ]
 
 
 @project.register

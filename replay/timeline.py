@@ -213,6 +213,8 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
         case ev.AttemptRevoked():
             retry = f", available again {_at(event.available_at)}" if event.available_at else ""
             return f"{attempt(event.attempt_id)} ended by the gateway ({event.reason}) -> {event.outcome}{retry}"
+        case ev.TaskRetried():
+            return f"retried by an operator: {event.reason} (max_attempts now {event.max_attempts}) -> pending"
         case ev.WriteRejected():
             return f"REJECTED {event.command} by {attempt(event.attempt_id)}: {event.reason}"
         case ev.ScanCreated():
@@ -235,5 +237,7 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
                     f" {len(event.job_ids)} legacy jobs cancelled")
         case ev.ScanCancelRequested():
             return f"cancel requested: {event.reason}"
+        case ev.ScanReopened():
+            return f"reopened: task {_short(event.task_id)} retried ({event.reason})"
     fields = {k: v for k, v in event.__dict__.items() if k not in _BASE_FIELDS}
     return " ".join(f"{k}={v}" for k, v in fields.items())[:160]

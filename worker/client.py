@@ -178,6 +178,8 @@ class AttemptRef:
 class Reply:
     status: int
     body: Any
+    #: The Gateway's ``Leasehold-Warning`` header: why this worker can get no work at all.
+    warning: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +231,7 @@ class GatewayClient:
         self.server_name = settings.server_name
         self._session: aiohttp.ClientSession | None = None
         self._user_agent = f"leasehold-worker/{_version()}"
+        self._gateway_warning: str | None = None
 
     async def __aenter__(self) -> GatewayClient:
         connector = aiohttp.TCPConnector(
@@ -261,6 +264,10 @@ class GatewayClient:
         reply = await self.post("/v1/tasks/acquire", body,
                                 seconds=self.settings.request_timeout_seconds + wait_seconds,
                                 stop=stop, on_retry=on_retry, attempt_write=False)
+        if reply.warning != self._gateway_warning:  # logged when it appears (again), not on every poll
+            self._gateway_warning = reply.warning
+            if reply.warning:
+                log.warning("the Gateway says this worker can get no work", extra={"warning": reply.warning})
         if reply.status == 204 or reply.body is None:
             return AcquireAnswer(lease=None, cancel_requested=[])
         return _parse(AcquireAnswer, reply.body, "acquire")
@@ -332,7 +339,7 @@ class GatewayClient:
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
                 if status < 400:
-                    return Reply(status, answer)
+                    return Reply(status, answer, headers.get("Leasehold-Warning"))
                 if status in _RETRIED_STATUSES or status >= 500:
                     reason = f"HTTP {status}"
                     retry_after = _retry_after(headers.get("Retry-After"))

@@ -21,7 +21,11 @@ task goes back to ``retry_wait``, available to another worker now.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -29,8 +33,10 @@ from aiohttp import web
 
 from domain.errors import InvalidRequest, NotFound
 from domain.events import ProfileStep
-from gateway.api.http import RouteTable, ok, read_json, read_query
+from gateway.api.http import BadRequest, RouteTable, ok, read_json, read_query
 from gateway.api.operator_models import (
+    MAX_DETAIL_JOBS,
+    NO_TASK_TYPES,
     AddAssignment,
     ApiKeyCreated,
     Asset,
@@ -39,6 +45,8 @@ from gateway.api.operator_models import (
     Attempt,
     CancelScan,
     CancelTask,
+    Counts,
+    CountsQuery,
     CreateApiKey,
     CreateOrganization,
     CreateProfile,
@@ -51,19 +59,27 @@ from gateway.api.operator_models import (
     FindingsQuery,
     GatewayExecution,
     LegacyStatus,
+    ListQuery,
+    LiveLease,
     Organization,
+    OrganizationCounts,
     OrganizationPage,
     PageQuery,
     ProfileDeletion,
     ProfileStepBody,
+    QueueCounts,
     RegisterWorker,
     RemoveAssignmentQuery,
     ReplaceProfile,
+    RetryTask,
     Revocation,
     RevokeAssignment,
     RevokeWorker,
     Scan,
     ScanCancellation,
+    ScanDetail,
+    ScanListQuery,
+    ScanPage,
     Schedule,
     ScheduleDeletion,
     SchedulePage,
@@ -71,12 +87,18 @@ from gateway.api.operator_models import (
     StoredProfile,
     StoredProfilePage,
     Task,
+    TaskListQuery,
+    TaskPage,
+    TaskSummary,
     Threat,
     ThreatList,
     UpdateWorker,
     Worker,
     WorkerPage,
+    job,
+    live_lease,
     redact,
+    task_summary,
 )
 from gateway.auth import operator_identity
 from gateway.commands.lifecycle import TaskSpec
@@ -87,6 +109,7 @@ from persistence.event_log import decode_event
 from persistence.task_rows import task_from_row
 from persistence.transaction import Reader
 
+log = logging.getLogger("leasehold.gateway")
 routes = RouteTable()
 TAGS = ("operator",)
 
@@ -131,11 +154,16 @@ async def _organization(request: web.Request, operator: Operator, organization_i
 
 
 async def _workers(reader: Reader, operator: Operator, rows: list[Any]) -> list[Worker]:
+    params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id}
     assignments: dict[UUID, list[AssignmentView]] = {}
-    for a in await reader.all("assignments_of_workers", {"worker_ids": [r[0] for r in rows],
-                                                         "organization_id": operator.organization_id}):
+    for a in await reader.all("assignments_of_workers", params):
         assignments.setdefault(a[0], []).append(AssignmentView.of(a))
-    return [Worker.of(r, assignments.get(r[0], [])) for r in rows]
+    seen: dict[UUID, datetime | None] = {r[0]: r[1] for r in await reader.all("workers_last_seen", params)}
+    leases: dict[UUID, list[LiveLease]] = {}
+    for lease in await reader.all("workers_live_leases", params):
+        leases.setdefault(lease[0], []).append(live_lease(lease))
+    return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []))
+            for r in rows]
 
 
 async def _worker(request: web.Request, operator: Operator, worker_id: UUID) -> Worker:
@@ -236,6 +264,9 @@ async def register_worker(request: web.Request) -> web.StreamResponse:
     worker_id = await _services(request).registry.register_worker(
         name=body.name, fingerprint=body.fingerprint, capabilities=tuple(body.capabilities),
         task_types=tuple(body.task_types), max_concurrent_tasks=body.max_concurrent_tasks, actor=operator.actor)
+    if not body.task_types:
+        log.warning("worker registered without task types: it is never offered a task",
+                    extra={"worker_id": str(worker_id), "warning": NO_TASK_TYPES})
     return ok(await _worker(request, operator, worker_id), status=201)
 
 
@@ -713,3 +744,144 @@ async def record_legacy_status(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, LegacyStatus)
     await _services(request).legacy.record_status(scan_id, body.status, actor=operator.actor)
     return ok(await _scan(request, operator, scan_id))
+
+
+# --- finding work: lists, scan detail, counts, retry -------------------------------------------
+#
+# Lists are newest first, (created_at, id) descending, a page at a time: ``next_cursor`` names the
+# last item of the page (opaque to clients: base64url of its created_at and id), and the next page
+# starts strictly after it, so rows created meanwhile never shift a page. Filters are exact
+# matches; an organisation key lists only its own organisation, and naming another answers 404.
+
+
+def encode_cursor(created_at: datetime, item_id: UUID) -> str:
+    raw = f"{created_at.isoformat()}|{item_id}".encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    """The position a ``next_cursor`` names; 400 for anything this API did not give out."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        at, _, item_id = raw.partition("|")
+        created_at = datetime.fromisoformat(at)
+        if created_at.tzinfo is None:
+            raise ValueError("naive time")
+        return created_at, UUID(item_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise BadRequest("the cursor is not one this API gave out (pass a page's next_cursor unchanged)",
+                         ) from exc
+
+
+def _scope(operator: Operator, requested: UUID | None) -> UUID | None:
+    """The organisation a list or count covers: the one asked for (404 when the key cannot see
+    it), else the key's own (None for an administrator: all of them)."""
+    if requested is not None:
+        _see_organization(operator, requested)
+        return requested
+    return operator.organization_id
+
+
+def _page_params(operator: Operator, query: ListQuery) -> dict[str, Any]:
+    before_at, before_id = decode_cursor(query.cursor) if query.cursor is not None else (None, None)
+    return {"organization_id": _scope(operator, query.organization_id), "created_from": query.created_from,
+            "created_to": query.created_to, "before_at": before_at, "before_id": before_id,
+            "limit": query.limit + 1}
+
+
+def _next_cursor(items: Sequence[Scan | TaskSummary], limit: int) -> str | None:
+    return encode_cursor(items[limit - 1].created_at, items[limit - 1].id) if len(items) > limit else None
+
+
+@routes.route("GET", "/v1/scans", summary="List scans, newest first (filters: status, organisation, creation time)",
+              auth="operator", query=ScanListQuery, response=ScanPage, statuses=(400,), tags=TAGS)
+async def list_scans(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    query = read_query(request, ScanListQuery)
+    params = {**_page_params(operator, query), "status": query.status}
+    async with _services(request).db.snapshot() as reader:
+        await reader.one("custom_plans", {})
+        items = [Scan.of(r) for r in await reader.all("scans_page", params)]
+    return ok(ScanPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
+
+
+@routes.route("GET", "/v1/scans/{scan_id}/detail",
+              summary="A scan with its jobs (in position order) and each job's task", auth="operator",
+              response=ScanDetail, tags=TAGS)
+async def get_scan_detail(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    scan_id = _path_id(request, "scan_id", "scan")
+    async with _services(request).db.snapshot() as reader:
+        row = await reader.one("scan_get", {"scan_id": scan_id})
+        if row is None or not operator.can_see(row[1]):
+            raise NotFound("no such scan", scan_id=str(scan_id))
+        jobs = [job(r) for r in await reader.all("scan_jobs_with_tasks",
+                                                    {"scan_id": scan_id, "limit": MAX_DETAIL_JOBS})]
+        (_, job_count, *_) = await reader.one("scan_jobs_summary", {"scan_id": scan_id}) or (None, 0)
+    return ok(ScanDetail(scan=Scan.of(row), jobs=jobs, job_count=job_count))
+
+
+@routes.route("GET", "/v1/tasks",
+              summary="List tasks, newest first (filters: state, type, organisation, scan, worker, creation time)",
+              auth="operator", query=TaskListQuery, response=TaskPage, statuses=(400,), tags=TAGS)
+async def list_tasks(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    query = read_query(request, TaskListQuery)
+    params = {**_page_params(operator, query), "state": query.state, "task_type": query.task_type,
+              "scan_id": query.scan_id, "worker_id": query.worker_id}
+    async with _services(request).db.snapshot() as reader:
+        await reader.one("custom_plans", {})
+        items = [task_summary(r) for r in await reader.all("tasks_page", params)]
+    return ok(TaskPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
+
+
+TASK_STATES = ("pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling",
+               "cancelled")
+SCAN_STATUSES = ("pending", "running", "success", "failed", "cancelled")
+
+
+@routes.route("GET", "/v1/counts",
+              summary="Tasks by state, scans by status, and the queue (depth, oldest waiting) per organisation",
+              auth="operator", query=CountsQuery, response=Counts, tags=TAGS)
+async def get_counts(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    query = read_query(request, CountsQuery)
+    params = {"organization_id": _scope(operator, query.organization_id), "now": None}
+    async with _services(request).db.snapshot() as reader:
+        await reader.one("custom_plans", {})
+        tasks = await reader.all("task_counts", params)
+        scans = await reader.all("scan_counts", params)
+        queues = await reader.all("task_queues", params)
+        (measured_at,) = await reader.one("snapshot_now", {"now": None}) or (None,)
+    orgs: dict[UUID, dict[str, Any]] = {}
+
+    def entry(org: UUID) -> dict[str, Any]:
+        return orgs.setdefault(org, {"tasks": dict.fromkeys(TASK_STATES, 0), "scans": dict.fromkeys(SCAN_STATUSES, 0),
+                                     "queue": QueueCounts(depth=0, ready=0, oldest_ready_since=None,
+                                                          oldest_ready_age_seconds=None)})
+    if params["organization_id"] is not None:
+        entry(params["organization_id"])
+    for org, state, count in tasks:
+        entry(org)["tasks"][state] = count
+    for org, status, count in scans:
+        entry(org)["scans"][status] = count
+    for org, depth, ready, oldest, now in queues:
+        entry(org)["queue"] = QueueCounts(
+            depth=depth, ready=ready, oldest_ready_since=oldest,
+            oldest_ready_age_seconds=round((now - oldest).total_seconds(), 3) if oldest is not None else None)
+    return ok(Counts(measured_at=measured_at, organizations=[
+        OrganizationCounts(organization_id=org, tasks_by_state=e["tasks"], scans_by_status=e["scans"],
+                           queue=e["queue"]) for org, e in sorted(orgs.items(), key=lambda kv: str(kv[0]))]))
+
+
+@routes.route("POST", TASK_PATH + "/retry",
+              summary="Retry a failed_terminal task: back to pending with fresh attempts (recorded as TaskRetried)",
+              auth="operator", request=RetryTask, response=Task, tags=TAGS)
+async def retry_task(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    task_id = _path_id(request, "task_id", "task")
+    await _see_task(request, operator, task_id)
+    body = await read_json(request, RetryTask)
+    await _services(request).lifecycle.retry(task_id, reason=body.reason, attempts=body.attempts,
+                                             actor=operator.actor)
+    return ok(await _task(request, operator, task_id))

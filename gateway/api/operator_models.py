@@ -5,16 +5,37 @@ arrive as such (``"5"`` is not a capacity). Responses never carry a lease token 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
+from domain.events import ScanStatus, TaskStateName
 from domain.task import TaskState
 from gateway.api.http import INTEGRAL
 from gateway.api.worker_models import AttemptView
+
+# The finding-work answers are the client's own models: one definition, which the Gateway answers with.
+from leasehold_client.models import Counts as Counts
+from leasehold_client.models import Job as Job
+from leasehold_client.models import LiveLease as LiveLease
+from leasehold_client.models import OrganizationCounts as OrganizationCounts
+from leasehold_client.models import QueueCounts as QueueCounts
+from leasehold_client.models import TaskPage as TaskPage
+from leasehold_client.models import TaskSummary as TaskSummary
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
@@ -158,6 +179,15 @@ class AssignmentView(Body):
                    updated_at=updated_at)
 
 
+NO_TASK_TYPES = ("the worker has no task types: it is never offered a task (give it task types with "
+                 "PATCH /v1/workers/{worker_id})")
+
+
+def worker_warnings(task_types: Sequence[str]) -> list[str]:
+    """Why a worker with this configuration would never get work (empty: nothing to say)."""
+    return [] if task_types else [NO_TASK_TYPES]
+
+
 class Worker(Body):
     id: UUID
     name: str
@@ -171,13 +201,24 @@ class Worker(Body):
     updated_at: datetime
     assignments: list[AssignmentView] = Field(
         description="all of them for an administrator; an organisation key sees only its own")
+    last_seen_at: datetime | None = Field(None, description=(
+        "the latest time a request of the worker changed one of its attempts (a lease, start, renewal, "
+        "result batch, completion, failure or cancel acknowledgement); null: never. An organisation key "
+        "sees only the worker's work on its own tasks. Acquire long-polls that found nothing do not count"))
+    live_leases: list[LiveLease] = Field(default_factory=list, description=(
+        "the worker's attempts that are leased or running, oldest lease first (an organisation key: "
+        "on its own tasks only)"))
+    warnings: list[str] = Field(default_factory=list, description=(
+        "what makes the worker unable to get work, e.g. no task types (it is never offered a task)"))
 
     @classmethod
-    def of(cls, row: Sequence[Any], assignments: Sequence[AssignmentView]) -> Worker:
+    def of(cls, row: Sequence[Any], assignments: Sequence[AssignmentView], *, last_seen_at: datetime | None = None,
+           live_leases: Sequence[LiveLease] = ()) -> Worker:
         """From ``worker_get``/``workers_page`` rows."""
         return cls(id=row[0], name=row[1], fingerprint=row[2], enabled=row[3], revoked_at=row[4],
                    capabilities=list(row[5]), task_types=list(row[6]), max_concurrent_tasks=row[7],
-                   created_at=row[8], updated_at=row[9], assignments=list(assignments))
+                   created_at=row[8], updated_at=row[9], assignments=list(assignments),
+                   last_seen_at=last_seen_at, live_leases=list(live_leases), warnings=worker_warnings(row[6]))
 
 
 class WorkerPage(Body):
@@ -308,6 +349,13 @@ class CreateTask(Body):
 
 class CancelTask(Body):
     reason: Reason = "cancelled by an operator"
+
+
+class RetryTask(Body):
+    reason: Reason = "retried by an operator"
+    attempts: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] | None = Field(None, description=(
+        "fresh attempts: max_attempts becomes the attempts already made plus this (default: the task's "
+        "max_attempts so far); at most 100 attempts in all (more answers 409)"))
 
 
 class Attempt(AttemptView):
@@ -503,3 +551,85 @@ class ProfileDeletion(Body):
 class LegacyStatus(Body):
     status: Literal["running", "success", "failed", "cancelled"] = Field(
         description="the legacy worker took the scan (running), or its outcome")
+
+
+# --- finding work: lists, detail, counts ------------------------------------------------------
+
+#: The most items one page of a list holds (``limit``).
+MAX_PAGE = 500
+#: RFC 3339 date-time with an offset (pydantic alone would also take a date, or seconds since 1970).
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"
+
+
+class ListQuery(Query):
+    """Paging and the time range every list shares."""
+
+    limit: int = Field(100, ge=1, le=MAX_PAGE, description=f"items per page (at most {MAX_PAGE})")
+    cursor: str | None = Field(None, max_length=200, pattern=CURSOR_PATTERN, description=(
+        "the `next_cursor` of the previous page (opaque); a cursor this API did not give answers 400"))
+    created_from: AwareDatetime | None = Field(None, description=(
+        "only items created at or after this time (RFC 3339, with an offset)"))
+    created_to: AwareDatetime | None = Field(None, description=(
+        "only items created before this time (RFC 3339, with an offset)"))
+    organization_id: UUID | None = Field(None, description=(
+        "only this organisation's items (an organisation key: its own, the default; another one answers 404)"))
+
+    @field_validator("created_from", "created_to", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        if isinstance(value, str) and not RFC3339.match(value):
+            raise ValueError("expected an RFC 3339 date-time with an offset, e.g. 2026-01-31T12:00:00Z")
+        return value
+
+
+class ScanListQuery(ListQuery):
+    status: ScanStatus | None = Field(None, description="only scans in this status")
+
+
+class TaskListQuery(ListQuery):
+    state: TaskStateName | None = Field(None, description="only tasks in this state")
+    task_type: Label | None = Field(None, description="only tasks of this type")
+    scan_id: UUID | None = Field(None, description="only this scan's tasks")
+    worker_id: UUID | None = Field(None, description="only tasks whose current (latest) attempt is this worker's")
+
+
+class CountsQuery(Query):
+    organization_id: UUID | None = Field(None, description=(
+        "only this organisation (an organisation key: its own, the default; another one answers 404)"))
+
+
+class ScanPage(Body):
+    items: list[Scan] = Field(description="newest first: created_at, then id, descending")
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
+
+
+#: The most jobs a scan detail shows (by position); ``job_count`` says how many there are.
+MAX_DETAIL_JOBS = 1000
+
+
+class ScanDetail(Body):
+    scan: Scan
+    jobs: list[Job] = Field(description=f"in position order; the first {MAX_DETAIL_JOBS}")
+    job_count: int = Field(description="how many jobs the scan has")
+
+
+def live_lease(row: Sequence[Any]) -> LiveLease:
+    """From ``workers_live_leases`` (worker_id first)."""
+    return LiveLease(task_id=row[1], attempt_id=row[2], organization_id=row[3], status=row[4], leased_at=row[5],
+                     lease_expires_at=row[6], deadline_at=row[7])
+
+
+def task_summary(r: Sequence[Any]) -> TaskSummary:
+    """From ``tasks_page`` rows (16 columns; also the tail of ``scan_jobs_with_tasks``)."""
+    return TaskSummary(id=r[0], organization_id=r[1], scan_id=r[2], scan_job_id=r[3], task_type=r[4], state=r[5],
+                       priority=r[6], attempt_count=r[7], max_attempts=r[8], available_at=r[9], created_at=r[10],
+                       updated_at=r[11], finished_at=r[12], last_error=r[13], current_attempt_id=r[14],
+                       worker_id=r[15])
+
+
+def job(r: Sequence[Any]) -> Job:
+    """From ``scan_jobs_with_tasks`` rows: the job, then its task's columns (NULL: no task)."""
+    return Job(id=r[0], position=r[1], plugin=r[2], status=r[3], execution_mode=r[4], created_at=r[5],
+               updated_at=r[6], started_at=r[7], finished_at=r[8],
+               task=task_summary(r[9:]) if r[9] is not None else None)

@@ -71,6 +71,11 @@ LEASE_LINKS = {
     for action in ("renew", "progress", "results", "complete", "fail", "cancel_ack")}
 
 
+#: Set on an acquire answer when the worker can get no work at all (e.g. no task types); the
+#: worker agent logs it.
+WARNING_HEADER = "Leasehold-Warning"
+
+
 @routes.route("POST", "/v1/tasks/acquire", summary="Lease one task (long-poll up to wait_seconds)",
               auth="worker", request=AcquireRequest, response=AcquireResponse, statuses=(200, 204),
               tags=("worker",), links=LEASE_LINKS)
@@ -85,16 +90,19 @@ async def acquire(request: web.Request) -> web.StreamResponse:
         polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
                                       fingerprint=worker.fingerprint)
         news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+        warning = {WARNING_HEADER: polled.warning} if polled.warning else None
         if polled.acquired is not None or news:
             # On the record before the answer leaves: the first time each cancel is handed over.
             await lifecycle.cancels_delivered(worker.id, [(t, a) for t, a in news if a in polled.undelivered],
                                               channel="long-poll", actor=worker.actor)
             cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-            return ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
-                                      cancel_requested=cancels))
+            answer = ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
+                                        cancel_requested=cancels))
+            answer.headers.update(warning or {})
+            return answer
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return web.Response(status=204)
+            return web.Response(status=204, headers=warning)
         if topics is None:
             topics = await _topics(request, worker.id)
         # Woken by NOTIFY within milliseconds; the poll interval bounds a missed notification.

@@ -55,6 +55,7 @@ from domain.task import (
     ReissueLease,
     Renew,
     RequestCancel,
+    RetryTask,
     RevokeAttempt,
     SubmitBatch,
     TaskState,
@@ -96,14 +97,20 @@ class Acquired:
     lease_token: str
 
 
+#: What an acquire answer tells a worker registered without task types (it is never offered a task).
+NO_TASK_TYPES = "this worker is registered without task types: it is never offered a task"
+
+
 @dataclass(frozen=True, slots=True)
 class Poll:
-    """What one acquire round found: a lease (or None), and the worker's attempts to stop
-    (``undelivered``: those whose cancellation was never handed to the worker yet)."""
+    """What one acquire round found: a lease (or None), the worker's attempts to stop
+    (``undelivered``: those whose cancellation was never handed to the worker yet), and why the
+    worker can get no work at all, if that is so (:data:`NO_TASK_TYPES`)."""
 
     acquired: Acquired | None
     cancel_requested: list[tuple[UUID, UUID]]
     undelivered: frozenset[UUID] = frozenset()
+    warning: str | None = None
 
 
 #: How a cancellation leg is observed: (leg, channel, seconds); legs are ``request_to_delivery``
@@ -284,6 +291,8 @@ class Lifecycle:
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
+            if not worker.task_types:
+                return Poll(None, cancelling, undelivered, warning=NO_TASK_TYPES), []
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return Poll(None, cancelling, undelivered), []
             row = await tx.one("task_lock_acquirable", {
@@ -484,6 +493,35 @@ class Lifecycle:
     def _observe_legs(self, task: TaskState, events: Sequence[DomainEvent]) -> None:
         for leg, channel, seconds in cancel_legs(task, events):
             self.observe_cancel(leg, channel, seconds)
+
+    async def retry(self, task_id: UUID, *, reason: str = "retried by an operator", attempts: int | None = None,
+                    actor: str = "system") -> TaskState:
+        """failed_terminal -> pending with a fresh attempt budget (:class:`domain.task.RetryTask`).
+
+        One transaction: the task's lock, then its scan's (the lifecycle's lock order). A failed
+        scan is reopened (``ScanReopened``) so that it settles again when the task ends; a
+        cancelled scan refuses (409), as does a task in any other state.
+        """
+        async def body(tx: Transaction) -> tuple[TaskState, list[DomainEvent]]:
+            row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
+            if row is None:
+                raise NotFound("no such task", task_id=str(task_id))
+            task, head = task_from_row(row)
+            now: datetime = row[-1]
+            events = decide(task, RetryTask(reason=reason, attempts=attempts), now=now, actor=actor)
+            scan = await tx.one("scan_lock_for_orchestration", {"scan_id": task.scan_id})
+            assert scan is not None, "the foreign key guarantees the scan"
+            _, version, head_hash, status, cancel_requested, org_id, *_ = scan
+            reopened = scan_rules.reopen_for_retry(task.scan_id, version, status, cancel_requested,
+                                                   task_id=task_id, reason=reason, now=now, actor=actor)
+            after, _ = await self._commit(tx, task, head, events, now)
+            tx.append(StreamHead(task.scan_id, version, bytes(head_hash)), reopened)
+            tx.notify(wakeups.available(org_id))
+            return after, [*events, *reopened]
+
+        task, events = await self.db.run(body)
+        self.observe(events)
+        return task
 
     async def _gateway_command(self, task_id: UUID, command: Any, actor: str) -> TaskState:
         task, events = await self.db.run(lambda tx: self._decide_locked(tx, task_id, command, actor))

@@ -68,3 +68,40 @@ FOR UPDATE
 -- name: scan_job_ids
 -- A separate statement after the scan's lock: every job the scan's stream queued.
 SELECT j.id FROM scan_jobs j WHERE j.scan_id = %(scan_id)s ORDER BY j.position
+
+-- name: scans_page
+-- Operator API: scans newest first, (created_at, id) descending, after a keyset cursor. Every
+-- filter is optional (NULL: any). Run with custom plans (custom_plans), so that the planner sees
+-- which filters are set and walks the matching index (migration finding_work) in order.
+SELECT s.id, s.organization_id, s.status, s.execution_mode, s.targets, s.created_at, s.updated_at,
+       s.finished_at, s.profile, s.stored_profile_id, s.legacy_scan_id, s.handed_over_to
+FROM scans s
+WHERE (%(organization_id)s::uuid IS NULL OR s.organization_id = %(organization_id)s::uuid)
+  AND (%(status)s::text IS NULL OR s.status = %(status)s::text)
+  AND (%(created_from)s::timestamptz IS NULL OR s.created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR s.created_at < %(created_to)s::timestamptz)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (s.created_at, s.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY s.created_at DESC, s.id DESC
+LIMIT %(limit)s
+
+-- name: scan_jobs_with_tasks
+-- Operator API: a scan's jobs in position order, each with its task (a legacy job has none).
+SELECT j.id, j.position, j.plugin, j.status, j.execution_mode, j.created_at, j.updated_at, j.started_at,
+       j.finished_at,
+       t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, t.priority, t.attempt_count,
+       t.max_attempts, t.available_at, t.created_at, t.updated_at, t.finished_at, t.last_error,
+       t.current_attempt_id, cur.worker_id
+FROM scan_jobs j
+LEFT JOIN worker_tasks t ON t.scan_job_id = j.id
+LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
+WHERE j.scan_id = %(scan_id)s
+ORDER BY j.position
+LIMIT %(limit)s
+
+-- name: scan_counts
+-- Operator API: scans by organisation and status (organization_id NULL: every organisation).
+SELECT s.organization_id, s.status, count(*)
+FROM scans s
+WHERE (%(organization_id)s::uuid IS NULL OR s.organization_id = %(organization_id)s::uuid)
+GROUP BY 1, 2

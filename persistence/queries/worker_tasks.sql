@@ -127,3 +127,57 @@ SELECT t.organization_id FROM worker_tasks t WHERE t.id = %(task_id)s
 SELECT t.id FROM worker_tasks t
 WHERE t.scan_job_id = ANY(%(job_ids)s::uuid[]) OR t.scan_id = %(scan_id)s
 ORDER BY t.created_at, t.id
+
+-- name: custom_plans
+-- For the rest of the (snapshot) transaction: plan every statement for its actual parameters.
+-- The list statements below take optional filters (NULL: any); a generic plan, which psycopg's
+-- prepared statements would get after a few runs, cannot tell which are set, nor pick an index.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
+
+-- name: tasks_page
+-- Operator API: tasks newest first, (created_at, id) descending, after a keyset cursor, each with
+-- its current attempt's worker. Every filter is optional (NULL: any); worker_id: tasks whose
+-- current (latest) attempt is that worker's. Run after custom_plans (see there). At scale the plan
+-- walks a worker_tasks index in list order and probes each task's current attempt by its key
+-- (bench/finding_work.py: a page reads its 101 rows at 10,000 and at 100,000 tasks).
+SELECT t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, t.priority, t.attempt_count,
+       t.max_attempts, t.available_at, t.created_at, t.updated_at, t.finished_at, t.last_error,
+       t.current_attempt_id, cur.worker_id
+FROM worker_tasks t
+LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
+WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+  AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+  AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
+  AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
+  AND (%(created_from)s::timestamptz IS NULL OR t.created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR t.created_at < %(created_to)s::timestamptz)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (t.created_at, t.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY t.created_at DESC, t.id DESC
+LIMIT %(limit)s
+
+-- name: task_counts
+-- Operator API: tasks by organisation and state (organization_id NULL: every organisation).
+SELECT t.organization_id, t.state, count(*)
+FROM worker_tasks t
+WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+GROUP BY 1, 2
+
+-- name: task_queues
+-- Operator API: the queue of each organisation (tasks waiting for a lease: pending or
+-- retry_wait), how many of them are ready (available now), and since when the oldest ready one
+-- has been waiting. Reads only the acquirable partial index's rows.
+SELECT t.organization_id, count(*),
+       count(*) FILTER (WHERE t.available_at <= q.now),
+       min(t.available_at) FILTER (WHERE t.available_at <= q.now),
+       q.now
+FROM worker_tasks t
+CROSS JOIN (SELECT coalesce(%(now)s::timestamptz, now()) AS now) q
+WHERE t.state IN ('pending', 'retry_wait')
+  AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+GROUP BY t.organization_id, q.now
+
+-- name: snapshot_now
+-- The time a read-only snapshot is taken at (now(): its transaction's start), as task_queues uses.
+SELECT coalesce(%(now)s::timestamptz, now())

@@ -114,3 +114,27 @@ WHERE a.worker_id = %(worker_id)s
   AND (t.state IN ('leased', 'running') OR (%(include_cancelling)s::boolean AND t.state = 'cancelling'))
   AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
 ORDER BY t.id
+
+-- name: workers_last_seen
+-- Operator API: when each worker was last seen (its attempts' last_seen_at: the latest event a
+-- request of the worker caused), one index probe each. An organisation key (organization_id
+-- set) sees only what the worker did on that organisation's tasks.
+SELECT w.id,
+       (SELECT max(a.last_seen_at) FROM worker_task_attempts a
+        WHERE a.worker_id = w.id
+          AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+                SELECT 1 FROM worker_tasks t
+                WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid)))
+FROM unnest(%(worker_ids)s::uuid[]) AS w(id)
+
+-- name: workers_live_leases
+-- Operator API: the live attempts (leased or running) of the workers, oldest lease first; of one
+-- organisation's tasks when organization_id is set.
+SELECT a.worker_id, a.task_id, a.id, t.organization_id, a.status, a.leased_at, a.lease_expires_at,
+       a.deadline_at
+FROM worker_task_attempts a
+JOIN worker_tasks t ON t.id = a.task_id
+WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
+  AND a.status IN ('leased', 'running')
+  AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+ORDER BY a.leased_at, a.id

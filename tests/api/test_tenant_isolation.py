@@ -185,6 +185,11 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("DELETE", PROFILE_PATH): (NOT_FOUND, None),
     ("PUT", "/v1/organizations/{organization_id}/gateway-execution"): (NOT_FOUND, {"enabled": False}),
     ("POST", "/v1/scans/{scan_id}/legacy-status"): (NOT_FOUND, {"status": "running"}),
+    ("GET", "/v1/scans"): (OWN_ONLY, None),
+    ("GET", "/v1/scans/{scan_id}/detail"): (NOT_FOUND, None),
+    ("GET", "/v1/tasks"): (OWN_ONLY, None),
+    ("GET", "/v1/counts"): (OWN_ONLY, None),
+    ("POST", TASK_PATH + "/retry"): (NOT_FOUND, {}),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
 #: Service endpoints answer anyone, and say nothing about any organisation.

@@ -32,7 +32,7 @@ STEPS = st.lists(
     st.tuples(
         st.sampled_from(["task", "task", "acquire", "acquire", "acquire", "progress", "renew", "batch",
                          "final", "final", "complete", "complete", "fail", "fail_terminal", "cancel", "ack",
-                         "stale", "time", "expire", "deadline", "terminate", "poll", "disable",
+                         "stale", "time", "expire", "deadline", "terminate", "poll", "disable", "retry",
                          "org_flag", "profile", "profile_change", "scan_by_profile", "legacy_status"]),
         st.integers(0, 1_000_000),
     ),
@@ -80,6 +80,8 @@ async def run_program(world: World, workers: list[Any], steps: list[tuple[str, i
                 await world.registry.set_worker_enabled(worker, False)
                 await lc.cancel_worker_attempts(worker, reason="worker disabled", actor="op", at_once=True)
                 await world.registry.set_worker_enabled(worker, True)
+            elif op == "retry":  # refused (409) unless the task is failed_terminal
+                await lc.retry(rng.choice(tasks), attempts=rng.choice([None, 1, 2]))
             elif op in ("org_flag", "profile", "profile_change", "scan_by_profile", "legacy_status"):
                 await _mode_step(world, op, n, rng)
             elif lease is not None:

@@ -1,0 +1,40 @@
+"""A typed Python client for the leasehold operator API.
+
+    async with OperatorClient("https://gateway:8444", api_key, ca_file="ca.pem") as api:
+        page = await api.list_tasks(state="failed_terminal")
+        for task in page.items:
+            await api.retry_task(task.id)
+
+Every answer is a pydantic model (:mod:`leasehold_client.models`); every problem+json answer is
+raised as :class:`ApiError` (``status``, ``title``, ``detail``). Built on aiohttp, and on nothing
+of the server: it installs and runs with the base (worker) install.
+"""
+
+from leasehold_client.client import ApiError, OperatorClient
+from leasehold_client.models import (
+    ApiKeyCreated,
+    Assignment,
+    Attempt,
+    Counts,
+    Job,
+    LiveLease,
+    Organization,
+    OrganizationCounts,
+    OrganizationPage,
+    QueueCounts,
+    Scan,
+    ScanCancellation,
+    ScanDetail,
+    ScanPage,
+    Task,
+    TaskPage,
+    TaskSummary,
+    Worker,
+    WorkerPage,
+)
+
+__all__ = [
+    "ApiError", "ApiKeyCreated", "Assignment", "Attempt", "Counts", "Job", "LiveLease", "OperatorClient",
+    "Organization", "OrganizationCounts", "OrganizationPage", "QueueCounts", "Scan", "ScanCancellation",
+    "ScanDetail", "ScanPage", "Task", "TaskPage", "TaskSummary", "Worker", "WorkerPage",
+]

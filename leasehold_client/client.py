@@ -1,0 +1,243 @@
+"""The operator API over HTTPS (aiohttp): one method per operation, typed answers, one error type."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+from uuid import UUID
+
+import aiohttp
+from pydantic import BaseModel
+
+from leasehold_client.models import (
+    ApiKeyCreated,
+    Counts,
+    Organization,
+    OrganizationPage,
+    Scan,
+    ScanCancellation,
+    ScanDetail,
+    ScanPage,
+    Task,
+    TaskPage,
+    TaskSummary,
+    Worker,
+    WorkerPage,
+)
+
+M = TypeVar("M", bound=BaseModel)
+Item = TypeVar("Item", covariant=True)
+Ids = UUID | str
+
+
+class ApiError(Exception):
+    """An answer of 400 or more: its problem document's ``status``, ``title`` and ``detail``
+    (``body`` holds the whole document, e.g. the validation ``errors`` of a 422)."""
+
+    def __init__(self, status: int, title: str, detail: str, body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {title}: {detail}")
+        self.status, self.title, self.detail = status, title, detail
+        self.body: Mapping[str, Any] = body or {}
+
+
+def _query(**values: Any) -> dict[str, str]:
+    """Query parameters: None left out, times as RFC 3339, the rest as text."""
+    out = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        out[name] = value.isoformat() if isinstance(value, datetime) else str(value)
+    return out
+
+
+def _body(**values: Any) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+class _Page(Protocol[Item]):
+    @property
+    def items(self) -> Sequence[Item]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+async def _every(fetch: Callable[..., Awaitable[_Page[Item]]], page_size: int,
+                 filters: dict[str, Any]) -> AsyncIterator[Item]:
+    """Every item of a cursor-paged list: each page's ``next_cursor`` asks for the next."""
+    cursor: str | None = None
+    while True:
+        page = await fetch(limit=page_size, cursor=cursor, **filters)
+        for item in page.items:
+            yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+class OperatorClient:
+    """An operator API session: ``base_url`` (``https://host:8444``), a bearer ``api_key``, and the CA
+    that signed the Gateway's certificate (``ca_file``; default: the system's trust store).
+
+    Use it as an async context manager (or call :meth:`close`).
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, ca_file: str | None = None, timeout: float = 30.0,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.ca_file = ca_file
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> OperatorClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None and self._owns_session:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._session
+
+    async def request(self, method: str, path: str, *, json: Any = None,
+                      params: Mapping[str, str] | None = None) -> Any:
+        """The decoded JSON answer of one request; :class:`ApiError` for any answer of 400 or more."""
+        async with self._open().request(method, self.base_url + path, json=json, params=params,
+                                        headers=self._headers) as r:
+            text = await r.text()
+            data: Any = None
+            if text:
+                try:
+                    data = await r.json(content_type=None)
+                except ValueError:
+                    data = None
+            if r.status >= 400:
+                problem = data if isinstance(data, dict) else {}
+                raise ApiError(r.status, str(problem.get("title", r.reason or "Error")),
+                               str(problem.get("detail", text[:500])), problem)
+            return data
+
+    async def _get(self, model: type[M], path: str, **params: Any) -> M:
+        return model.model_validate(await self.request("GET", path, params=_query(**params)))
+
+    async def _post(self, model: type[M], path: str, body: dict[str, Any]) -> M:
+        return model.model_validate(await self.request("POST", path, json=body))
+
+    # --- organisations and keys --------------------------------------------------------------
+
+    async def create_organization(self, name: str) -> Organization:
+        return await self._post(Organization, "/v1/organizations", {"name": name})
+
+    async def list_organizations(self, *, limit: int | None = None, after: Ids | None = None) -> OrganizationPage:
+        return await self._get(OrganizationPage, "/v1/organizations", limit=limit, after=after)
+
+    async def create_api_key(self, organization_id: Ids, name: str) -> ApiKeyCreated:
+        return await self._post(ApiKeyCreated, f"/v1/organizations/{organization_id}/api-keys", {"name": name})
+
+    # --- workers -----------------------------------------------------------------------------
+
+    async def register_worker(self, name: str, fingerprint: str, *, task_types: list[str] | None = None,
+                              capabilities: list[str] | None = None,
+                              max_concurrent_tasks: int | None = None) -> Worker:
+        """Register a worker (administrator); ``warnings`` of the answer says when it can get no work."""
+        return await self._post(Worker, "/v1/workers", _body(
+            name=name, fingerprint=fingerprint, task_types=task_types, capabilities=capabilities,
+            max_concurrent_tasks=max_concurrent_tasks))
+
+    async def list_workers(self, *, limit: int | None = None, after: Ids | None = None) -> WorkerPage:
+        return await self._get(WorkerPage, "/v1/workers", limit=limit, after=after)
+
+    async def iter_workers(self, *, page_size: int = 100) -> AsyncIterator[Worker]:
+        after: UUID | None = None
+        while True:
+            page = await self.list_workers(limit=page_size, after=after)
+            for worker in page.items:
+                yield worker
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    async def get_worker(self, worker_id: Ids) -> Worker:
+        return await self._get(Worker, f"/v1/workers/{worker_id}")
+
+    async def assign_worker(self, worker_id: Ids, organization_id: Ids) -> Worker:
+        return await self._post(Worker, f"/v1/workers/{worker_id}/assignments",
+                                {"organization_id": str(organization_id)})
+
+    # --- scans -------------------------------------------------------------------------------
+
+    async def create_scan(self, *, organization_id: Ids | None = None, targets: dict[str, Any] | None = None,
+                          profile: list[dict[str, Any]] | str | None = None) -> Scan:
+        return await self._post(Scan, "/v1/scans", _body(
+            organization_id=str(organization_id) if organization_id else None, targets=targets, profile=profile))
+
+    async def list_scans(self, *, status: str | None = None, organization_id: Ids | None = None,
+                         created_from: datetime | None = None, created_to: datetime | None = None,
+                         limit: int | None = None, cursor: str | None = None) -> ScanPage:
+        """One page of scans, newest first; pass its ``next_cursor`` as ``cursor`` for the next."""
+        return await self._get(ScanPage, "/v1/scans", status=status, organization_id=organization_id,
+                               created_from=created_from, created_to=created_to, limit=limit, cursor=cursor)
+
+    async def iter_scans(self, *, page_size: int = 100, **filters: Any) -> AsyncIterator[Scan]:
+        """Every scan matching ``filters`` (those of :meth:`list_scans`), page after page."""
+        async for scan in _every(self.list_scans, page_size, filters):
+            yield scan
+
+    async def get_scan(self, scan_id: Ids) -> Scan:
+        return await self._get(Scan, f"/v1/scans/{scan_id}")
+
+    async def scan_detail(self, scan_id: Ids) -> ScanDetail:
+        return await self._get(ScanDetail, f"/v1/scans/{scan_id}/detail")
+
+    async def cancel_scan(self, scan_id: Ids, *, reason: str | None = None) -> ScanCancellation:
+        return await self._post(ScanCancellation, f"/v1/scans/{scan_id}/cancel", _body(reason=reason))
+
+    # --- tasks -------------------------------------------------------------------------------
+
+    async def create_task(self, scan_id: Ids, task_type: str, **spec: Any) -> Task:
+        """Queue a job on the scan and create its task (``spec``: the other fields of the body)."""
+        return await self._post(Task, f"/v1/scans/{scan_id}/tasks", {"task_type": task_type, **spec})
+
+    async def list_tasks(self, *, state: str | None = None, task_type: str | None = None,
+                         organization_id: Ids | None = None, scan_id: Ids | None = None,
+                         worker_id: Ids | None = None, created_from: datetime | None = None,
+                         created_to: datetime | None = None, limit: int | None = None,
+                         cursor: str | None = None) -> TaskPage:
+        """One page of tasks, newest first; pass its ``next_cursor`` as ``cursor`` for the next."""
+        return await self._get(TaskPage, "/v1/tasks", state=state, task_type=task_type,
+                               organization_id=organization_id, scan_id=scan_id, worker_id=worker_id,
+                               created_from=created_from, created_to=created_to, limit=limit, cursor=cursor)
+
+    async def iter_tasks(self, *, page_size: int = 100, **filters: Any) -> AsyncIterator[TaskSummary]:
+        """Every task matching ``filters`` (those of :meth:`list_tasks`), page after page."""
+        async for task in _every(self.list_tasks, page_size, filters):
+            yield task
+
+    async def get_task(self, task_id: Ids) -> Task:
+        return await self._get(Task, f"/v1/tasks/{task_id}")
+
+    async def cancel_task(self, task_id: Ids, *, reason: str | None = None) -> Task:
+        return await self._post(Task, f"/v1/tasks/{task_id}/cancel", _body(reason=reason))
+
+    async def retry_task(self, task_id: Ids, *, reason: str | None = None, attempts: int | None = None) -> Task:
+        """Put a ``failed_terminal`` task back to ``pending`` with fresh attempts (409 otherwise)."""
+        return await self._post(Task, f"/v1/tasks/{task_id}/retry", _body(reason=reason, attempts=attempts))
+
+    # --- counts ------------------------------------------------------------------------------
+
+    async def counts(self, *, organization_id: Ids | None = None) -> Counts:
+        return await self._get(Counts, "/v1/counts", organization_id=organization_id)

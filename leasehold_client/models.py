@@ -1,0 +1,216 @@
+"""What the operator API answers, as typed models.
+
+Fields the server adds later are ignored (``extra="ignore"``), so a client keeps working
+against a newer Gateway. The answers of the finding-work endpoints (task summaries and pages,
+jobs, counts, live leases) are defined here once: the Gateway answers with these very classes.
+The others mirror the Gateway's models (``gateway/api/operator_models.py``), which are their
+contract.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TaskStateName = Literal[
+    "pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling", "cancelled"
+]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Organization(Answer):
+    id: UUID
+    name: str
+    created_at: datetime
+    updated_at: datetime
+    gateway_execution: bool = True
+
+
+class OrganizationPage(Answer):
+    items: list[Organization]
+    next_after: UUID | None
+
+
+class ApiKeyCreated(Answer):
+    id: UUID
+    name: str
+    organization_id: UUID | None
+    key: str
+
+
+class Assignment(Answer):
+    organization_id: UUID
+    state: str
+    revoked_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class LiveLease(Answer):
+    """A leased or running attempt, as the worker list shows it."""
+
+    task_id: UUID
+    attempt_id: UUID
+    organization_id: UUID
+    status: Literal["leased", "running"]
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+
+class Worker(Answer):
+    id: UUID
+    name: str
+    fingerprint: str
+    enabled: bool
+    revoked_at: datetime | None
+    capabilities: list[str]
+    task_types: list[str]
+    max_concurrent_tasks: int
+    created_at: datetime
+    updated_at: datetime
+    assignments: list[Assignment]
+    last_seen_at: datetime | None = None
+    live_leases: list[LiveLease] = []
+    warnings: list[str] = []
+
+
+class WorkerPage(Answer):
+    items: list[Worker]
+    next_after: UUID | None
+
+
+class Scan(Answer):
+    id: UUID
+    organization_id: UUID
+    status: str
+    execution_mode: str
+    targets: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    profile: dict[str, Any] | None = None
+    stored_profile_id: UUID | None = None
+    legacy_scan_id: str | None = None
+    handed_over_to: UUID | None = None
+
+
+class ScanPage(Answer):
+    items: list[Scan]
+    next_cursor: str | None
+
+
+class ScanCancellation(Answer):
+    scan_id: UUID
+    tasks: list[dict[str, Any]]
+
+
+class TaskSummary(Answer):
+    """A task as lists show it: no scope, parameters or attempts (read the task for those)."""
+
+    id: UUID
+    organization_id: UUID
+    scan_id: UUID
+    scan_job_id: UUID
+    task_type: str
+    state: TaskStateName
+    priority: int
+    attempt_count: int
+    max_attempts: int
+    available_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    last_error: str | None
+    current_attempt_id: UUID | None
+    worker_id: UUID | None = Field(description="the worker of the current (latest) attempt; null before a lease")
+
+
+class TaskPage(Answer):
+    items: list[TaskSummary] = Field(description="newest first: created_at, then id, descending")
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
+
+
+class Attempt(Answer):
+    id: UUID
+    worker_id: UUID
+    attempt_number: int
+    status: str
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    batch_count: int
+    final_batch_accepted: bool
+    error: str | None
+
+
+class Task(Answer):
+    id: UUID
+    organization_id: UUID
+    scan_id: UUID
+    scan_job_id: UUID
+    task_type: str
+    required_capabilities: list[str]
+    priority: int
+    scope: dict[str, Any]
+    parameters: dict[str, Any]
+    state: str
+    available_at: datetime
+    attempt_count: int
+    max_attempts: int
+    lease_seconds: int
+    execution_timeout_seconds: int
+    cancel_requested_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    current_attempt_id: UUID | None
+    attempts: list[Attempt]
+
+
+class Job(Answer):
+    id: UUID
+    position: int
+    plugin: str
+    status: str
+    execution_mode: str
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    task: TaskSummary | None = Field(description="the job's task; null for a legacy-executed job")
+
+
+class ScanDetail(Answer):
+    scan: Scan
+    jobs: list[Job]
+    job_count: int
+
+
+class QueueCounts(Answer):
+    depth: int = Field(description="tasks waiting for a lease (pending or retry_wait)")
+    ready: int = Field(description="of those, the ones available now (a retry_wait task waits out its backoff)")
+    oldest_ready_since: datetime | None = Field(description="since when the oldest ready task has been available")
+    oldest_ready_age_seconds: float | None = Field(description="how long it has waited, in seconds")
+
+
+class OrganizationCounts(Answer):
+    organization_id: UUID
+    tasks_by_state: dict[str, int] = Field(description="every task state, zero included")
+    scans_by_status: dict[str, int] = Field(description="every scan status, zero included")
+    queue: QueueCounts
+
+
+class Counts(Answer):
+    organizations: list[OrganizationCounts] = Field(description=(
+        "one entry per organisation that has scans or tasks, in id order (an organisation key: its own, always)"))
+    measured_at: datetime = Field(description="the database time the queue ages are measured at")
