@@ -34,6 +34,7 @@ from gateway.keys import (
     NOTIFIER,
     OBSERVE_REQUEST,
     ROUTES,
+    SEALER,
     SERVICES,
     SETTINGS,
 )
@@ -41,6 +42,7 @@ from gateway.metrics import Metrics
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
 from persistence.connection import create_pool
+from persistence.seals import Sealer, load_private_key, open_sink
 from persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
@@ -86,7 +88,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                             name="leasehold-sweeper"),
         asyncio.create_task(sampler.run(db, metrics), name="leasehold-sampler"),
     ]
-    if settings.checkpoint_interval_seconds > 0:
+    sealer = app.get(SEALER)
+    if sealer is not None:
+        loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer),
+                                         name="leasehold-seals"))
+    elif settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
                                          name="leasehold-checkpoints"))
     if settings.schedule_interval_seconds > 0:
@@ -115,6 +121,9 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[OBSERVE_REQUEST] = app[METRICS].observe_request
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
     app[CERTIFICATES] = KnownCertificates()
+    if settings.seal_key_file is not None and settings.digest_dir is not None:
+        # Loaded before serving: a missing or wrong key stops the start, not the first seal.
+        app[SEALER] = Sealer(load_private_key(settings.seal_key_file), open_sink(settings.digest_dir))
     routes: list[Route] = [*service_api.routes, *worker_api.routes, *operator_api.routes]
     app[ROUTES] = routes
     for route in routes:

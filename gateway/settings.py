@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,6 +39,14 @@ class GatewaySettings(BaseSettings):
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
     checkpoint_interval_seconds: float = Field(
         300.0, ge=0, description="how often to seal the stream heads (replay checkpoint); 0 disables")
+    seal_key_file: Path | None = Field(
+        None, description="Ed25519 private key (PEM, from `leasehold seal keygen`) that signs the seals; the "
+                          "database never sees it. With digest_dir set, signed seals replace plain checkpoints")
+    digest_dir: Path | None = Field(
+        None, description="digest sink: directory the signed seals are appended to (JSON lines, one file per "
+                          "UTC day); put it where the database host cannot rewrite it")
+    seal_interval_seconds: float = Field(
+        5.0, gt=0, le=3600, description="how often to write and publish a signed seal (with seal_key_file)")
     schedule_interval_seconds: float = Field(
         1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
@@ -47,6 +55,12 @@ class GatewaySettings(BaseSettings):
     rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
     rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
     log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
+
+    @model_validator(mode="after")
+    def _seal_settings_go_together(self) -> GatewaySettings:
+        if (self.seal_key_file is None) != (self.digest_dir is None):
+            raise ValueError("seal_key_file and digest_dir go together: set both to publish signed seals")
+        return self
 
     def resolved_database_url(self) -> str:
         """The database to use; the command line resolves "none given" before the Gateway starts."""

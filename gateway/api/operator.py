@@ -25,7 +25,7 @@ from uuid import UUID
 
 from aiohttp import web
 
-from domain.errors import InvalidRequest, NotFound
+from domain.errors import Conflict, InvalidRequest, NotFound
 from domain.events import ProfileStep
 from gateway.api.http import RouteTable, ok, read_json, read_query
 from gateway.api.operator_models import (
@@ -66,6 +66,7 @@ from gateway.api.operator_models import (
     ScheduleDeletion,
     SchedulePage,
     ScheduleRun,
+    Seal,
     StoredProfile,
     StoredProfilePage,
     Task,
@@ -79,7 +80,7 @@ from gateway.api.operator_models import (
 from gateway.auth import operator_identity
 from gateway.commands.lifecycle import TaskSpec
 from gateway.identity import Operator
-from gateway.keys import SERVICES
+from gateway.keys import SEALER, SERVICES
 from gateway.services import Services
 from persistence.event_log import decode_event
 from persistence.task_rows import task_from_row
@@ -706,3 +707,21 @@ async def record_legacy_status(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, LegacyStatus)
     await _services(request).legacy.record_status(scan_id, body.status, actor=operator.actor)
     return ok(await _scan(request, operator, scan_id))
+
+
+# --- seals ------------------------------------------------------------------------------------
+
+
+@routes.route("POST", "/v1/seals",
+              summary="Write a signed seal now and publish it to the digest sink (administrator; 409 when "
+                      "no seal key is configured)",
+              auth="operator", response=Seal, statuses=(201,), tags=TAGS)
+async def seal_now(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    operator.require_admin()
+    sealer = request.app.get(SEALER)
+    if sealer is None:
+        raise Conflict("sealing is not configured (set seal_key_file and digest_dir)")
+    async with _services(request).db.connection() as conn:
+        record = await sealer.seal(conn)
+    return ok(Seal.model_validate(record), status=201)

@@ -97,6 +97,23 @@ class ApiKeyCreated(Body):
     key: str = Field(description="the bearer key; shown this once, only its sha256 is stored")
 
 
+class Seal(Body):
+    """A signed seal as published to the digest sink (one JSON line there)."""
+
+    format: str
+    checkpoint_id: int
+    created_at: str
+    transaction_xmin: int
+    position: int | None = Field(description="highest notification_id in the sealing snapshot")
+    head_count: int = Field(description="streams sealed")
+    event_count: int = Field(description="events sealed (the sum of the stream heads' versions)")
+    changed: list[tuple[str, int, str]] = Field(description="[stream, version, hash] of each head that changed")
+    prev_seal: str
+    seal: str
+    key_id: str = Field(description="first 16 bytes of sha256 of the raw Ed25519 public key, hex")
+    signature: str = Field(description="base64 Ed25519 signature of the record without this field")
+
+
 # --- workers and assignments ----------------------------------------------------------------
 
 
