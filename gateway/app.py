@@ -42,6 +42,7 @@ from gateway.metrics import Metrics
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
 from persistence.connection import create_pool
+from persistence.roles import privilege_warnings
 from persistence.seals import Sealer, load_private_key, open_sink
 from persistence.transaction import Database
 
@@ -78,6 +79,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(lambda: notifier.waiting)
     if hints is not None:
         hints.start()
+    try:
+        async with db.connection() as conn:
+            for warning in await privilege_warnings(conn):
+                log.warning("%s; run the Gateway as a login role made by `leasehold db create-app-role`",
+                            warning, extra={"database_role": "privileged"})
+    except Exception:  # the database may not be up yet; the Gateway still starts
+        log.exception("could not check the database role's privileges")
     if settings.admin_api_key:
         try:
             await services.registry.store_bootstrap_key(settings.admin_api_key)
