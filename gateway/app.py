@@ -88,7 +88,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         log.exception("could not check the database role's privileges")
     if settings.admin_api_key:
         try:
-            await services.registry.store_bootstrap_key(settings.admin_api_key)
+            if not await services.registry.store_bootstrap_key(settings.admin_api_key):
+                log.error("LEASEHOLD_ADMIN_API_KEY was revoked before and stays revoked; start with a new key")
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
     loops = [

@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
-from gateway.keys import OBSERVE_REQUEST, REQUEST_ID, WORKER_FINGERPRINT
+from gateway.keys import OBSERVE_REQUEST, OPERATOR, REQUEST_ID, WORKER_FINGERPRINT
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -175,6 +175,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                        code="internal", request_id=request.get(REQUEST_ID))
 
 
+def _key_id(request: web.Request) -> str | None:
+    """The id of the operator's API key (never the key), once it authenticated."""
+    operator = request.get(OPERATOR)
+    return str(operator.key_id) if operator is not None else None
+
+
 @web.middleware
 async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id in and out, and one structured log line per request (no bodies: no tokens)."""
@@ -192,5 +198,5 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
         observe(request.method, route, response.status, elapsed)
     log.info("request", extra={"request_id": request_id, "method": request.method, "route": route,
                                "status": response.status, "duration_ms": round(elapsed * 1000, 2),
-                               "worker": request.get(WORKER_FINGERPRINT)})
+                               "worker": request.get(WORKER_FINGERPRINT), "api_key": _key_id(request)})
     return response

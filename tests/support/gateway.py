@@ -144,9 +144,9 @@ class RunningGateway:
 
 @asynccontextmanager
 async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) -> AsyncIterator[RunningGateway]:
-    settings = GatewaySettings(database_url=database_url, pki_dir=pki.directory, worker_port=0, operator_port=0,
-                               admin_api_key=ADMIN_KEY, sweep_interval_seconds=0.2, poll_interval_seconds=1.0,
-                               log_level="WARNING", **overrides)
+    settings = GatewaySettings(**{"database_url": database_url, "pki_dir": pki.directory, "worker_port": 0,
+                                  "operator_port": 0, "admin_api_key": ADMIN_KEY, "sweep_interval_seconds": 0.2,
+                                  "poll_interval_seconds": 1.0, "log_level": "WARNING", **overrides})
     runner, (worker_port, operator_port) = await start(settings)
     app = runner.app
     await app[NOTIFIER].connected.wait()
