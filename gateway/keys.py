@@ -28,6 +28,8 @@ ROUTES = web.AppKey("routes", list)
 BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
 CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
 SEALER = web.AppKey("sealer", Sealer)
+#: The connection guards of the listeners (worker, operator), once serving (gateway.serve.start).
+GUARDS = web.AppKey("connection_guards", list)
 
 # Per request.
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -27,6 +27,18 @@ class GatewaySettings(BaseSettings):
     processes: int = Field(1, ge=1, le=64, description="processes serving the same ports (SO_REUSEPORT)")
     pool_size: int = Field(20, ge=2, le=500, description="database connections per process")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="the TLS handshake, and then a connection's first request header, must "
+                                        "each complete within this; else the connection is closed")
+    keepalive_timeout_seconds: float = Field(
+        15.0, gt=0, le=3600, description="an idle keep-alive connection is closed after this; the next request's "
+                                         "header must be complete within it after the previous answer")
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, le=3600, description="a request body must arrive within this once its header has (else 408)")
+    max_connections_per_listener: int = Field(
+        1000, ge=1, le=1_000_000, description="open connections per listener and process; at the cap a new "
+                                              "connection evicts the oldest one that has not sent a complete "
+                                              "request header (none: the new one is refused)")
     max_wait_seconds: int = Field(30, ge=0, le=300, description="longest acquire long-poll")
     poll_interval_seconds: float = Field(1.0, gt=0, le=60,
                                          description="long-poll safety re-check when no notification arrives")

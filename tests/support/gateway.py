@@ -86,6 +86,8 @@ class RunningGateway:
     scan: UUID
     sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _n: int = 0
+    #: The in-process Gateway's aiohttp application (None for a Gateway in another process).
+    app: Any = None
 
     @property
     def registry(self) -> Registry:
@@ -154,7 +156,7 @@ async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) ->
     org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
     scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
     gw = RunningGateway(settings, pki, f"https://localhost:{worker_port}", f"https://localhost:{operator_port}",
-                        services, org, scan)
+                        services, org, scan, app=app)
     try:
         yield gw
     finally:
