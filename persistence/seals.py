@@ -153,9 +153,10 @@ def heads_of(record: dict[str, Any]) -> list[Head]:
 class DigestSink(Protocol):
     """Where digest records are published: append-only storage outside the database.
 
-    ``append`` must be durable when it returns; ``locked`` an exclusive lock shared by every
-    process appending to the same sink; ``records`` yields (where, record) in append order;
-    ``last`` the last record appended (None when empty).
+    ``append`` must be durable when it returns; ``try_lock`` takes an exclusive lock shared by
+    every process appending to the same sink without waiting (a token, or None when another holds
+    it) and ``unlock`` gives it back; ``records`` yields (where, record) in append order; ``last``
+    the last record appended (None when empty).
     """
 
     def append(self, record: dict[str, Any]) -> None: ...
@@ -164,7 +165,9 @@ class DigestSink(Protocol):
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
-    def locked(self) -> contextlib.AbstractContextManager[None]: ...
+    def try_lock(self) -> object | None: ...
+
+    def unlock(self, token: object) -> None: ...
 
 
 class DirectorySink:
@@ -213,15 +216,19 @@ class DirectorySink:
                     value = {"unreadable": raw.decode(errors="replace")[:200]}
                 yield f"{path.name}:{number}", value
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def try_lock(self) -> object | None:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def unlock(self, token: object) -> None:
+        assert isinstance(token, int)
+        os.close(token)  # releases the lock
 
 
 def _last_line(path: Path, block: int = 65536) -> bytes:
@@ -298,10 +305,13 @@ class Sealer:
 
 @contextlib.asynccontextmanager
 async def _held(sink: DigestSink) -> AsyncIterator[None]:
-    """The sink's (blocking, cross-process) lock, taken in a thread so the event loop runs on."""
-    manager = sink.locked()
-    await asyncio.to_thread(manager.__enter__)
+    """The sink's cross-process lock, polled without blocking the event loop (and safe to cancel
+    while waiting: nothing is held until ``try_lock`` succeeds)."""
+    token = sink.try_lock()
+    while token is None:  # another process holds it: a flock has nothing to await
+        await asyncio.sleep(0.005)
+        token = sink.try_lock()
     try:
         yield
     finally:
-        manager.__exit__(None, None, None)
+        sink.unlock(token)
