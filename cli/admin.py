@@ -17,12 +17,13 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 import orjson
 
+from cli.arguments import iso_time
 from cli.embedded import configured_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "administrator key. The key is printed once on stdout; only its sha256 is stored.")
     create.add_argument("--organization", metavar="ORG_ID", help="organisation id (default: administrator key)")
     create.add_argument("--name", default=None, help="a label for the key (default: derived from the scope)")
-    create.add_argument("--expires-at", type=_time, metavar="TIME",
+    create.add_argument("--expires-at", type=iso_time, metavar="TIME",
                         help="when the key stops working (ISO 8601, UTC without an offset; default: never)")
     create.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
     create.set_defaults(func=_create_key)
@@ -66,17 +67,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rotate = commands.add_parser("rotate-key",
                                  help="replace an API key by a new one (same name and scope) and print it once")
     rotate.add_argument("key_id", metavar="KEY_ID")
-    rotate.add_argument("--expires-at", type=_time, metavar="TIME", help="when the new key stops working")
+    rotate.add_argument("--expires-at", type=iso_time, metavar="TIME", help="when the new key stops working")
     rotate.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
     rotate.set_defaults(func=_rotate_key)
-
-
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _uuid(text: str, what: str) -> UUID:

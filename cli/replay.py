@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from cli.arguments import iso_time
 from cli.embedded import configured_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import write_checkpoint
@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_run(_verify))
 
     p = actions.add_parser("as-of", parents=[common], help="a task or scan as it was at TIME")
-    p.add_argument("time", type=_time, metavar="TIME", help="ISO 8601; without an offset it is UTC")
+    p.add_argument("time", type=iso_time, metavar="TIME", help="ISO 8601; without an offset it is UTC")
     subject(p)
     p.add_argument("--clock", choices=("event", "recorded"), default="event",
                    help="event: the events' own time (default, hash-covered); recorded: the recorded_at column")
@@ -118,14 +118,6 @@ def _uuid(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
-
-
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
