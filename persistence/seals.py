@@ -271,12 +271,20 @@ class Sealer:
         self.sink = sink
         self._lock = asyncio.Lock()
 
-    async def seal(self, conn: AsyncConnection[Any]) -> dict[str, Any]:
+    async def seal(self, conn: AsyncConnection[Any], *, unless_newer_than: float | None = None) -> dict[str, Any]:
         """Write a checkpoint, publish it (and any checkpoint the sink misses); the new record.
 
-        ``conn`` must be idle (see :func:`persistence.checkpoints.write_checkpoint`).
+        ``conn`` must be idle (see :func:`persistence.checkpoints.write_checkpoint`). With
+        ``unless_newer_than`` (seconds), a sink whose last record is younger than that is left
+        alone and that record returned: the periodic loops of several processes sharing a sink
+        then seal about once per interval between them, not once each.
         """
         async with self._lock, _held(self.sink):
+            if unless_newer_than is not None:
+                recent = await asyncio.to_thread(self.sink.last)
+                if recent is not None and (datetime.now(UTC) - datetime.fromisoformat(recent["created_at"])
+                                           ).total_seconds() < unless_newer_than:
+                    return recent
             checkpoint = await write_checkpoint(conn)
             last = await asyncio.to_thread(self.sink.last)
             after = int(last["checkpoint_id"]) if last else 0

@@ -328,3 +328,14 @@ async def test_a_bundle_with_a_removed_line_and_a_recomputed_manifest_fails_with
     (out / "manifest.sig").unlink()
     code, report = await cli_json("replay", "verify-bundle", str(out), "--public-key", str(sealed.public))
     assert code == 1 and "the manifest is not signed" in report["problems"][0]
+
+
+async def test_a_periodic_seal_rests_when_another_process_just_sealed(sealed: Sealed) -> None:
+    sealer = Sealer(load_private_key(sealed.key), DirectorySink(sealed.digests))
+    async with await connect(sealed.url) as conn:
+        first = await sealer.seal(conn)
+        assert await sealer.seal(conn, unless_newer_than=60) == first  # the sink's last one is fresh
+        second = await sealer.seal(conn, unless_newer_than=0)
+    assert second["checkpoint_id"] == first["checkpoint_id"] + 1
+    lines = [x for f in sealed.digests.glob("*.jsonl") for x in f.read_bytes().splitlines()]
+    assert len(lines) == 3  # the fixture's seal, first, second
