@@ -30,6 +30,7 @@ from psycopg import AsyncConnection
 
 from persistence.checkpoints import GENESIS_SEAL, Checkpoint, seal_of
 from persistence.seals import FORMAT, DigestSink, heads_of, open_sink, signature_problem
+from persistence.transaction import Reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,24 +123,6 @@ def load_digests(location: str | Path | DigestSink, public_key: Ed25519PublicKey
     return out
 
 
-_SEALED_HEADS_MISSING = """
-SELECT h.oid, h.v, e.hash IS NOT NULL, (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.oid)
-FROM unnest(%(oids)s::uuid[], %(versions)s::int8[], %(hashes)s::bytea[]) AS h(oid, v, hash)
-LEFT JOIN events e ON e.originator_id = h.oid AND e.originator_version = h.v
-WHERE e.hash IS DISTINCT FROM h.hash
-ORDER BY h.oid
-"""
-
-_NOT_SEALED = """
-SELECT e.originator_id, e.originator_version, e.recorded_at, h.v IS NULL,
-       e.transaction_id < %(xmin)s::xid8
-FROM events e
-LEFT JOIN unnest(%(oids)s::uuid[], %(versions)s::int8[]) AS h(oid, v) ON h.oid = e.originator_id
-WHERE h.v IS NULL OR e.originator_version > h.v
-ORDER BY e.originator_id, e.originator_version
-"""
-
-
 async def log_against_digests(conn: AsyncConnection[Any], digests: Digests, checkpoints: list[Checkpoint]
                               ) -> tuple[list[DigestProblem], Unsealed]:
     """Compare the log (and the database's checkpoints) with the folded digests, in the caller's
@@ -147,9 +130,9 @@ async def log_against_digests(conn: AsyncConnection[Any], digests: Digests, chec
     problems: list[DigestProblem] = []
     oids = list(digests.heads)
     versions = [digests.heads[o][0] for o in oids]
-    cur = await conn.execute(_SEALED_HEADS_MISSING, {
-        "oids": oids, "versions": versions, "hashes": [digests.heads[o][1] for o in oids]})
-    for oid, version, present, live_head in await cur.fetchall():
+    reader = Reader(conn)
+    for oid, version, present, live_head in await reader.all("events_against_sealed_heads", {
+            "oids": oids, "versions": versions, "hashes": [digests.heads[o][1] for o in oids]}):
         if live_head is None:
             message = "stream deleted: a digest sealed it, but the log has no event of it"
         elif not present:
@@ -160,13 +143,13 @@ async def log_against_digests(conn: AsyncConnection[Any], digests: Digests, chec
         problems.append(DigestProblem(message, oid, version))
     newest = digests.newest
     xmin = str(newest["transaction_xmin"]) if newest else "0"
-    cur = await conn.execute(_NOT_SEALED, {"oids": oids, "versions": versions, "xmin": xmin})
     events = 0
     streams: set[UUID] = set()
     new_streams: set[UUID] = set()
     flagged: set[UUID] = set()
     oldest: datetime | None = None
-    for oid, version, recorded_at, unsealed_stream, before_newest in await cur.fetchall():
+    for oid, version, recorded_at, unsealed_stream, before_newest in await reader.all(
+            "events_not_sealed", {"oids": oids, "versions": versions, "xmin": xmin}):
         if before_newest and newest is not None:
             if oid not in flagged:
                 flagged.add(oid)
@@ -188,8 +171,7 @@ async def log_against_digests(conn: AsyncConnection[Any], digests: Digests, chec
         elif in_db[cid] != seal:
             problems.append(DigestProblem(f"checkpoint {cid} in the database differs from its digest (rewritten)",
                                           checkpoint_id=cid))
-    cur = await conn.execute("SELECT now()")
-    row = await cur.fetchone()
+    row = await reader.one("snapshot_time", {})
     now = row[0] if row else None
     since = None
     if newest is not None and now is not None:
