@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import socket
 import ssl
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,18 +20,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from cli.dev_ca import issue_worker_certificate
 from gateway.guard import ConnectionGuard
 from gateway.keys import GUARDS
+from gateway.services import build_services
 from gateway.tls import PkiPaths
-from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
+from persistence.transaction import Database
+from support.gateway import ADMIN_KEY, GatewayProcess, RunningGateway, WorkerClient, running_gateway
 
-HEADER_TIMEOUT = 1.5
+TESTS = str(Path(__file__).resolve().parents[1])
+HEADER_TIMEOUT = 2.0
 KEEPALIVE_TIMEOUT = 1.5
 SLOW_PER_LISTENER = 300
-#: Scheduling slack on a busy 2-core machine, on top of the documented timeout.
-SLACK = 1.5
+#: Scheduling slack on a busy shared 2-core machine, on top of the documented timeout (the
+#: Gateway accepts and handshakes 600 connections at once here).
+SLACK = 3.0
 
 
 @dataclass
@@ -106,38 +114,74 @@ async def timed(coro: object) -> tuple[float, object]:
     return time.monotonic() - started, result
 
 
+async def labelled(server: GatewayProcess, sample: str) -> float:
+    """One labelled sample of the Gateway process's ``/metrics`` (0 when absent)."""
+    reply = await server.get("/metrics", within=10)
+    for line in str(reply.body).splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 async def test_300_slow_connections_per_listener_are_closed_and_a_normal_client_is_served(
-        gateway: RunningGateway, pki: PkiPaths) -> None:
-    name = f"slow-{uuid.uuid4().hex[:8]}"
-    cert = issue_worker_certificate(pki.directory, name)
-    operator_ctx = client_context(pki)
-    worker_ctx = client_context(pki, (cert.cert_path, cert.key_path))
-    slow: list[Slow] = []
-    kinds = ("idle", "drip", "raw")
-    clients = [asyncio.create_task(slow_client(kinds[i % 3], port(url), ctx, slow))
-               for url, ctx in ((gateway.operator_url, operator_ctx), (gateway.worker_url, worker_ctx))
-               for i in range(SLOW_PER_LISTENER)]
-    worker = await gateway.worker()
-    await asyncio.sleep(0)  # every slow client has started connecting
-    deadline = time.monotonic() + 10
-    guards = gateway_guards(gateway)
-    while sum(len(g.open) for g in guards) < 2 * SLOW_PER_LISTENER * 2 // 3 * 0.9:  # the TLS ones are in
-        assert time.monotonic() < deadline, [len(g.open) for g in guards]
-        await asyncio.sleep(0.02)
+        database_url: str, pki: PkiPaths, pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """The Gateway in a process of its own, the slow clients in two more, the normal client here."""
+    server = GatewayProcess(database_url, pki, tmp_path / "gateway.log", options={
+        "header_timeout_seconds": HEADER_TIMEOUT, "keepalive_timeout_seconds": 60})
+    await server.start()
+    gateway: RunningGateway | None = None
+    try:
+        services = build_services(Database(pool))
+        org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:8]}")
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        gateway = server.client(services, org, scan)
+        worker = await gateway.worker()
+        await check_slow_clients(server, gateway, worker, pki)
+    finally:
+        for session in gateway.sessions if gateway is not None else []:
+            await session.close()
+        await server.stop()
+
+
+async def check_slow_clients(server: GatewayProcess, gateway: RunningGateway, worker: WorkerClient,
+                             pki: PkiPaths) -> None:
+    cert = issue_worker_certificate(pki.directory, f"slow-{uuid.uuid4().hex[:8]}")
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "support.slow_clients", "--port", str(port), "--count", str(SLOW_PER_LISTENER),
+        "--ca", str(pki.ca_cert), *extra, "--give-up", "60", stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": TESTS})
+        for port, extra in ((server.operator_port, []),
+                            (server.worker_port, ["--cert", str(cert.cert_path), "--key", str(cert.key_path)]))]
+    deadline = time.monotonic() + 30
+    # Wait until most TLS slow clients hold a connection on both listeners (past their handshake).
+    while min([await labelled(server, f'leasehold_connections_open{{listener="{name}"}}')
+               for name in ("worker", "operator")]) < SLOW_PER_LISTENER // 3:
+        assert time.monotonic() < deadline, "the slow clients did not connect"
+        await asyncio.sleep(0.05)
     # A normal client on each listener, while the slow ones hold their connections.
     seconds, reply = await timed(gateway.operator("GET", f"/v1/organizations/{gateway.org}"))
     assert reply.status == 200 and seconds < 1.0, seconds  # type: ignore[attr-defined]
     seconds, reply = await timed(worker.acquire())
     assert reply.status in (200, 204) and seconds < 1.0, seconds  # type: ignore[attr-defined]
-    await asyncio.wait_for(asyncio.gather(*clients), HEADER_TIMEOUT * 2 + 10)
-    assert len(slow) == 2 * SLOW_PER_LISTENER
-    lasted = {kind: max(s.closed - s.opened for s in slow if s.kind == kind and s.closed) for kind in kinds}
-    # idle/drip: the TLS handshake (bounded by the header timeout too) plus the header timeout.
-    assert lasted["drip"] < 2 * HEADER_TIMEOUT + SLACK and lasted["idle"] < 2 * HEADER_TIMEOUT + SLACK, lasted
-    assert lasted["raw"] < HEADER_TIMEOUT + SLACK, lasted
-    assert min(s.closed - s.opened for s in slow if s.kind == "drip" and s.closed) >= HEADER_TIMEOUT * 0.9
-    assert all(g.timed_out >= SLOW_PER_LISTENER * 2 // 3 for g in guards), [g.timed_out for g in guards]
-    # The guard forgot every closed connection; the Gateway still serves.
+    lived: dict[str, list[float]] = {kind: [] for kind in ("idle", "drip", "raw")}
+    for proc in procs:
+        out, _ = await asyncio.wait_for(proc.communicate(), 90)
+        *lines, summary = [json.loads(line) for line in out.decode().splitlines()]
+        assert summary == {"still_open": 0}
+        assert len(lines) == SLOW_PER_LISTENER
+        for line in lines:
+            lived[line["kind"]].append(line["lived"])
+    longest = {kind: round(max(values), 2) for kind, values in lived.items()}
+    typical = {kind: round(sorted(values)[len(values) // 2], 2) for kind, values in lived.items()}
+    print(f"slow connections per listener {SLOW_PER_LISTENER}; lives (s): longest {longest}, median {typical}")
+    # The documented bound: the TLS handshake, then the header, each within the header timeout.
+    assert max(longest.values()) < 2 * HEADER_TIMEOUT + SLACK, longest
+    assert min(lived["drip"]) >= HEADER_TIMEOUT * 0.9  # dripping did not close them early, nor keep them
+    for name in ("worker", "operator"):
+        closed = await labelled(server, f'leasehold_connections_closed_by_guard{{listener="{name}",'
+                                        f'reason="header_timeout"}}')
+        assert closed >= SLOW_PER_LISTENER * 2 // 3, (name, closed)
+        assert await labelled(server, f'leasehold_connections_open{{listener="{name}"}}') <= 2
     assert (await gateway.operator("GET", f"/v1/organizations/{gateway.org}")).status == 200
 
 
