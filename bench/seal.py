@@ -8,6 +8,8 @@ of one correctly hashed event each (COPY, into a scratch database migrated to he
   of a busy Gateway: the cost follows what changed, not N), median of ``--rounds``;
 * ``seal_idle_ms``: a seal with nothing new (what the loop costs every interval when quiet), median;
 * ``sign_us``: the Ed25519 signature of one record alone;
+* ``sign_event_head_us``: an Ed25519 signature of one 32-byte event hash: what signing every
+  event's head on the write path would add per event (not done: see README, "Signed seals");
 * ``verify_digests_ms``: ``verify-chain --digests``' extra work (folding the digests and holding
   the log against them), once at the end.
 
@@ -105,6 +107,11 @@ async def measure(url: str, n: int, changed: int, rounds: int, tmp: Path) -> dic
     for _ in range(200):
         sign_record(record, sealer.key)
     sign_us = (time.perf_counter() - started) / 200 * 1e6
+    head = bytes(32)
+    started = time.perf_counter()
+    for _ in range(2000):
+        sealer.key.sign(head)
+    sign_head_us = (time.perf_counter() - started) / 2000 * 1e6
     started = time.perf_counter()
     digests = load_digests(tmp / f"digests-{n}", load_public_key(public_path))
     async with await connect(url) as conn, snapshot(conn):
@@ -113,6 +120,7 @@ async def measure(url: str, n: int, changed: int, rounds: int, tmp: Path) -> dic
     verify_ms = (time.perf_counter() - started) * 1000
     return {"streams": n, "seal_first_ms": round(first, 1), "seal_changed_ms": round(statistics.median(changed_ms), 2),
             "seal_idle_ms": round(statistics.median(idle_ms), 2), "sign_us": round(sign_us, 1),
+            "sign_event_head_us": round(sign_head_us, 1),
             "verify_digests_ms": round(verify_ms, 1), "verify_digest_problems": len(problems) + len(digests.problems),
             "unsealed_events": unsealed.events}
 

@@ -20,6 +20,6 @@ def test_the_seal_benchmark_measures_every_step(pg_server_url: str) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(LINE.findall(result.stdout))
-    for step in ("seal_first_ms", "seal_changed_ms", "seal_idle_ms", "sign_us", "verify_digests_ms"):
+    for step in ("seal_first_ms", "seal_changed_ms", "seal_idle_ms", "sign_us", "sign_event_head_us", "verify_digests_ms"):
         assert float(lines[f"{step}_at_50"]) > 0
     assert (lines["verify_digest_problems_at_50"], lines["unsealed_events_at_50"]) == ("0", "0")
