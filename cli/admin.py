@@ -1,8 +1,13 @@
-"""``leasehold admin create-key``: issue an operator API key without a running Gateway.
+"""``leasehold admin …``: operator API keys without a running Gateway.
 
-The key is printed once, alone on stdout (``KEY=$(leasehold admin create-key …)``); its id and
-scope go to stderr. Only its sha256 is stored. Without ``--organization`` it is an
-administrator key. The database is ``--database-url``, else ``$LEASEHOLD_DATABASE_URL``, else
+    leasehold admin create-key [--organization ORG_ID] [--name NAME] [--expires-at TIME]
+    leasehold admin list-keys [--organization ORG_ID] [--json]
+    leasehold admin revoke-key KEY_ID
+    leasehold admin rotate-key KEY_ID [--expires-at TIME]
+
+A new key (create, rotate) is printed once, alone on stdout (``KEY=$(leasehold admin create-key
+…)``); its id and scope go to stderr. Only its sha256 is stored. Without ``--organization`` it is
+an administrator key. The database is ``--database-url``, else ``$LEASEHOLD_DATABASE_URL``, else
 ``$DATABASE_URL``, else the embedded server (as for ``leasehold gateway serve``).
 """
 
@@ -11,21 +16,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
 from uuid import UUID
 
+import orjson
+
+from cli.arguments import iso_time
 from cli.embedded import configured_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
-from gateway.commands.registry import IssuedKey
+from gateway.commands.registry import IssuedKey, Registry
 from gateway.services import build_services
 from persistence.connection import create_pool
 from persistence.transaction import Database
 
 __all__ = ["register"]
 
+T = TypeVar("T")
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``admin`` command group (``create-key``) to the ``leasehold`` CLI."""
+    """Add the ``admin`` command group (API keys) to the ``leasehold`` CLI."""
     admin = subparsers.add_parser("admin", help="operator administration (API keys)",
                                   description="Administer the operator API.")
     commands = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
@@ -35,33 +48,107 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "administrator key. The key is printed once on stdout; only its sha256 is stored.")
     create.add_argument("--organization", metavar="ORG_ID", help="organisation id (default: administrator key)")
     create.add_argument("--name", default=None, help="a label for the key (default: derived from the scope)")
+    create.add_argument("--expires-at", type=iso_time, metavar="TIME",
+                        help="when the key stops working (ISO 8601, UTC without an offset; default: never)")
     create.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
     create.set_defaults(func=_create_key)
 
+    listing = commands.add_parser("list-keys", help="list the API keys (never the keys themselves)")
+    listing.add_argument("--organization", metavar="ORG_ID", help="only this organisation's keys")
+    listing.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    listing.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    listing.set_defaults(func=_list_keys)
+
+    revoke = commands.add_parser("revoke-key", help="revoke an API key (its next request answers 401)")
+    revoke.add_argument("key_id", metavar="KEY_ID")
+    revoke.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    revoke.set_defaults(func=_revoke_key)
+
+    rotate = commands.add_parser("rotate-key",
+                                 help="replace an API key by a new one (same name and scope) and print it once")
+    rotate.add_argument("key_id", metavar="KEY_ID")
+    rotate.add_argument("--expires-at", type=iso_time, metavar="TIME", help="when the new key stops working")
+    rotate.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    rotate.set_defaults(func=_rotate_key)
+
+
+def _uuid(text: str, what: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError as exc:
+        raise CommandError(f"{what} must be a UUID, not {text!r}", EXIT_USAGE) from exc
+
+
+def _organization(args: argparse.Namespace) -> UUID | None:
+    if args.organization is None:
+        return None
+    return _uuid(args.organization, "--organization (an organisation id)")
+
 
 def _create_key(args: argparse.Namespace) -> int:
-    organization: UUID | None = None
-    if args.organization is not None:
-        try:
-            organization = UUID(args.organization)
-        except ValueError as exc:
-            raise CommandError(f"--organization must be an organisation id (a UUID), not {args.organization!r}",
-                               EXIT_USAGE) from exc
+    organization = _organization(args)
     name = args.name or (f"organisation {organization}" if organization else "administrator")
-    issued = asyncio.run(_issue(args.database_url, organization, name))
-    scope = f"organisation {issued.organization_id}" if issued.organization_id else "administrator"
-    print(f"created API key {issued.id} ({scope}, name {issued.name!r}); it is shown only once:",
-          file=sys.stderr)
-    print(issued.key)
+    issued = asyncio.run(_with_registry(args.database_url, lambda r: r.create_api_key(
+        organization_id=organization, name=name, expires_at=args.expires_at)))
+    _print_issued("created", issued)
     return EXIT_OK
 
 
-async def _issue(database_url: str | None, organization: UUID | None, name: str) -> IssuedKey:
+def _print_issued(verb: str, issued: IssuedKey) -> None:
+    scope = f"organisation {issued.organization_id}" if issued.organization_id else "administrator"
+    expiry = f", expires {issued.expires_at.isoformat()}" if issued.expires_at else ""
+    print(f"{verb} API key {issued.id} ({scope}, name {issued.name!r}{expiry}); it is shown only once:",
+          file=sys.stderr)
+    print(issued.key)
+
+
+def _list_keys(args: argparse.Namespace) -> int:
+    organization = _organization(args)
+
+    async def page(registry: Registry) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        after = None
+        while batch := await registry.api_keys(organization_id=organization, after=after, limit=500):
+            out += batch
+            after = batch[-1][0]
+        return out
+
+    columns = ("id", "name", "organization_id", "created_at", "expires_at", "revoked_at", "last_used_at",
+               "bootstrap", "replaced_by")
+    for row in asyncio.run(_with_registry(args.database_url, page)):
+        values = {c: (v.isoformat() if isinstance(v, datetime) else str(v) if isinstance(v, UUID) else v)
+                  for c, v in zip(columns, row, strict=True)}
+        if args.json:
+            print(orjson.dumps(values).decode())
+        else:
+            state = "revoked" if values["revoked_at"] else "active"
+            print(f"{values['id']}  {state:7}  {values['organization_id'] or 'administrator'}  {values['name']!r}"
+                  f"  last used {values['last_used_at'] or 'never'}"
+                  f"{'  expires ' + values['expires_at'] if values['expires_at'] else ''}")
+    return EXIT_OK
+
+
+def _revoke_key(args: argparse.Namespace) -> int:
+    key_id = _uuid(args.key_id, "KEY_ID")
+    asyncio.run(_with_registry(args.database_url, lambda r: r.revoke_api_key(key_id)))
+    print(f"revoked API key {key_id}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _rotate_key(args: argparse.Namespace) -> int:
+    key_id = _uuid(args.key_id, "KEY_ID")
+    issued = asyncio.run(_with_registry(args.database_url, lambda r: r.rotate_api_key(
+        key_id, expires_at=args.expires_at)))
+    _print_issued(f"revoked {key_id}; its replacement is", issued)
+    return EXIT_OK
+
+
+async def _with_registry(database_url: str | None, action: Callable[[Registry], Awaitable[T]]) -> T:
     url = configured_database_url(database_url)
     pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:
-        return await build_services(Database(pool)).registry.create_api_key(organization_id=organization, name=name)
+        return await action(build_services(Database(pool)).registry)
     except LeaseholdError as exc:
         raise CommandError(exc.message) from exc
     finally:

@@ -3,6 +3,8 @@
 * ``leasehold migrate [--database-url URL] [--revision REV]`` upgrades the schema (default: to
   head) on ``--database-url``, else ``$DATABASE_URL``, else the embedded server, and prints the
   revision reached.
+* ``leasehold db create-app-role [--name NAME] [--password-file FILE]`` creates the Gateway's
+  login role (a member of ``leasehold_app`` only) and prints the URL to run the Gateway with.
 * ``leasehold db start|stop|status|url [--data-dir DIR]`` manages the embedded PostgreSQL server
   (default data dir ``<project root>/.leasehold/pgdata``). A server started with ``db start`` (or
   ``db url``) keeps running until ``db stop``.
@@ -11,7 +13,11 @@
 from __future__ import annotations
 
 import argparse
+import re
+import secrets
+import sys
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from alembic.util import CommandError as AlembicCommandError
@@ -19,6 +25,14 @@ from alembic.util import CommandError as AlembicCommandError
 from cli.embedded import EmbeddedPostgres, configured_database_url, redact_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from migrations import runner as migrate
+from persistence.roles import APP_ROLE, DEFAULT_LOGIN, create_app_login
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """``url`` with its user and password replaced."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"))
 
 __all__ = ["register"]
 
@@ -55,6 +69,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     stop.set_defaults(func=_db_stop)
     status = actions.add_parser("status", parents=[common], help="show whether it runs (exit 1 if not)")
     status.set_defaults(func=_db_status)
+    role = actions.add_parser(
+        "create-app-role", help="create the Gateway's login role (a member of leasehold_app only)",
+        description="Create (or reset the password of) a login role that is a member of leasehold_app and "
+                    "nothing else, and print the database URL the Gateway should use with it. Run it as a role "
+                    "that may create roles (the one that ran `leasehold migrate`).")
+    role.add_argument("--database-url", metavar="URL", help="postgresql:// URL of an administrative role "
+                                                            "(default: as `leasehold migrate`)")
+    role.add_argument("--name", default=DEFAULT_LOGIN, help=f"login role name (default: {DEFAULT_LOGIN})")
+    role.add_argument("--password-file", type=Path, metavar="FILE",
+                      help="read the password from FILE (default: a new random password)")
+    role.set_defaults(func=_create_app_role)
     url = actions.add_parser("url", parents=[common], help="print its URL (starting it if needed)")
     url.add_argument("--dbname", default="postgres", help="database name in the URL (default: postgres)")
     url.set_defaults(func=_db_url)
@@ -93,6 +118,31 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- db
+
+
+def _create_app_role(args: argparse.Namespace) -> int:
+    url = configured_database_url(args.database_url)
+    _ping(url)
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.name):
+        raise CommandError(f"--name must be a lower-case identifier, not {args.name!r}", EXIT_USAGE)
+    if args.password_file is not None:
+        try:
+            password = args.password_file.read_text().strip()
+        except OSError as exc:
+            raise CommandError(f"cannot read {args.password_file}: {exc}", EXIT_USAGE) from exc
+        if not password:
+            raise CommandError(f"{args.password_file} is empty", EXIT_USAGE)
+    else:
+        password = secrets.token_urlsafe(24)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            created = create_app_login(conn, args.name, password)
+    except psycopg.Error as exc:
+        raise CommandError(f"could not create role {args.name}: {str(exc).strip()}") from exc
+    print(f"{'created' if created else 'updated'} login role {args.name} (member of {APP_ROLE} only); the Gateway's"
+          " database URL follows (it holds the password):", file=sys.stderr)
+    print(with_credentials(url, args.name, password))
+    return EXIT_OK
 
 
 def _db_start(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import ssl
@@ -28,6 +29,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cli.database import with_credentials
 from cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
 from cli.embedded import database_url, with_database
 from domain.events import ProfileStep
@@ -37,6 +39,7 @@ from gateway.settings import GatewaySettings
 from migrations import runner as migrate
 from persistence.chain import verify_chains
 from persistence.connection import connect
+from persistence.roles import DEFAULT_LOGIN, create_app_login
 from persistence.snapshot import snapshot
 from persistence.tables import load_tables
 from projections.compare import diff
@@ -91,6 +94,20 @@ def prepare_database() -> str:
     return url
 
 
+def gateway_role_url(url: str) -> str:
+    """The Gateway connects as a login role that is a member of leasehold_app only (what
+    `leasehold db create-app-role` makes), never as the administrator that migrated."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            password = secrets.token_urlsafe(24)
+            create_app_login(conn, DEFAULT_LOGIN, password)
+    except psycopg.Error as exc:
+        say(f"could not create the Gateway's role {DEFAULT_LOGIN} ({str(exc).strip()}); running it as given")
+        return url
+    say(f"the Gateway connects as {DEFAULT_LOGIN}, a member of leasehold_app only (leasehold db create-app-role)")
+    return with_credentials(url, DEFAULT_LOGIN, password)
+
+
 async def start_worker(name: str, gateway_port: int, pki: Any, plugins: Path) -> asyncio.subprocess.Process:
     cert = pki.directory / "workers" / f"{name}.pem"
     key = pki.directory / "workers" / f"{name}-key.pem"
@@ -122,7 +139,7 @@ async def run_demo() -> int:
     target, port = await https_target(target_dir)
     say(f"HTTPS target listening on 127.0.0.1:{port} (self-signed certificate)")
 
-    settings = GatewaySettings(database_url=url, pki_dir=pki.directory, worker_port=0, operator_port=0,
+    settings = GatewaySettings(database_url=gateway_role_url(url), pki_dir=pki.directory, worker_port=0, operator_port=0,
                                sweep_interval_seconds=0.5, log_level="ERROR", checkpoint_interval_seconds=0)
     runner, (worker_port, _operator_port) = await start(settings)
 

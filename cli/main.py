@@ -50,6 +50,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
     CommandModule("cli.pki", (("pki", "manage the Gateway's mTLS certificate authority"),)),
     CommandModule("cli.replay", (
         ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
+    CommandModule("cli.seal", (("seal", "signed seals of the event log: the signing key, a seal on demand"),)),
     CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
     CommandModule("cli.admin", (("admin", "operator administration (API keys)"),)),
     CommandModule("cli.operator_api", (

@@ -4,10 +4,10 @@
     leasehold replay rebuild --schema NAME [--replace]
     leasehold replay verify
     leasehold replay as-of TIME (TASK_ID | --scan SCAN_ID) [--clock event|recorded]
-    leasehold replay verify-chain
+    leasehold replay verify-chain [--digests PATH --public-key KEY]
     leasehold replay checkpoint
-    leasehold replay export (TASK_ID | --scan SCAN_ID) OUT
-    leasehold replay verify-bundle OUT
+    leasehold replay export (TASK_ID | --scan SCAN_ID) OUT [--signing-key KEY]
+    leasehold replay verify-bundle OUT [--public-key KEY]
 
 Every action takes ``--database-url`` (default ``$DATABASE_URL``, else the embedded server),
 ``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all good, 1 a finding
@@ -19,21 +19,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from cli.arguments import iso_time
 from cli.embedded import configured_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import write_checkpoint
 from persistence.codec import DecodeError
 from persistence.connection import connect
+from persistence.seals import SealKeyError, load_private_key, load_public_key
 from persistence.snapshot import snapshot
 from projections.memory import ProjectionError
 from replay import render
 from replay.asof import scan_as_of, task_as_of
 from replay.bundle import export_bundle, verify_bundle
+from replay.digests import load_digests
 from replay.integrity import verify_log
 from replay.log import NotFound
 from replay.rebuild import RebuildError, check_schema_name, rebuild_schema
@@ -75,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_run(_verify))
 
     p = actions.add_parser("as-of", parents=[common], help="a task or scan as it was at TIME")
-    p.add_argument("time", type=_time, metavar="TIME", help="ISO 8601; without an offset it is UTC")
+    p.add_argument("time", type=iso_time, metavar="TIME", help="ISO 8601; without an offset it is UTC")
     subject(p)
     p.add_argument("--clock", choices=("event", "recorded"), default="event",
                    help="event: the events' own time (default, hash-covered); recorded: the recorded_at column")
@@ -83,6 +85,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = actions.add_parser("verify-chain", parents=[common],
                            help="walk every hash chain and check the checkpoints (exit 1 on any break)")
+    p.add_argument("--digests", type=Path, metavar="PATH",
+                   help="also hold the log against the signed seals in this digest directory (needs --public-key)")
+    p.add_argument("--public-key", type=Path, metavar="KEY",
+                   help="the seal public key (PEM, from `leasehold seal keygen`) the digests are checked with")
     p.set_defaults(func=_run(_verify_chain))
 
     p = actions.add_parser("checkpoint", parents=[common], help="seal the current heads of all streams")
@@ -92,11 +98,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
     p.add_argument("out", type=Path, metavar="OUT", help="directory to create (must be new or empty)")
     p.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
+    p.add_argument("--signing-key", type=Path, metavar="KEY",
+                   help="sign manifest.json with this seal private key (PEM); writes manifest.sig")
     p.set_defaults(func=_run(_export))
 
     p = actions.add_parser("verify-bundle", parents=[common],
                            help="verify an audit bundle offline (no database; exit 1 on any mismatch)")
     p.add_argument("out", type=Path, metavar="OUT")
+    p.add_argument("--public-key", type=Path, metavar="KEY",
+                   help="require manifest.sig to be a valid signature of manifest.json under this public key")
     p.set_defaults(func=_verify_bundle)
 
 
@@ -108,14 +118,6 @@ def _uuid(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
-
-
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
@@ -246,14 +248,35 @@ async def _as_of(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _public_key(path: Path) -> Any:
+    try:
+        return load_public_key(path)
+    except SealKeyError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from exc
+
+
 async def _verify_chain(args: argparse.Namespace) -> int:
+    if (args.digests is None) != (args.public_key is None):
+        raise CommandError("--digests and --public-key go together", EXIT_USAGE)
+    digests = None
+    if args.digests is not None:
+        if not args.digests.is_dir():
+            raise CommandError(f"{args.digests}: not a digest directory", EXIT_USAGE)
+        digests = load_digests(args.digests, _public_key(args.public_key))
     async with await _connect(args) as conn:
         total = await _estimated_events(conn)
         with render.progress_bar("verify-chain", total, not args.no_progress) as update:
-            report = await verify_log(conn, progress=update)
+            report = await verify_log(conn, progress=update, digests=digests)
     latest = report.latest
+    newest = digests.newest if digests is not None else None
+    digest_json = None if digests is None else {
+        "records": digests.records,
+        "newest": None if newest is None else {k: newest[k] for k in (
+            "checkpoint_id", "created_at", "position", "head_count", "event_count", "seal")},
+        "unsealed": report.unsealed.as_json() if report.unsealed else None}
     if args.json:
         render.print_json({
+            "digests": digest_json,
             "ok": report.ok, "streams": report.streams, "events": report.events,
             "checkpoints": len(report.checkpoints), "seconds": round(report.seconds, 3),
             "latest_checkpoint": None if latest is None else {
@@ -270,7 +293,21 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')},"
              f" {_n(len(report.checkpoints), 'checkpoint')}"
              f" checked in {report.seconds:.2f}s{sealed}")
+        if digests is not None:
+            _out(_digest_summary(digests.records, newest, report.unsealed))
     return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def _digest_summary(records: int, newest: dict[str, Any] | None, unsealed: Any) -> str:
+    if newest is None:
+        return f"digests: {_n(records, 'valid record')}; nothing sealed yet, every event is unsealed" + (
+            f" ({_n(unsealed.events, 'event')})" if unsealed else "")
+    window = (f"{_n(unsealed.events, 'event')} in {_n(unsealed.streams, 'stream')}"
+              f" ({unsealed.new_streams} new) written after it, {unsealed.seconds_since_newest_digest:.1f}s ago"
+              if unsealed and unsealed.seconds_since_newest_digest is not None else "unknown")
+    return (f"digests: {_n(records, 'signed record')}, newest checkpoint {newest['checkpoint_id']} at"
+            f" {newest['created_at']} seals {newest['head_count']} streams/{newest['event_count']} events;"
+            f" unsealed window: {window}")
 
 
 async def _checkpoint(args: argparse.Namespace) -> int:
@@ -291,7 +328,13 @@ async def _checkpoint(args: argparse.Namespace) -> int:
 async def _export(args: argparse.Namespace) -> int:
     subject, kind = _subject(args)
     async with await _connect(args) as conn, snapshot(conn):
-        result = await export_bundle(conn, subject, kind, args.out)
+        key = None
+        if args.signing_key is not None:
+            try:
+                key = load_private_key(args.signing_key)
+            except SealKeyError as exc:
+                raise CommandError(str(exc), EXIT_USAGE) from exc
+        result = await export_bundle(conn, subject, kind, args.out, signing_key=key)
     if args.json:
         render.print_json({"directory": str(result.directory), "streams": result.streams, "events": result.events,
                            "batches": result.batches, "manifest_sha256": result.manifest_sha256,
@@ -304,7 +347,8 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
-    summary, problems = verify_bundle(args.out)
+    public_key = _public_key(args.public_key) if args.public_key is not None else None
+    summary, problems = verify_bundle(args.out, public_key=public_key)
     if args.json:
         render.print_json({"ok": not problems, **summary, "problems": problems})
     else:

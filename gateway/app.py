@@ -34,6 +34,7 @@ from gateway.keys import (
     NOTIFIER,
     OBSERVE_REQUEST,
     ROUTES,
+    SEALER,
     SERVICES,
     SETTINGS,
 )
@@ -41,6 +42,8 @@ from gateway.metrics import Metrics
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
 from persistence.connection import create_pool
+from persistence.roles import privilege_warnings
+from persistence.seals import Sealer, load_private_key, open_sink
 from persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
@@ -77,9 +80,17 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(lambda: notifier.waiting)
     if hints is not None:
         hints.start()
+    try:
+        async with db.connection() as conn:
+            for warning in await privilege_warnings(conn):
+                log.warning("%s; run the Gateway as a login role made by `leasehold db create-app-role`",
+                            warning, extra={"database_role": "privileged"})
+    except Exception:  # the database may not be up yet; the Gateway still starts
+        log.exception("could not check the database role's privileges")
     if settings.admin_api_key:
         try:
-            await services.registry.store_bootstrap_key(settings.admin_api_key)
+            if not await services.registry.store_bootstrap_key(settings.admin_api_key):
+                log.error("LEASEHOLD_ADMIN_API_KEY was revoked before and stays revoked; start with a new key")
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
     loops = [
@@ -87,7 +98,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                             name="leasehold-sweeper"),
         asyncio.create_task(sampler.run(db, metrics), name="leasehold-sampler"),
     ]
-    if settings.checkpoint_interval_seconds > 0:
+    sealer = app.get(SEALER)
+    if sealer is not None:
+        loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer),
+                                         name="leasehold-seals"))
+    elif settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
                                          name="leasehold-checkpoints"))
     if settings.schedule_interval_seconds > 0:
@@ -116,6 +131,9 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[OBSERVE_REQUEST] = app[METRICS].observe_request
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
     app[CERTIFICATES] = KnownCertificates()
+    if settings.seal_key_file is not None and settings.digest_dir is not None:
+        # Loaded before serving: a missing or wrong key stops the start, not the first seal.
+        app[SEALER] = Sealer(load_private_key(settings.seal_key_file), open_sink(settings.digest_dir))
     routes: list[Route] = [*service_api.routes, *worker_api.routes, *operator_api.routes]
     app[ROUTES] = routes
     for route in routes:

@@ -12,6 +12,7 @@ from gateway.identity import KnownCertificates, Operator, TokenBuckets, WorkerId
 from gateway.metrics import Metrics
 from gateway.services import Services
 from gateway.settings import GatewaySettings
+from persistence.seals import Sealer
 
 #: Called once per request with (method, route template, status, seconds): metrics hook.
 ObserveRequest = Callable[[str, str, int, float], None]
@@ -26,6 +27,9 @@ OBSERVE_REQUEST: web.AppKey[ObserveRequest] = web.AppKey("observe_request")
 ROUTES = web.AppKey("routes", list)
 BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
 CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
+SEALER = web.AppKey("sealer", Sealer)
+#: The connection guards of the listeners (worker, operator), once serving (gateway.serve.start).
+GUARDS = web.AppKey("connection_guards", list)
 
 # Per request.
 REQUEST_ID = web.RequestKey("request_id", str)

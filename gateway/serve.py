@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Gauge
 
 from gateway.app import create_app
+from gateway.guard import ConnectionGuard
+from gateway.keys import GUARDS, METRICS
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
 from gateway.tls import PkiPaths, load_pki, server_ssl_context
@@ -47,15 +50,53 @@ def operator_ssl_context(paths: PkiPaths) -> ssl.SSLContext:
     return ctx
 
 
+class GuardedSite(web.TCPSite):
+    """A TLS listener whose connections pass through a :class:`ConnectionGuard`, with the TLS
+    handshake bounded by the header timeout."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, ssl_context: ssl.SSLContext,
+                 guard: ConnectionGuard, reuse_port: bool, backlog: int = 128) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port, backlog=backlog)
+        self.guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with the runner
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self.guard.factory(server), self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self.guard.header_timeout)
+
+
+def _guard_metrics(app: web.Application, guards: list[ConnectionGuard]) -> None:
+    registry = app[METRICS].registry
+    open_ = Gauge("leasehold_connections_open", "Open connections, per listener", ["listener"], registry=registry)
+    closed = Gauge("leasehold_connections_closed_by_guard", "Connections the guard closed since start, per "
+                   "listener and reason (header_timeout, evicted, refused)", ["listener", "reason"], registry=registry)
+    for g in guards:
+        open_.labels(g.name).set_function(lambda g=g: len(g.open))  # type: ignore[misc]
+        closed.labels(g.name, "header_timeout").set_function(lambda g=g: g.timed_out)  # type: ignore[misc]
+        closed.labels(g.name, "evicted").set_function(lambda g=g: g.evicted)  # type: ignore[misc]
+        closed.labels(g.name, "refused").set_function(lambda g=g: g.refused)  # type: ignore[misc]
+
+
 async def start(settings: GatewaySettings, *, reuse_port: bool = False) -> tuple[web.AppRunner, list[int]]:
     """Start the Gateway in this event loop; returns the runner and the bound ports (worker, operator)."""
     paths = tls_paths(settings)
-    runner = web.AppRunner(create_app(settings), access_log=None, handle_signals=False)
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           keepalive_timeout=settings.keepalive_timeout_seconds)
+    guards = [ConnectionGuard(name, header_timeout=settings.header_timeout_seconds,
+                              max_connections=settings.max_connections_per_listener) for name in ("worker", "operator")]
+    app[GUARDS] = guards
+    _guard_metrics(app, guards)
     await runner.setup()
-    worker_site = web.TCPSite(runner, settings.host, settings.worker_port, ssl_context=server_ssl_context(paths),
-                              reuse_port=reuse_port, backlog=1024)
-    operator_site = web.TCPSite(runner, settings.host, settings.operator_port,
-                                ssl_context=operator_ssl_context(paths), reuse_port=reuse_port)
+    worker_site = GuardedSite(runner, settings.host, settings.worker_port, ssl_context=server_ssl_context(paths),
+                              guard=guards[0], reuse_port=reuse_port, backlog=1024)
+    operator_site = GuardedSite(runner, settings.host, settings.operator_port,
+                                ssl_context=operator_ssl_context(paths), guard=guards[1], reuse_port=reuse_port,
+                                backlog=1024)
     await worker_site.start()
     await operator_site.start()
     ports = [s._server.sockets[0].getsockname()[1] for s in (worker_site, operator_site)]  # type: ignore[union-attr]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -27,6 +27,18 @@ class GatewaySettings(BaseSettings):
     processes: int = Field(1, ge=1, le=64, description="processes serving the same ports (SO_REUSEPORT)")
     pool_size: int = Field(20, ge=2, le=500, description="database connections per process")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="the TLS handshake, and then a connection's first request header, must "
+                                        "each complete within this; else the connection is closed")
+    keepalive_timeout_seconds: float = Field(
+        15.0, gt=0, le=3600, description="an idle keep-alive connection is closed after this; the next request's "
+                                         "header must be complete within it after the previous answer")
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, le=3600, description="a request body must arrive within this once its header has (else 408)")
+    max_connections_per_listener: int = Field(
+        1000, ge=1, le=1_000_000, description="open connections per listener and process; at the cap a new "
+                                              "connection evicts the oldest one that has not sent a complete "
+                                              "request header (none: the new one is refused)")
     max_wait_seconds: int = Field(30, ge=0, le=300, description="longest acquire long-poll")
     poll_interval_seconds: float = Field(1.0, gt=0, le=60,
                                          description="long-poll safety re-check when no notification arrives")
@@ -39,6 +51,14 @@ class GatewaySettings(BaseSettings):
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
     checkpoint_interval_seconds: float = Field(
         300.0, ge=0, description="how often to seal the stream heads (replay checkpoint); 0 disables")
+    seal_key_file: Path | None = Field(
+        None, description="Ed25519 private key (PEM, from `leasehold seal keygen`) that signs the seals; the "
+                          "database never sees it. With digest_dir set, signed seals replace plain checkpoints")
+    digest_dir: Path | None = Field(
+        None, description="digest sink: directory the signed seals are appended to (JSON lines, one file per "
+                          "UTC day); put it where the database host cannot rewrite it")
+    seal_interval_seconds: float = Field(
+        5.0, gt=0, le=3600, description="how often to write and publish a signed seal (with seal_key_file)")
     schedule_interval_seconds: float = Field(
         1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
@@ -47,6 +67,12 @@ class GatewaySettings(BaseSettings):
     rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
     rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
     log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
+
+    @model_validator(mode="after")
+    def _seal_settings_go_together(self) -> GatewaySettings:
+        if (self.seal_key_file is None) != (self.digest_dir is None):
+            raise ValueError("seal_key_file and digest_dir go together: set both to publish signed seals")
+        return self
 
     def resolved_database_url(self) -> str:
         """The database to use; the command line resolves "none given" before the Gateway starts."""

@@ -67,6 +67,8 @@ class Checkpoint:
     event_count: int
     prev_seal: bytes
     seal: bytes
+    #: The highest ``notification_id`` in the snapshot that wrote it (known only to the writer).
+    position: int | None = None
 
 
 def seal_of(prev_seal: bytes, created_at: datetime, head_count: int, event_count: int,
@@ -140,10 +142,11 @@ async def _write(conn: AsyncConnection[Any]) -> Checkpoint:
     async with conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         previous = await latest_checkpoint(conn)
-        cur = await conn.execute("SELECT now(), pg_snapshot_xmin(pg_current_snapshot())::text")
+        cur = await conn.execute("SELECT now(), pg_snapshot_xmin(pg_current_snapshot())::text,"
+                                 " (SELECT max(notification_id) FROM events)")
         row = await cur.fetchone()
         assert row is not None
-        created_at, xmin = row[0], int(row[1])
+        created_at, xmin, position = row[0], int(row[1]), row[2]
         cur = await conn.execute(_CANDIDATES, (str(previous.transaction_xmin if previous else 0),),
                                  binary=True)
         candidates = [Head(r[0], r[1], bytes(r[2])) for r in await cur.fetchall()]
@@ -183,7 +186,8 @@ async def _write(conn: AsyncConnection[Any]) -> Checkpoint:
             copy.set_types(["int8", "uuid", "int8", "bytea"])
             for head in changed:
                 await copy.write_row((checkpoint_id, head.originator_id, head.version, head.hash))
-    return Checkpoint(checkpoint_id, created_at, xmin, head_count, len(changed), event_count, prev_seal, seal)
+    return Checkpoint(checkpoint_id, created_at, xmin, head_count, len(changed), event_count, prev_seal, seal,
+                      position or 0)
 
 
 # --- verification --------------------------------------------------------------------------

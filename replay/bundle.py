@@ -11,6 +11,9 @@ A bundle is a directory:
 * ``batches.jsonl`` — one line per accepted result batch (from the ``ResultBatchAccepted``
   events), with its ``payload_sha256`` and the payload (the JSON records from
   ``result_payloads``; ``payload_raw_base64`` likewise only when needed).
+* ``manifest.sig`` (when exported with ``--signing-key``) — ``{"format", "key_id", "signature"}``,
+  the base64 Ed25519 signature of the exact bytes of ``manifest.json``; ``verify-bundle
+  --public-key`` requires it, so a bundle whose lines were removed and manifest recomputed fails.
 * ``manifest.json`` — what the bundle claims: the streams with their head version and hash,
   counts, the latest checkpoint's seal and its sealed heads of these streams, and the sha256,
   size and line count of each file.
@@ -32,6 +35,8 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from psycopg import AsyncConnection
 
 from domain.events import ResultBatchAccepted
@@ -39,10 +44,13 @@ from persistence.chain import check_link
 from persistence.checkpoints import latest_checkpoint, sealed_heads
 from persistence.codec import decode_event
 from persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from persistence.seals import key_id
 from persistence.transaction import Reader
 from replay.log import require_stream, scan_task_ids
 
 FORMAT = "leasehold-audit-bundle/1"
+SIGNATURE = "manifest.sig"
+SIGNATURE_FORMAT = "leasehold-bundle-signature/1"
 FILES = ("events.jsonl", "batches.jsonl")
 
 
@@ -81,8 +89,10 @@ def _event_line(row: StoredRow) -> dict[str, Any]:
     return line
 
 
-async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, out: Path) -> Exported:
-    """Write the bundle of a task (``kind="task"``) or scan (``"scan"``) into ``out`` (new or empty).
+async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, out: Path, *,
+                        signing_key: Ed25519PrivateKey | None = None) -> Exported:
+    """Write the bundle of a task (``kind="task"``) or scan (``"scan"``) into ``out`` (new or empty);
+    with ``signing_key``, also ``manifest.sig`` (the manifest's Ed25519 signature).
 
     Reads everything in the caller's transaction: run it inside :func:`persistence.snapshot.snapshot`.
     """
@@ -118,6 +128,10 @@ async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, ou
     }
     body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     _write_manifest(out, body)
+    if signing_key is not None:
+        (out / SIGNATURE).write_bytes(orjson.dumps({
+            "format": SIGNATURE_FORMAT, "key_id": key_id(signing_key.public_key()),
+            "signature": base64.b64encode(signing_key.sign(body)).decode()}, option=orjson.OPT_INDENT_2))
     problems = _chain_problems(_event_line(r) for r in rows)
     return Exported(out, len(streams), len(rows), len(batches), hashlib.sha256(body).hexdigest(), problems)
 
@@ -219,13 +233,18 @@ def _chain_problems(lines: Iterable[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def verify_bundle(directory: Path) -> tuple[dict[str, Any], list[str]]:
-    """(a summary, every problem found) for the bundle in ``directory``; no database needed."""
+def verify_bundle(directory: Path, *, public_key: Ed25519PublicKey | None = None
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """(a summary, every problem found) for the bundle in ``directory``; no database needed.
+    With ``public_key``, ``manifest.sig`` must be a valid signature of ``manifest.json`` by it."""
     problems: list[str] = []
     try:
-        manifest = orjson.loads((directory / "manifest.json").read_bytes())
+        body = (directory / "manifest.json").read_bytes()
+        manifest = orjson.loads(body)
     except (OSError, orjson.JSONDecodeError) as exc:
         return {}, [f"manifest.json: cannot be read ({exc})"]
+    if public_key is not None:
+        problems += _signature_problems(directory, body, public_key)
     if manifest.get("format") != FORMAT:
         problems.append(f"manifest.json: unknown format {manifest.get('format')!r}")
     contents: dict[str, bytes] = {}
@@ -254,6 +273,21 @@ def verify_bundle(directory: Path) -> tuple[dict[str, Any], list[str]]:
     if manifest.get("counts") != counts:
         problems.append(f"counts are {counts}, the manifest says {manifest.get('counts')}")
     return {"subject": manifest.get("subject"), **counts}, problems
+
+
+def _signature_problems(directory: Path, body: bytes, public_key: Ed25519PublicKey) -> list[str]:
+    try:
+        sig = orjson.loads((directory / SIGNATURE).read_bytes())
+        signature = base64.b64decode(sig["signature"], validate=True)
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return [f"{SIGNATURE}: missing or unreadable ({exc}); the manifest is not signed"]
+    if sig.get("key_id") != key_id(public_key):
+        return [f"{SIGNATURE}: signed with key {sig.get('key_id')!r}, not with the given public key"]
+    try:
+        public_key.verify(signature, body)
+    except InvalidSignature:
+        return [f"{SIGNATURE}: the signature does not match manifest.json (the manifest was changed)"]
+    return []
 
 
 def _parse_lines(name: str, data: bytes, problems: list[str]) -> list[dict[str, Any]]:

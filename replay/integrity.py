@@ -21,6 +21,7 @@ from psycopg import AsyncConnection
 from persistence.chain import walk_chains
 from persistence.checkpoints import Checkpoint, CheckpointProblem, verify_checkpoints
 from persistence.snapshot import snapshot
+from replay.digests import DigestProblem, Digests, Unsealed, log_against_digests
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,9 @@ class IntegrityReport:
     checkpoints: list[Checkpoint]
     problems: list[Problem]
     seconds: float
+    #: With digests: how many records, the newest one, and what no digest covers yet.
+    digests: Digests | None = None
+    unsealed: Unsealed | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,17 +60,25 @@ class IntegrityReport:
         return self.checkpoints[-1] if self.checkpoints else None
 
 
-async def verify_log(conn: AsyncConnection[Any], *, progress: Callable[[int], None] | None = None
-                     ) -> IntegrityReport:
-    """Chains and checkpoints, in one snapshot; problems sorted by stream and version."""
+async def verify_log(conn: AsyncConnection[Any], *, progress: Callable[[int], None] | None = None,
+                     digests: Digests | None = None) -> IntegrityReport:
+    """Chains and checkpoints (and the log against ``digests``, when given: see
+    :mod:`replay.digests`), in one snapshot; problems sorted by stream and version."""
     started = time.perf_counter()
+    unsealed = None
+    digest_problems: list[DigestProblem] = list(digests.problems) if digests is not None else []
     async with snapshot(conn):
         walk = await walk_chains(conn, progress=progress)
         checkpoints, cp_problems = await verify_checkpoints(conn)
+        if digests is not None:
+            found, unsealed = await log_against_digests(conn, digests, checkpoints)
+            digest_problems += found
     problems = [Problem("chain", b.originator_id, b.originator_version, b.problem) for b in walk.breaks]
     problems += [_from_checkpoint(p) for p in cp_problems]
+    problems += [Problem("digest", p.originator_id, p.version, p.message, p.checkpoint_id) for p in digest_problems]
     problems.sort(key=lambda p: (p.originator_id is not None, str(p.originator_id), p.version or 0, p.source))
-    return IntegrityReport(walk.streams, walk.events, checkpoints, problems, time.perf_counter() - started)
+    return IntegrityReport(walk.streams, walk.events, checkpoints, problems, time.perf_counter() - started,
+                           digests, unsealed)
 
 
 def _from_checkpoint(p: CheckpointProblem) -> Problem:

@@ -17,6 +17,7 @@ async def test_demo_runs_a_scan_survives_a_killed_worker_and_audits_clean(databa
     text = out.decode()
     assert proc.returncode == 0, text
     assert ": success" in text
+    assert "the Gateway connects as leasehold_gateway, a member of leasehold_app only" in text
     assert "attempt 1: expired on worker-a" in text and "attempt 2: succeeded on worker-b" in text
     assert "tls-self-signed" in text
     assert "differ in 0 rows; hash chains: intact" in text

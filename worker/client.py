@@ -236,7 +236,10 @@ class GatewayClient:
     async def __aenter__(self) -> GatewayClient:
         connector = aiohttp.TCPConnector(
             ssl=client_ssl_context(self.settings.ca, self.settings.cert, self.settings.key),
-            limit=max(16, self.settings.max_concurrency * 3 + 2))
+            limit=max(16, self.settings.max_concurrency * 3 + 2),
+            # Below the Gateway's keep-alive timeout (15 s by default), so the agent drops an idle
+            # connection before the Gateway closes it under a request being sent.
+            keepalive_timeout=10)
         # trust_env=False: no proxy or .netrc from the environment; the worker talks to its Gateway only.
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
                                               headers={"User-Agent": self._user_agent})

@@ -7,6 +7,7 @@ Every exception is turned into a problem document once, by :func:`error_middlewa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -19,7 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
-from gateway.keys import OBSERVE_REQUEST, REQUEST_ID, WORKER_FINGERPRINT
+from gateway.keys import OBSERVE_REQUEST, OPERATOR, REQUEST_ID, SETTINGS, WORKER_FINGERPRINT
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -90,8 +91,13 @@ def problem(status: int, title: str, detail: str, *, code: str = "error", header
 
 async def read_json(request: web.Request, model: type[M]) -> M:
     """The request body validated as ``model``; malformed or invalid bodies raise a 4xx."""
-    # aiohttp enforces the application's client_max_size while reading (413).
-    raw = await request.read()
+    # aiohttp enforces the application's client_max_size while reading (413); the body must
+    # arrive within body_timeout_seconds (408, and the connection is closed).
+    try:
+        async with asyncio.timeout(request.app[SETTINGS].body_timeout_seconds):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeout("the request body did not arrive in time") from None
     if not raw:
         raw = b"{}"
     try:
@@ -125,6 +131,12 @@ def read_query(request: web.Request, model: type[M]) -> M:
     return model.model_validate(dict(request.query))
 
 
+class RequestTimeout(LeaseholdError):
+    """The request did not arrive in time."""
+    status = 408
+    code = "request-timeout"
+
+
 class BadRequest(Exception):
     def __init__(self, detail: str, **extensions: Any) -> None:
         super().__init__(detail)
@@ -132,7 +144,7 @@ class BadRequest(Exception):
 
 
 _STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-                  405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+                  405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large",
                   415: "Unsupported Media Type", 422: "Unprocessable Content", 429: "Too Many Requests",
                   500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -175,6 +187,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                        code="internal", request_id=request.get(REQUEST_ID))
 
 
+def _key_id(request: web.Request) -> str | None:
+    """The id of the operator's API key (never the key), once it authenticated."""
+    operator = request.get(OPERATOR)
+    return str(operator.key_id) if operator is not None else None
+
+
 @web.middleware
 async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id in and out, and one structured log line per request (no bodies: no tokens)."""
@@ -192,5 +210,5 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
         observe(request.method, route, response.status, elapsed)
     log.info("request", extra={"request_id": request_id, "method": request.method, "route": route,
                                "status": response.status, "duration_ms": round(elapsed * 1000, 2),
-                               "worker": request.get(WORKER_FINGERPRINT)})
+                               "worker": request.get(WORKER_FINGERPRINT), "api_key": _key_id(request)})
     return response

@@ -95,7 +95,8 @@ def build_openapi(routes: list[Route]) -> dict[str, Any]:
                     op["responses"][str(status)]["links"] = r.extra["links"]
             else:
                 op["responses"][str(status)] = {"description": "OK"}
-        errors = [400, 404, 409, 413, 422, 429] if r.request is not None else [404, 429]
+        # 408: the body did not arrive within body_timeout_seconds.
+        errors = [400, 404, 408, 409, 413, 422, 429] if r.request is not None else [404, 429]
         if r.query is not None:
             errors.append(422)  # the query string is validated like a body
         if r.method != "GET":

@@ -31,7 +31,7 @@ from uuid import UUID
 
 from aiohttp import web
 
-from domain.errors import InvalidRequest, NotFound
+from domain.errors import Conflict, InvalidRequest, NotFound
 from domain.events import ProfileStep
 from gateway.api.http import BadRequest, RouteTable, ok, read_json, read_query
 from gateway.api.operator_models import (
@@ -39,6 +39,9 @@ from gateway.api.operator_models import (
     NO_TASK_TYPES,
     AddAssignment,
     ApiKeyCreated,
+    ApiKeyPage,
+    ApiKeysQuery,
+    ApiKeyView,
     Asset,
     AssetList,
     AssignmentView,
@@ -47,6 +50,7 @@ from gateway.api.operator_models import (
     CancelTask,
     Counts,
     CountsQuery,
+    CreateAnyApiKey,
     CreateApiKey,
     CreateOrganization,
     CreateProfile,
@@ -75,6 +79,7 @@ from gateway.api.operator_models import (
     Revocation,
     RevokeAssignment,
     RevokeWorker,
+    RotateApiKey,
     Scan,
     ScanCancellation,
     ScanDetail,
@@ -84,6 +89,7 @@ from gateway.api.operator_models import (
     ScheduleDeletion,
     SchedulePage,
     ScheduleRun,
+    Seal,
     StoredProfile,
     StoredProfilePage,
     Task,
@@ -102,8 +108,9 @@ from gateway.api.operator_models import (
 )
 from gateway.auth import operator_identity
 from gateway.commands.lifecycle import TaskSpec
+from gateway.commands.registry import IssuedKey
 from gateway.identity import Operator
-from gateway.keys import SERVICES
+from gateway.keys import SEALER, SERVICES
 from gateway.services import Services
 from persistence.event_log import decode_event
 from persistence.task_rows import task_from_row
@@ -247,9 +254,79 @@ async def create_organization_key(request: web.Request) -> web.StreamResponse:
     await _organization(request, operator, org_id)
     operator.require_admin()
     body = await read_json(request, CreateApiKey)
-    issued = await _services(request).registry.create_api_key(organization_id=org_id, name=body.name)
-    return ok(ApiKeyCreated(id=issued.id, name=issued.name, organization_id=issued.organization_id,
-                            key=issued.key), status=201)
+    issued = await _services(request).registry.create_api_key(organization_id=org_id, name=body.name,
+                                                              expires_at=body.expires_at)
+    return ok(_created(issued), status=201)
+
+
+# --- API keys (administrator) -------------------------------------------------------------------
+
+KEY_PATH = "/v1/api-keys/{key_id}"
+
+
+def _created(issued: IssuedKey, replaces: UUID | None = None) -> ApiKeyCreated:
+    return ApiKeyCreated(id=issued.id, name=issued.name, organization_id=issued.organization_id, key=issued.key,
+                         expires_at=issued.expires_at, replaces=replaces)
+
+
+async def _admin(request: web.Request) -> Operator:
+    operator = await operator_identity(request)
+    operator.require_admin()
+    return operator
+
+
+@routes.route("GET", "/v1/api-keys", summary="List API keys, never the keys themselves (administrator)",
+              auth="operator", query=ApiKeysQuery, response=ApiKeyPage, tags=TAGS)
+async def list_api_keys(request: web.Request) -> web.StreamResponse:
+    await _admin(request)
+    page = read_query(request, ApiKeysQuery)
+    items = [ApiKeyView.of(r) for r in await _services(request).registry.api_keys(
+        organization_id=page.organization_id, after=page.after, limit=page.limit + 1)]
+    return ok(ApiKeyPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
+
+
+@routes.route("POST", "/v1/api-keys",
+              summary="Create an API key, of an organisation or an administrator key, optionally expiring "
+                      "(administrator; the key is shown once)",
+              auth="operator", request=CreateAnyApiKey, response=ApiKeyCreated, statuses=(201,), tags=TAGS,
+              links=_links("key_id", "get_api_key_get", "revoke_api_key_post", "rotate_api_key_post"))
+async def create_api_key(request: web.Request) -> web.StreamResponse:
+    await _admin(request)
+    body = await read_json(request, CreateAnyApiKey)
+    issued = await _services(request).registry.create_api_key(organization_id=body.organization_id, name=body.name,
+                                                              expires_at=body.expires_at)
+    return ok(_created(issued), status=201)
+
+
+@routes.route("GET", KEY_PATH, summary="Read an API key's record (administrator)", auth="operator",
+              response=ApiKeyView, tags=TAGS)
+async def get_api_key(request: web.Request) -> web.StreamResponse:
+    await _admin(request)
+    key_id = _path_id(request, "key_id", "API key")
+    return ok(ApiKeyView.of(await _services(request).registry.api_key_row(key_id)))
+
+
+@routes.route("POST", KEY_PATH + "/revoke",
+              summary="Revoke an API key: its next request answers 401 (administrator; idempotent)",
+              auth="operator", response=ApiKeyView, tags=TAGS)
+async def revoke_api_key(request: web.Request) -> web.StreamResponse:
+    await _admin(request)
+    key_id = _path_id(request, "key_id", "API key")
+    registry = _services(request).registry
+    await registry.revoke_api_key(key_id)
+    return ok(ApiKeyView.of(await registry.api_key_row(key_id)))
+
+
+@routes.route("POST", KEY_PATH + "/rotate",
+              summary="Rotate an API key: a new key with the same name and scope, the old one revoked in the "
+                      "same transaction (administrator; the new key is shown once; 409 if already revoked)",
+              auth="operator", request=RotateApiKey, response=ApiKeyCreated, statuses=(201,), tags=TAGS)
+async def rotate_api_key(request: web.Request) -> web.StreamResponse:
+    await _admin(request)
+    key_id = _path_id(request, "key_id", "API key")
+    body = await read_json(request, RotateApiKey)
+    issued = await _services(request).registry.rotate_api_key(key_id, expires_at=body.expires_at)
+    return ok(_created(issued, replaces=key_id), status=201)
 
 
 # --- workers ----------------------------------------------------------------------------------
@@ -885,3 +962,21 @@ async def retry_task(request: web.Request) -> web.StreamResponse:
     await _services(request).lifecycle.retry(task_id, reason=body.reason, attempts=body.attempts,
                                              actor=operator.actor)
     return ok(await _task(request, operator, task_id))
+
+
+# --- seals ------------------------------------------------------------------------------------
+
+
+@routes.route("POST", "/v1/seals",
+              summary="Write a signed seal now and publish it to the digest sink (administrator; 409 when "
+                      "no seal key is configured)",
+              auth="operator", response=Seal, statuses=(201,), tags=TAGS)
+async def seal_now(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    operator.require_admin()
+    sealer = request.app.get(SEALER)
+    if sealer is None:
+        raise Conflict("sealing is not configured (set seal_key_file and digest_dir)")
+    async with _services(request).db.connection() as conn:
+        record = await sealer.seal(conn)
+    return ok(Seal.model_validate(record), status=201)

@@ -109,6 +109,15 @@ class OrganizationPage(Body):
 
 class CreateApiKey(Body):
     name: Name
+    expires_at: AwareDatetime | None = Field(None, description="when the key stops working (optional; future)")
+
+
+class CreateAnyApiKey(CreateApiKey):
+    organization_id: UUID | None = Field(None, description="the organisation it belongs to; null: administrator")
+
+
+class RotateApiKey(Body):
+    expires_at: AwareDatetime | None = Field(None, description="when the new key stops working (optional)")
 
 
 class ApiKeyCreated(Body):
@@ -116,6 +125,53 @@ class ApiKeyCreated(Body):
     name: str
     organization_id: UUID | None
     key: str = Field(description="the bearer key; shown this once, only its sha256 is stored")
+    expires_at: datetime | None = None
+    replaces: UUID | None = Field(None, description="on rotation: the key this one replaced (now revoked)")
+
+
+class ApiKeyView(Body):
+    """A stored API key: never the key itself, nor its hash."""
+
+    id: UUID
+    name: str
+    organization_id: UUID | None = Field(description="null: an administrator key")
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None = Field(description="last successful use, at most a minute stale")
+    bootstrap: bool = Field(description="the administrator key from LEASEHOLD_ADMIN_API_KEY")
+    replaced_by: UUID | None = Field(description="the key a rotation replaced it with")
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> ApiKeyView:
+        return cls(id=row[0], name=row[1], organization_id=row[2], created_at=row[3], expires_at=row[4],
+                   revoked_at=row[5], last_used_at=row[6], bootstrap=row[7], replaced_by=row[8])
+
+
+class ApiKeyPage(Body):
+    items: list[ApiKeyView]
+    next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+class ApiKeysQuery(PageQuery):
+    organization_id: UUID | None = Field(None, description="only this organisation's keys")
+
+
+class Seal(Body):
+    """A signed seal as published to the digest sink (one JSON line there)."""
+
+    format: str
+    checkpoint_id: int
+    created_at: str
+    transaction_xmin: int
+    position: int | None = Field(description="highest notification_id in the sealing snapshot")
+    head_count: int = Field(description="streams sealed")
+    event_count: int = Field(description="events sealed (the sum of the stream heads' versions)")
+    changed: list[tuple[str, int, str]] = Field(description="[stream, version, hash] of each head that changed")
+    prev_seal: str
+    seal: str
+    key_id: str = Field(description="first 16 bytes of sha256 of the raw Ed25519 public key, hex")
+    signature: str = Field(description="base64 Ed25519 signature of the record without this field")
 
 
 # --- workers and assignments ----------------------------------------------------------------

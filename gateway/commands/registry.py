@@ -16,13 +16,14 @@ import hashlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 from uuid import UUID, uuid4
 
 from domain import profiles as profile_rules
 from domain import registry as rules
-from domain.errors import InvalidRequest, NotFound
+from domain.errors import Conflict, InvalidRequest, NotFound
 from domain.events import DomainEvent
 from domain.registry import Assignment, WorkerState
 from persistence.event_log import StreamHead
@@ -30,6 +31,13 @@ from persistence.task_rows import caller_standing
 from persistence.transaction import Clock, Database, Transaction, one, rows, system_clock
 
 API_KEY_PREFIX = "lh_"
+
+
+def _key_name(name: str) -> str:
+    name = name.strip()
+    if not 1 <= len(name) <= 200:
+        raise InvalidRequest("key name must be 1..200 characters")
+    return name
 
 
 def hash_api_key(key: str) -> bytes:
@@ -54,6 +62,7 @@ class IssuedKey:
     name: str
     organization_id: UUID | None
     key: str
+    expires_at: datetime | None = None
 
 
 class Registry:
@@ -73,37 +82,98 @@ class Registry:
             await tx.commit()
         return org_id
 
-    async def create_api_key(self, *, organization_id: UUID | None, name: str) -> IssuedKey:
-        """An operator key: of one organisation (sees only it), or an administrator key (None).
+    async def create_api_key(self, *, organization_id: UUID | None, name: str,
+                             expires_at: datetime | None = None) -> IssuedKey:
+        """An operator key: of one organisation (sees only it), or an administrator key (None);
+        it stops working at ``expires_at`` when given.
 
         Keys are credentials, not domain facts: they live in ``api_keys`` (hashed), outside the
         event log, like the bootstrap administrator key.
         """
-        name = name.strip()
-        if not 1 <= len(name) <= 200:
-            raise InvalidRequest("key name must be 1..200 characters")
-        key_id, key = self.new_id(), API_KEY_PREFIX + secrets.token_urlsafe(32)
+        name = _key_name(name)
         async with self.db.transaction() as tx:
             if organization_id is not None and await tx.one(
                     "organization_exists", {"organization_id": organization_id, "now": self.clock()}) is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
-            tx.write("api_keys", "api_key_insert", {"id": key_id, "name": name, "organization_id": organization_id,
-                                                    "key_hash": hash_api_key(key)})
+            issued = self._insert_key(tx, name, organization_id, expires_at)
             await tx.commit()
-        return IssuedKey(key_id, name, organization_id, key)
+        return issued
 
-    async def store_bootstrap_key(self, key: str) -> None:
-        """Store the administrator key the Gateway was started with (hashed); already stored: no change."""
+    def _insert_key(self, tx: Transaction, name: str, organization_id: UUID | None,
+                    expires_at: datetime | None) -> IssuedKey:
+        if expires_at is not None and expires_at <= (self.clock() or datetime.now(UTC)):
+            raise InvalidRequest("expires_at must be in the future")
+        key_id, key = self.new_id(), API_KEY_PREFIX + secrets.token_urlsafe(32)
+        tx.write("api_keys", "api_key_insert", {"id": key_id, "name": name, "organization_id": organization_id,
+                                                "key_hash": hash_api_key(key), "expires_at": expires_at,
+                                                "bootstrap": False})
+        return IssuedKey(key_id, name, organization_id, key, expires_at)
+
+    async def store_bootstrap_key(self, key: str) -> bool:
+        """Store the administrator key the Gateway was started with (hashed) and revoke every
+        earlier bootstrap key; already stored: no change. False when this very key was revoked
+        before (it is not brought back: start with a new one)."""
+        key_hash = hash_api_key(key)
         async with self.db.transaction() as tx:
+            found = await tx.one("api_key_bootstrap_lookup", {"key_hash": key_hash})
+            if found is not None and found[1] is not None:
+                return False
+            await tx.execute("api_keys_revoke_other_bootstrap", {"key_hash": key_hash, "now": self.clock()})
             tx.write("api_keys", "api_key_insert", {"id": self.new_id(), "name": "bootstrap administrator",
-                                                    "organization_id": None, "key_hash": hash_api_key(key)})
+                                                    "organization_id": None, "key_hash": key_hash,
+                                                    "expires_at": None, "bootstrap": True})
             await tx.commit()
+        return True
 
     async def api_key(self, key: str) -> ApiKey | None:
-        """The live (not revoked) key ``key`` is, or None."""
+        """The live (not revoked, not expired) key ``key`` is, or None. Its ``last_used_at`` is
+        brought up to date when it is more than a minute old (one small write per key and minute,
+        ``api_key_touch``)."""
+        now = self.clock()
         async with self.db.read() as reader:
-            row = await reader.one("api_key_by_hash", {"key_hash": hash_api_key(key)})
-        return None if row is None else ApiKey(*row)
+            row = await reader.one("api_key_by_hash", {"key_hash": hash_api_key(key), "now": now})
+        if row is None:
+            return None
+        found = ApiKey(row[0], row[1], row[2])
+        if row[3]:
+            async with self.db.transaction() as tx:
+                tx.write("api_keys", "api_key_touch", {"id": found.id, "now": now})
+                await tx.commit()
+        return found
+
+    async def api_keys(self, *, organization_id: UUID | None, after: UUID | None, limit: int) -> list[tuple[Any, ...]]:
+        """Stored keys (never the keys themselves), by id."""
+        async with self.db.read() as reader:
+            return await reader.all("api_keys_page", {"organization_id": organization_id, "after": after,
+                                                      "limit": limit})
+
+    async def api_key_row(self, key_id: UUID) -> tuple[Any, ...]:
+        async with self.db.read() as reader:
+            row = await reader.one("api_key_by_id", {"id": key_id})
+        if row is None:
+            raise NotFound("no such API key", key_id=str(key_id))
+        return tuple(row)
+
+    async def revoke_api_key(self, key_id: UUID) -> None:
+        """Revoke the key (its next request answers 401); revoking a revoked key changes nothing."""
+        async with self.db.transaction() as tx:
+            if await tx.one("api_key_lock", {"id": key_id}) is None:
+                raise NotFound("no such API key", key_id=str(key_id))
+            tx.write("api_keys", "api_key_revoke", {"id": key_id, "now": self.clock(), "replaced_by": None})
+            await tx.commit()
+
+    async def rotate_api_key(self, key_id: UUID, *, expires_at: datetime | None = None) -> IssuedKey:
+        """A new key with the same name and scope, and the old one revoked, in one transaction."""
+        async with self.db.transaction() as tx:
+            old = await tx.one("api_key_lock", {"id": key_id})
+            if old is None:
+                raise NotFound("no such API key", key_id=str(key_id))
+            if old[3] is not None:
+                raise Conflict("the API key is revoked; create a new one instead", key_id=str(key_id))
+            issued = self._insert_key(tx, old[1], old[2], expires_at)
+            tx.write("api_keys", "api_key_revoke", {"id": key_id, "now": self.clock(), "replaced_by": issued.id})
+            await tx.commit()
+        return issued
 
     async def worker_organizations(self, worker_id: UUID) -> list[UUID]:
         """The organisations the worker is actively assigned to."""

@@ -190,6 +190,13 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("GET", "/v1/tasks"): (OWN_ONLY, None),
     ("GET", "/v1/counts"): (OWN_ONLY, None),
     ("POST", TASK_PATH + "/retry"): (NOT_FOUND, {}),
+    # Administrator only: an organisation key is refused before any id is read.
+    ("GET", "/v1/api-keys"): (FORBIDDEN, None),
+    ("POST", "/v1/api-keys"): (FORBIDDEN, {"organization_id": "{organization_id}", "name": "intruder"}),
+    ("GET", "/v1/api-keys/{key_id}"): (FORBIDDEN, None),
+    ("POST", "/v1/api-keys/{key_id}/revoke"): (FORBIDDEN, None),
+    ("POST", "/v1/api-keys/{key_id}/rotate"): (FORBIDDEN, {}),
+    ("POST", "/v1/seals"): (FORBIDDEN, None),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
 #: Service endpoints answer anyone, and say nothing about any organisation.
@@ -235,7 +242,8 @@ async def add_profile(gateway: RunningGateway, t: Tenant) -> None:
 def ids_of(t: Tenant) -> dict[str, str]:
     return {"organization_id": str(t.org), "worker_id": str(t.worker_id), "scan_id": str(t.scan),
             "task_id": str(t.task), "schedule_id": str(SCHEDULES.get(t.org, uuid4())),
-            "profile_id": str(PROFILES.get(t.org, uuid4()))}
+            "profile_id": str(PROFILES.get(t.org, uuid4())),
+            "key_id": str(uuid4())}  # (key routes are for administrators: refused before the id is read)
 
 
 def fill(template: str, ids: dict[str, str]) -> str:

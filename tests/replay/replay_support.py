@@ -4,8 +4,6 @@ running the ``leasehold`` CLI in-process, and superuser tampering with the event
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -16,10 +14,12 @@ from uuid import UUID
 import orjson
 import psycopg
 
-from cli.main import main
 from domain.errors import LeaseholdError
 from domain.results import payload_sha256
+from support.cli_runner import cli, run_cli
 from support.core import World
+
+__all__ = ["Workload", "cli", "cli_json", "random_workload", "run_cli", "tamper"]
 
 
 @dataclass
@@ -116,22 +116,6 @@ async def random_workload(world: World, *, seed: int, workers: int = 6, scans: i
         world.clock.advance(60)
         await call("terminate", lc.terminate_cancelling(limit=1000))
     return out
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    """``leasehold <argv>`` in-process (from a thread when an event loop runs): (exit code, stdout, stderr)."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse's usage errors
-            code = int(exc.code or 0)
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    """:func:`run_cli` from async code (the CLI runs its own event loop, so in a thread)."""
-    return await asyncio.to_thread(run_cli, *argv)
 
 
 async def cli_json(*argv: str) -> tuple[int, Any]:

@@ -86,6 +86,8 @@ class RunningGateway:
     scan: UUID
     sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _n: int = 0
+    #: The in-process Gateway's aiohttp application (None for a Gateway in another process).
+    app: Any = None
 
     @property
     def registry(self) -> Registry:
@@ -144,9 +146,9 @@ class RunningGateway:
 
 @asynccontextmanager
 async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) -> AsyncIterator[RunningGateway]:
-    settings = GatewaySettings(database_url=database_url, pki_dir=pki.directory, worker_port=0, operator_port=0,
-                               admin_api_key=ADMIN_KEY, sweep_interval_seconds=0.2, poll_interval_seconds=1.0,
-                               log_level="WARNING", **overrides)
+    settings = GatewaySettings(**{"database_url": database_url, "pki_dir": pki.directory, "worker_port": 0,
+                                  "operator_port": 0, "admin_api_key": ADMIN_KEY, "sweep_interval_seconds": 0.2,
+                                  "poll_interval_seconds": 1.0, "log_level": "WARNING", **overrides})
     runner, (worker_port, operator_port) = await start(settings)
     app = runner.app
     await app[NOTIFIER].connected.wait()
@@ -154,7 +156,7 @@ async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) ->
     org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
     scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
     gw = RunningGateway(settings, pki, f"https://localhost:{worker_port}", f"https://localhost:{operator_port}",
-                        services, org, scan)
+                        services, org, scan, app=app)
     try:
         yield gw
     finally:
