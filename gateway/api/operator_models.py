@@ -13,7 +13,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from domain.task import TaskState
-from gateway.api.http import INTEGRAL
+from gateway.api.http import INTEGRAL, json_limits
 from gateway.api.worker_models import AttemptView
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
@@ -27,6 +27,10 @@ TRIMMED = rf"^{VISIBLE}([^\n]*{VISIBLE})?$"
 Label = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=TRIMMED)]
 Labels = Annotated[list[Label], Field(max_length=100)]
 Reason = Annotated[StrictStr, Field(min_length=1, max_length=1000, pattern=VISIBLE)]
+#: JSON-valued fields, within their depth and size limits (:data:`domain.limits.FIELD_LIMITS`).
+Targets = Annotated[dict[str, Any], json_limits("targets")]
+Scope = Annotated[dict[str, Any], json_limits("scope")]
+Parameters = Annotated[dict[str, Any], json_limits("parameters")]
 
 
 class Body(BaseModel):
@@ -213,7 +217,7 @@ class ProfileStepBody(Body):
 class CreateScan(Body):
     organization_id: UUID | None = Field(
         None, description="required with an administrator key; an organisation key may only name its own")
-    targets: dict[str, Any] = Field(default_factory=dict)
+    targets: Targets = Field(default_factory=dict)
     profile: Annotated[list[ProfileStepBody], Field(max_length=50)] | ProfileName = Field(
         default_factory=list,
         description="ordered plugin steps (each step's task is created when the previous one ends), or the "
@@ -299,8 +303,8 @@ class CreateTask(Body):
     plugin: Label | None = Field(None, description="the scan job's plugin (default: task_type)")
     required_capabilities: Labels = []
     priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000), INTEGRAL] = 0
-    scope: dict[str, Any] = Field(default_factory=dict)
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    scope: Scope = Field(default_factory=dict)
+    parameters: Parameters = Field(default_factory=dict)
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] = 3
     lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600), INTEGRAL] = 60
     execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800), INTEGRAL] = 3600
@@ -406,7 +410,7 @@ class CreateSchedule(Body):
         None, description="cron expression, in `timezone` wall-clock time (exactly one of cron, interval_seconds)")
     interval_seconds: Annotated[StrictInt, Field(ge=1, le=366 * 86400), INTEGRAL] | None = None
     timezone: Annotated[StrictStr, Field(min_length=1, max_length=100)] = "UTC"
-    targets: dict[str, Any] = Field(default_factory=dict)
+    targets: Targets = Field(default_factory=dict)
     profile: list[ProfileStepBody] = Field(min_length=1, max_length=50)
     misfire_policy: Literal["run_once", "skip"] = Field(
         "run_once", description="run_once: one scan for any number of missed slots; skip: none when late by "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Generic, TypedDict, TypeVar
 from uuid import UUID
 
+import orjson
 from aiohttp import web
 
 from domain.errors import NotFound
@@ -34,7 +35,7 @@ from gateway.api.worker_models import (
 )
 from gateway.auth import worker_identity
 from gateway.commands import wakeups
-from gateway.commands.lifecycle import Acquired, ResultBatch
+from gateway.commands.lifecycle import Acquired, Poll, ResultBatch
 from gateway.identity import WorkerIdentity
 from gateway.keys import NOTIFIER, SERVICES, SETTINGS
 
@@ -81,14 +82,22 @@ async def acquire(request: web.Request) -> web.StreamResponse:
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     topics: list[str] | None = None
     known = set(body.known_cancels)
+
+    def render(polled: Poll) -> bytes | None:
+        """The answer, built inside the acquire transaction (a lease never commits unanswerable)."""
+        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+        if polled.acquired is None and not news:
+            return None
+        cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
+        answer = AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
+                                 cancel_requested=cancels)
+        return orjson.dumps(answer.model_dump(mode="json"))
+
     while True:
         polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
-                                      fingerprint=worker.fingerprint)
-        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
-        if polled.acquired is not None or news:
-            cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-            return ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
-                                      cancel_requested=cancels))
+                                      fingerprint=worker.fingerprint, render=render)
+        if polled.answer is not None:
+            return web.Response(body=polled.answer, content_type="application/json")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return web.Response(status=204)

@@ -20,7 +20,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from domain.task import AttemptState, TaskState
-from gateway.api.http import INTEGRAL
+from gateway.api.http import INTEGRAL, json_limits
 
 Token = Annotated[str, Field(min_length=16, max_length=200, description="the lease token from acquire")]
 
@@ -61,7 +61,8 @@ class BatchBody(Body):
     idempotency_key: str = Field(min_length=1, max_length=200)
     payload_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$",
                                 description="sha256 of the canonical JSON of `payload` (keys sorted, no spaces)")
-    payload: list[dict[str, SkipValidation[PayloadValue]]] = Field(max_length=100_000,
+    payload: Annotated[list[dict[str, SkipValidation[PayloadValue]]], json_limits("payload")] = Field(
+        max_length=100_000,
                                                                   description="plugin records")
 
 

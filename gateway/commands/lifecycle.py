@@ -19,7 +19,7 @@ import hashlib
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -92,6 +92,18 @@ class Poll:
 
     acquired: Acquired | None
     cancel_requested: list[tuple[UUID, UUID]]
+    #: The answer as the caller's ``render`` encoded it, inside the transaction (None: no render,
+    #: or nothing to say).
+    answer: bytes | None = None
+
+
+#: Encodes a poll's answer for the worker (None: nothing to answer yet). Called inside the acquire
+#: transaction, before the lease commits, so a lease whose answer cannot be built never commits.
+Render = Callable[[Poll], bytes | None]
+
+#: Why a task whose lease answer cannot be encoded (stored before the input limits existed) is
+#: cancelled instead of leased: it could never reach a worker, and would jam every acquire.
+UNDELIVERABLE = "undeliverable: the task's lease answer cannot be encoded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +217,7 @@ class Lifecycle:
                                 fingerprint=fingerprint)).acquired
 
     async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
-                   notices: bool = True, fingerprint: str | None = None) -> Poll:
+                   notices: bool = True, fingerprint: str | None = None, render: Render | None = None) -> Poll:
         """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
         cancelled — what a long-poll answer must tell the worker.
 
@@ -213,9 +225,17 @@ class Lifecycle:
         standing is checked in this transaction, in the same round trip as the worker lock:
         Forbidden, and nothing done, when the certificate is not ``worker_id``'s or the worker
         is revoked or disabled.
+
+        With ``render``, the answer is encoded in the transaction (``Poll.answer``): an answer
+        that cannot be built fails the transaction, so no lease commits without its answer. A
+        pending task whose lease cannot be encoded is cancelled as undeliverable instead, and
+        the worker is answered as if there were no work.
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
+
+        def answered(polled: Poll) -> Poll:
+            return polled if render is None else replace(polled, answer=render(polled))
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
@@ -243,25 +263,34 @@ class Lifecycle:
                 task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling), events
+                return answered(Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token),
+                                     cancelling)), events
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
-                return Poll(None, cancelling), []
+                return answered(Poll(None, cancelling)), []
             row = await tx.one("task_lock_acquirable", {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
             if row is None:
-                return Poll(None, cancelling), []
+                return answered(Poll(None, cancelling)), []
             task, head = task_from_row(row)
             events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                              lease_token_hash=hash_token(token), request_id=request_id),
                             now=now, actor=actor)
-            tx.append(head, events)
             leased = project_task(events, task)
             assert leased is not None and leased.current_attempt is not None
-            return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling), events
+            try:  # before the lease is appended: no lease commits whose answer cannot be built
+                polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token),
+                                       cancelling))
+            except (TypeError, ValueError, RecursionError):
+                cancelled = decide(task, RequestCancel(reason=UNDELIVERABLE), now=now, actor="gateway",
+                                   draw=self.rng.random(), retry_policy=self.retry_policy)
+                _, settled = await self._commit(tx, task, head, cancelled, now)
+                return answered(Poll(None, cancelling)), [*cancelled, *settled]
+            tx.append(head, events)
+            return polled, events
 
         polled, events = await self.db.run(body, key=worker_id)
         self.observe(events)

@@ -122,11 +122,12 @@ class RunningGateway:
         self.sessions.append(session)
         return WorkerClient(name, worker_id, cert.fingerprint, session, self.worker_url)
 
-    async def operator(self, method: str, path: str, body: Any = None, *, key: str = ADMIN_KEY) -> Reply:
+    async def operator(self, method: str, path: str, body: Any = None, *, key: str = ADMIN_KEY,
+                       raw: bytes | None = None) -> Reply:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        data = raw if raw is not None else orjson.dumps(body) if body is not None else None
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, s.request(
-                method, self.operator_url + path, headers={"Authorization": f"Bearer {key}"},
-                data=orjson.dumps(body) if body is not None else None) as r:
+                method, self.operator_url + path, headers={"Authorization": f"Bearer {key}"}, data=data) as r:
             text = await r.read()
             return Reply(r.status, orjson.loads(text) if text else None, dict(r.headers))
 
