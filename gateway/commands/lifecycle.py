@@ -309,8 +309,8 @@ class Lifecycle:
                     *, actor: str | None = None, fingerprint: str | None = None) -> Renewed:
         """Extend the lease; the answer says whether the worker should stop (cancel requested)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           [lambda a, h, _b: Renew(a, h)], check_standing=True,
-                                           fingerprint=fingerprint)
+                                           [lambda a, h, _b: Renew(a, h)], fingerprint=fingerprint,
+                                           write="renew")
         return Renewed(task=task, cancel_requested=task.state == "cancelling")
 
     async def submit_batch(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
@@ -382,23 +382,29 @@ class Lifecycle:
                                  *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """cancelling -> cancelled, on the worker's word that it stopped."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           [lambda a, h, _b: AcknowledgeCancel(a, h)], fingerprint=fingerprint)
+                                           [lambda a, h, _b: AcknowledgeCancel(a, h)], fingerprint=fingerprint,
+                                           write="cancel-ack")
         return task
 
     async def _worker_write(
         self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
         makers: Sequence[WriteMaker], *,
         idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
-        check_standing: bool = False, fingerprint: str | None = None,
+        write: str = "write", fingerprint: str | None = None,
     ) -> tuple[TaskState, BatchRecord | None]:
-        """One worker write. With the caller's certificate ``fingerprint`` (the Gateway passes
-        it), the worker's standing is checked first, in the round trip that locks the task:
-        Forbidden, and nothing done or recorded, when the certificate is not ``worker_id``'s or
-        the worker is revoked or disabled."""
+        """One worker write (``write`` names it: renew and cancel-ack have their own standing rule,
+        see :func:`refuse_after_revocation`).
+
+        The worker row is share-locked first, the task row then locked: revocation locks the
+        worker row too, so the write either commits before the revocation does or reads the
+        revocation's outcome, and nothing it should refuse commits after it. With the caller's
+        certificate ``fingerprint`` (the Gateway passes it), the certificate is checked too:
+        Forbidden, and nothing done or recorded, when it is not ``worker_id``'s or the worker is
+        revoked or disabled."""
         async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent]]:
-            row = await _lock_task_and_read(tx, "task_read_for_write", {
+            row, standing = await _lock_for_write(tx, {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
-                "now": self.clock()}, caller=(fingerprint, worker_id) if fingerprint is not None else None)
+                "worker_id": worker_id, "now": self.clock()}, fingerprint)
             # A task or attempt that does not exist, or an attempt of another worker, is not
             # this worker's business: the same 404 either way, and nothing is recorded.
             if row is None:
@@ -409,8 +415,7 @@ class Lifecycle:
             if attempt is None or attempt.worker_id != worker_id:
                 raise NotFound("no such attempt of this task", task_id=str(task_id),
                                attempt_id=str(attempt_id))
-            if check_standing:
-                await self._refuse_revoked_renewal(tx, worker_id, task)
+            refuse_after_revocation(standing, write, task)
             existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
             now: datetime = row[-1]
             events: list[DomainEvent] = []
@@ -565,35 +570,54 @@ class Lifecycle:
         _, settled = await self._commit(tx, task, head, events, row[-1])
         return [*events, *settled]
 
-    async def _refuse_revoked_renewal(self, tx: Transaction, worker_id: UUID, task: TaskState) -> None:
-        """RFC "Lease duration": renewal is refused once the worker, or its assignment to the
-        task's organisation, is revoked (under the task lock, for every caller of the service).
 
-        A task already ``cancelling`` still answers a worker whose assignment was revoked, so
-        that it hears the cancellation; the lease is not extended then anyway.
-        """
-        row = await tx.one("worker_standing", {"worker_id": worker_id, "organization_id": task.organization_id})
-        worker_revoked, assignment_revoked = row if row is not None else (True, True)
-        if worker_revoked:
-            raise Forbidden("this worker has been revoked")
-        if assignment_revoked and task.state != "cancelling":
-            raise Forbidden("this worker's assignment to the task's organisation has been revoked")
+def refuse_after_revocation(standing: tuple[bool, bool] | None, write: str, task: TaskState) -> None:
+    """RFC "Lease duration", for every worker write, once the worker or its assignment to the
+    task's organisation is revoked (``standing``: (worker revoked, assignment revoked), None when
+    the worker does not exist):
+
+    * a renewal is refused, except (assignment revoked only) of a task already ``cancelling``,
+      so that the worker hears the cancellation (the lease is not extended then anyway);
+    * any other write is refused while the task is still ``leased`` or ``running``: the
+      revocation's cancellation has not reached it yet, and nothing the worker sends is taken
+      meanwhile. Once the task is ``cancelling`` or over, fencing refuses (and records) what it
+      must, and the acknowledgement of the cancellation is taken.
+    """
+    worker_revoked, assignment_revoked = standing if standing is not None else (True, True)
+    if not (worker_revoked or assignment_revoked):
+        return
+    message = ("this worker has been revoked" if worker_revoked
+               else "this worker's assignment to the task's organisation has been revoked")
+    if write == "renew":
+        if worker_revoked or task.state != "cancelling":
+            raise Forbidden(message)
+    elif task.state in ("leased", "running"):
+        raise Forbidden(message)
 
 
-async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any],
-                              caller: tuple[str, UUID] | None = None) -> Any:
+async def _lock_for_write(tx: Transaction, params: dict[str, Any],
+                          fingerprint: str | None) -> tuple[Any, tuple[bool, bool] | None]:
+    """A worker write's locks and reads, pipelined into one round trip: the worker row
+    (``FOR SHARE``: see ``worker_lock_for_write``), the caller's certificate when given (checked
+    before anything else, see :func:`caller_standing`), the task row, then, each in a statement
+    of its own after the locks, the task as ``task_read_for_write`` reads it and the worker's
+    standing. (The task row, None when there is no such task; the standing.)"""
+    reads = [one("worker_lock_for_write", params), one("task_lock", params), one("task_read_for_write", params),
+             one("worker_standing_for_write", params)]
+    if fingerprint is not None:
+        reads.insert(1, one("worker_by_fingerprint", {"fingerprint": fingerprint}))
+    answers = await tx.read(*reads)
+    if fingerprint is not None:
+        caller_standing(answers.pop(1), params["worker_id"])
+    _, locked, row, standing = answers
+    return (row if locked is not None else None), standing
+
+
+async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any]) -> Any:
     """Lock the task row, then read with a second statement (one round trip, pipelined).
 
     The read runs after the lock is granted, so its snapshot includes everything committed by
-    the previous holder of the lock (see the comment on ``task_lock``). With ``caller``
-    (certificate fingerprint, worker id), the worker's standing is read first in the same round
-    trip, and checked before anything else (see :func:`caller_standing`).
+    the previous holder of the lock (see the comment on ``task_lock``).
     """
-    reads = [one("task_lock", params), one(read, params)]
-    if caller is not None:
-        reads.insert(0, one("worker_by_fingerprint", {"fingerprint": caller[0]}))
-    answers = await tx.read(*reads)
-    if caller is not None:
-        caller_standing(answers.pop(0), caller[1])
-    locked, row = answers
+    locked, row = await tx.read(one("task_lock", params), one(read, params))
     return row if locked is not None else None

@@ -5,6 +5,11 @@ worker row (``worker_lock``), read the worker and its assignments with separate 
 the lock is granted (so they see what the previous lock holder committed), decide with
 :mod:`domain.registry`, append the events and apply their projections, commit.
 
+The worker row lock (``FOR UPDATE``) is also what orders revocation against the worker's own
+writes: every worker write share-locks the same row for its whole transaction and checks the
+worker's standing after the lock (``worker_lock_for_write``), so no write the revocation should
+stop commits after it.
+
 Revocation only changes the worker's own stream here; cancelling the worker's active tasks is a
 task command (:meth:`gateway.commands.lifecycle.Lifecycle.cancel_worker_attempts`), one
 transaction per task, run after the revocation committed.
