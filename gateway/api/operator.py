@@ -108,10 +108,11 @@ def _services(request: web.Request) -> Services:
 
 
 def _path_id(request: web.Request, name: str, what: str) -> UUID:
+    raw = request.match_info[name]
     try:
-        return UUID(request.match_info[name])
-    except ValueError as exc:
-        raise NotFound(f"no such {what}") from exc
+        return UUID(raw)
+    except ValueError as exc:  # the 404 of an unknown id, in the same shape
+        raise NotFound(f"no such {what}", **{name: raw}) from exc
 
 
 def _see_organization(operator: Operator, organization_id: UUID) -> None:

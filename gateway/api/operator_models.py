@@ -223,7 +223,7 @@ class CreateScan(Body):
         description="ordered plugin steps (each step's task is created when the previous one ends), or the "
                     "name of a stored profile (the organisation's own, else a global one), whose steps are copied")
     legacy_scan_id: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = Field(
-        None, description="the scan's id in the legacy system, if it has one (unique per execution mode)")
+        None, description="the scan's id in the legacy system, if it has one (unique per organisation and execution mode)")
 
 
 class CancelScan(Body):

@@ -16,7 +16,6 @@ from uuid import UUID
 import orjson
 from aiohttp import web
 
-from domain.errors import NotFound
 from gateway.api.http import RouteTable, ok, read_json
 from gateway.api.worker_models import (
     AcquireRequest,
@@ -35,7 +34,7 @@ from gateway.api.worker_models import (
 )
 from gateway.auth import worker_identity
 from gateway.commands import wakeups
-from gateway.commands.lifecycle import Acquired, Poll, ResultBatch
+from gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
 from gateway.identity import WorkerIdentity
 from gateway.keys import NOTIFIER, SERVICES, SETTINGS
 
@@ -45,10 +44,11 @@ ATTEMPT_PATH = "/v1/tasks/{task_id}/attempts/{attempt_id}"
 
 
 def _ids(request: web.Request) -> tuple[UUID, UUID]:
+    task_id, attempt_id = request.match_info["task_id"], request.match_info["attempt_id"]
     try:
-        return UUID(request.match_info["task_id"]), UUID(request.match_info["attempt_id"])
+        return UUID(task_id), UUID(attempt_id)
     except ValueError as exc:
-        raise NotFound("no such task or attempt") from exc
+        raise no_such_attempt(task_id, attempt_id) from exc
 
 
 def _lease(a: Acquired) -> Lease:

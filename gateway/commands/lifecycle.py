@@ -408,13 +408,12 @@ class Lifecycle:
             # A task or attempt that does not exist, or an attempt of another worker, is not
             # this worker's business: the same 404 either way, and nothing is recorded.
             if row is None:
-                raise NotFound("no such task", task_id=str(task_id))
+                raise no_such_attempt(task_id, attempt_id)
             task, head = task_from_row(row)
             ref_offset = TASK_COLUMNS + ATTEMPT_COLUMNS
             attempt = attempt_from_row(row[ref_offset:ref_offset + ATTEMPT_COLUMNS], task.id)
             if attempt is None or attempt.worker_id != worker_id:
-                raise NotFound("no such attempt of this task", task_id=str(task_id),
-                               attempt_id=str(attempt_id))
+                raise no_such_attempt(task_id, attempt_id)
             refuse_after_revocation(standing, write, task)
             existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
             now: datetime = row[-1]
@@ -569,6 +568,12 @@ class Lifecycle:
                         draw=self.rng.random(), retry_policy=self.retry_policy)
         _, settled = await self._commit(tx, task, head, events, row[-1])
         return [*events, *settled]
+
+
+def no_such_attempt(task_id: object, attempt_id: object) -> NotFound:
+    """The one 404 of the worker's attempt routes: for a task or attempt that does not exist and
+    for one that is not this worker's alike, so that an answer never tells which ids exist."""
+    return NotFound("no such task or attempt", task_id=str(task_id), attempt_id=str(attempt_id))
 
 
 def refuse_after_revocation(standing: tuple[bool, bool] | None, write: str, task: TaskState) -> None:
