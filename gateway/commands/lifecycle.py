@@ -70,6 +70,9 @@ from persistence.task_rows import (
 from persistence.transaction import Clock, Database, Read, Transaction, one, rows, system_clock
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
+#: How many refused writes of one attempt are recorded as ``WriteRejected`` events; the rest are
+#: only counted, in ``rejected_write_counts``.
+MAX_RECORDED_REJECTIONS = 20
 
 
 def hash_token(token: str) -> str:
@@ -401,7 +404,8 @@ class Lifecycle:
         certificate ``fingerprint`` (the Gateway passes it), the certificate is checked too:
         Forbidden, and nothing done or recorded, when it is not ``worker_id``'s or the worker is
         revoked or disabled."""
-        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent]]:
+        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent],
+                                                  WriteRejected | None]:
             row, standing = await _lock_for_write(tx, {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
                 "worker_id": worker_id, "now": self.clock()}, fingerprint)
@@ -429,7 +433,10 @@ class Lifecycle:
                 if decided and isinstance(decided[0], WriteRejected):
                     break
                 so_far = project_task(decided, so_far) or so_far
-            rejected = any(isinstance(e, WriteRejected) for e in events)
+            rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
+            rejected = rejection is not None
+            if rejection is not None and not await self._record_rejection(tx, rejection, now):
+                events = [e for e in events if e is not rejection]  # counted only (it is the last)
             if payload is not None and events and not rejected:
                 tx.write("result_payloads", "payload_store", {"sha256": payload[0], "body": payload[1]})
             after, settled = await self._commit(tx, task, head, events, now)
@@ -437,14 +444,24 @@ class Lifecycle:
                 for event in events:  # only a newly accepted batch: a duplicate has no events
                     if isinstance(event, ResultBatchAccepted):
                         await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
-            return after, existing, [*events, *settled]
+            return after, existing, [*events, *settled], rejection
 
-        after, existing, events = await self.db.run(body, key=worker_id)
+        after, existing, events, rejection = await self.db.run(body, key=worker_id)
         self.observe(events)
-        rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
-        if rejection is not None:  # recorded; now refuse the write
+        if rejection is not None:  # recorded (or counted); now refuse the write
             raise rejection_error(rejection)
         return after, existing if not events and existing is not None else None
+
+    async def _record_rejection(self, tx: Transaction, rejection: WriteRejected, now: datetime) -> bool:
+        """Count a refused write of ``rejection.attempt_id``; whether its ``WriteRejected`` event
+        is to be recorded: the first :data:`MAX_RECORDED_REJECTIONS` of an attempt are, the rest
+        are only counted (``rejected_write_counts.unrecorded``), so that a worker replaying bad
+        writes cannot grow the log without bound. Under the task lock, like the write."""
+        seen = await tx.one("rejected_writes_of_attempt", {"attempt_id": rejection.attempt_id})
+        record = (seen[0] if seen is not None else 0) < MAX_RECORDED_REJECTIONS
+        tx.write("rejected_write_counts", "rejected_write_count",
+                 {"attempt_id": rejection.attempt_id, "recorded": int(record), "now": now})
+        return record
 
     # --- operator / gateway commands ------------------------------------------------------
 
