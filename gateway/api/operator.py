@@ -25,7 +25,8 @@ from uuid import UUID
 
 from aiohttp import web
 
-from domain.errors import InvalidRequest, NotFound
+from domain import targets as target_rules
+from domain.errors import Forbidden, InvalidRequest, NotFound
 from domain.events import ProfileStep
 from gateway.api.http import RouteTable, ok, read_json, read_query
 from gateway.api.operator_models import (
@@ -66,8 +67,10 @@ from gateway.api.operator_models import (
     ScheduleDeletion,
     SchedulePage,
     ScheduleRun,
+    SetTargetPolicy,
     StoredProfile,
     StoredProfilePage,
+    TargetPolicy,
     Task,
     Threat,
     ThreatList,
@@ -695,6 +698,38 @@ async def set_organization_gateway_execution(request: web.Request) -> web.Stream
     body = await read_json(request, GatewayExecution)
     await _services(request).registry.set_gateway_execution(org_id, body.enabled, actor=operator.actor)
     return ok(await _organization(request, operator, org_id))
+
+
+def _target_policy(org_id: UUID, policy: target_rules.TargetPolicy) -> TargetPolicy:
+    return TargetPolicy(organization_id=org_id, allow=policy.allow, deny=policy.deny,
+                        denied_by_default=[*map(str, target_rules.DEFAULT_DENIED_NETWORKS),
+                                           *target_rules.DEFAULT_DENIED_DOMAINS])
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}/target-policy",
+              summary="The organisation's target policy: which scan targets it may aim workers at",
+              auth="operator", response=TargetPolicy, tags=TAGS)
+async def get_target_policy(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    return ok(_target_policy(org_id, await _services(request).registry.target_policy(org_id)))
+
+
+@routes.route("PUT", "/v1/organizations/{organization_id}/target-policy",
+              summary="Replace the organisation's target policy (opening a default-denied network: administrator)",
+              auth="operator", request=SetTargetPolicy, response=TargetPolicy, statuses=(200, 403), tags=TAGS)
+async def set_target_policy(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    body = await read_json(request, SetTargetPolicy)
+    policy = target_rules.parse_policy(body.allow, body.deny)
+    if policy.opens_default_denied and operator.organization_id is not None:
+        raise Forbidden("only an administrator key may open default-denied networks "
+                        f"({', '.join(policy.opens_default_denied)})")
+    await _services(request).registry.set_target_policy(org_id, policy, actor=operator.actor)
+    return ok(_target_policy(org_id, policy))
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/legacy-status",

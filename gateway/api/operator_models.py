@@ -90,6 +90,28 @@ class OrganizationPage(Body):
     next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")
 
 
+PolicyEntry = Annotated[StrictStr, Field(min_length=1, max_length=253, description=(
+    "a network (CIDR), an address, or a domain (covering every name under it)"))]
+
+
+class SetTargetPolicy(Body):
+    allow: Annotated[list[PolicyEntry], Field(max_length=1000)] = Field(default_factory=list, description=(
+        "entries other than exceptions inside the default-denied networks make this an allow list: targets "
+        "must match one; an entry inside a default-denied network (e.g. 127.0.0.0/8) opens it "
+        "(administrator keys only)"))
+    deny: Annotated[list[PolicyEntry], Field(max_length=1000)] = Field(
+        default_factory=list, description="always refused, whatever else allows them")
+
+
+class TargetPolicy(Body):
+    organization_id: UUID
+    allow: list[str]
+    deny: list[str]
+    denied_by_default: list[str] = Field(description=(
+        "networks and domains refused unless an allow entry inside them opens them: loopback, link-local, "
+        "cloud metadata"))
+
+
 class CreateApiKey(Body):
     name: Name
 

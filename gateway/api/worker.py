@@ -28,6 +28,7 @@ from gateway.api.worker_models import (
     Lease,
     RenewResponse,
     ResultBatchRequest,
+    TargetPolicyView,
     TaskStatus,
     TaskView,
     WorkerWriteRequest,
@@ -54,7 +55,7 @@ def _ids(request: web.Request) -> tuple[UUID, UUID]:
 def _lease(a: Acquired) -> Lease:
     return Lease(task=TaskView.of(a.task), attempt=AttemptView.of(a.attempt), attempt_id=a.attempt.id,
                  lease_token=a.lease_token, lease_expires_at=a.attempt.lease_expires_at,
-                 deadline_at=a.attempt.deadline_at)
+                 deadline_at=a.attempt.deadline_at, target_policy=TargetPolicyView(**(a.target_policy or {})))
 
 
 async def _topics(request: web.Request, worker_id: UUID) -> list[str]:

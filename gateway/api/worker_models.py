@@ -148,6 +148,14 @@ class CancelNotice(Body):
     attempt_id: UUID
 
 
+class TargetPolicyView(Body):
+    """An organisation's target policy: allowed and denied networks, addresses and domains (both
+    empty: the default policy, which still denies loopback, link-local and cloud metadata)."""
+
+    allow: list[str] = Field(default_factory=list, max_length=1000)
+    deny: list[str] = Field(default_factory=list, max_length=1000)
+
+
 class Lease(Body):
     task: TaskView
     attempt: AttemptView
@@ -155,6 +163,10 @@ class Lease(Body):
     lease_token: str
     lease_expires_at: datetime
     deadline_at: datetime
+    target_policy: TargetPolicyView = Field(
+        default_factory=TargetPolicyView,
+        description="the task's organisation's target policy: the agent checks the scope's targets against it "
+                    "(after resolving their names) before the plugin runs")
 
 
 class AcquireResponse(Body):

@@ -32,6 +32,7 @@ from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
 from domain.events import DomainEvent, ResultBatchAccepted, WriteRejected
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from domain.targets import check_scope, policy_from_json
 from domain.task import (
     AcknowledgeCancel,
     AttemptState,
@@ -68,6 +69,7 @@ from persistence.task_rows import (
     task_from_row,
 )
 from persistence.transaction import Clock, Database, Read, Transaction, one, rows, system_clock
+from worker.targets import resolve_names
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
 #: How many refused writes of one attempt are recorded as ``WriteRejected`` events; the rest are
@@ -87,6 +89,8 @@ class Acquired:
     task: TaskState
     attempt: AttemptState
     lease_token: str
+    #: The organisation's target policy as stored (``{"allow": [...], "deny": [...]}``; None: default).
+    target_policy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +178,10 @@ class Lifecycle:
     # --- creation -------------------------------------------------------------------------
 
     async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
-        """Queue a job on the scan and create its task (one transaction, scan row locked)."""
+        """Queue a job on the scan and create its task (one transaction, scan row locked). The
+        scope's targets must pass the organisation's target policy (:mod:`domain.targets`)."""
         job_id, task_id = self.new_id(), self.new_id()
+        resolved = await resolve_names(spec.scope)  # before the transaction: no lock waits on DNS
 
         async def body(tx: Transaction) -> list[DomainEvent]:
             params = {"scan_id": scan_id, "now": self.clock()}
@@ -183,6 +189,9 @@ class Lifecycle:
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
             _, version, head_hash, org_id, status, mode, _, has_profile = row
+            if spec.scope:
+                (policy,) = await tx.value("organization_target_policy", {"organization_id": org_id})
+                check_scope(policy_from_json(policy), spec.scope, resolved)
             if mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
             if has_profile:
@@ -266,8 +275,9 @@ class Lifecycle:
                 task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                return answered(Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token),
-                                     cancelling)), events
+                (policy,) = await tx.value("organization_target_policy", {"organization_id": task.organization_id})
+                return answered(Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token,
+                                              target_policy=policy), cancelling)), events
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
@@ -278,15 +288,16 @@ class Lifecycle:
                 "capabilities": sorted(worker.capabilities)})
             if row is None:
                 return answered(Poll(None, cancelling)), []
-            task, head = task_from_row(row)
+            task, head = task_from_row(row[:TASK_COLUMNS])
+            policy = row[TASK_COLUMNS]
             events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                              lease_token_hash=hash_token(token), request_id=request_id),
                             now=now, actor=actor)
             leased = project_task(events, task)
             assert leased is not None and leased.current_attempt is not None
             try:  # before the lease is appended: no lease commits whose answer cannot be built
-                polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token),
-                                       cancelling))
+                polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
+                                                target_policy=policy), cancelling))
             except (TypeError, ValueError, RecursionError):
                 cancelled = decide(task, RequestCancel(reason=UNDELIVERABLE), now=now, actor="gateway",
                                    draw=self.rng.random(), retry_policy=self.retry_policy)

@@ -12,6 +12,8 @@ legacy id), under the same names.
 * ``rejected_write_counts``: how many refused worker writes each attempt has had, recorded
   (a ``WriteRejected`` event each, at most a bounded number per attempt) and unrecorded (the
   rest, only counted here). Like ``api_keys`` it is not a projection of the log.
+* ``organizations.target_policy``: the organisation's target policy (``OrganizationTargetPolicySet``);
+  NULL is the default policy.
 
 Revision ID: 0009_trust_input
 Revises: 0008
@@ -50,8 +52,10 @@ GRANT SELECT, INSERT, UPDATE ON rejected_write_counts TO leasehold_app;
 def upgrade() -> None:
     op.execute(_indexes("organization_id, legacy_scan_id"))
     op.execute(REJECTED)
+    op.execute("ALTER TABLE organizations ADD COLUMN target_policy jsonb")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE organizations DROP COLUMN target_policy")
     op.execute("REVOKE ALL ON rejected_write_counts FROM leasehold_app; DROP TABLE rejected_write_counts;")
     op.execute(_indexes("legacy_scan_id"))

@@ -185,6 +185,8 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("DELETE", PROFILE_PATH): (NOT_FOUND, None),
     ("PUT", "/v1/organizations/{organization_id}/gateway-execution"): (NOT_FOUND, {"enabled": False}),
     ("POST", "/v1/scans/{scan_id}/legacy-status"): (NOT_FOUND, {"status": "running"}),
+    ("GET", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, None),
+    ("PUT", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, {"deny": ["10.0.0.0/8"]}),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
 #: Service endpoints answer anyone, and say nothing about any organisation.
