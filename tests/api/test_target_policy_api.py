@@ -4,11 +4,15 @@ an organisation's own policy is set through the operator API."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 from typing import Any
 
 import pytest
 from test_operator_api import changes, make_tenant
 
+from cli.main import main
 from support.gateway import ADMIN_KEY, RunningGateway
 
 REFUSED = ["127.0.0.1", "169.254.169.254", "localhost", "http://localhost:8080/", "https://169.254.169.254/",
@@ -71,4 +75,31 @@ async def test_bad_policies_are_refused(gateway: RunningGateway, body: dict[str,
     before = await changes(gateway)
     reply = await gateway.operator("PUT", f"/v1/organizations/{gateway.org}/target-policy", body)
     assert reply.status == 422, reply.body
+    assert await changes(gateway) == before
+
+
+async def test_the_cli_shows_and_replaces_a_policy(gateway: RunningGateway) -> None:
+    url = gateway.settings.database_url
+    assert url is not None
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["admin", "target-policy", *argv, "--database-url", url])
+        return code, out.getvalue(), err.getvalue()
+
+    tenant = await make_tenant(gateway)
+    code, out, _ = await asyncio.to_thread(run, str(tenant.org))
+    assert code == 0 and "allow: (none)" in out and "127.0.0.0/8" in out, out
+    code, out, _ = await asyncio.to_thread(run, str(tenant.org), "--allow", "10.0.0.0/8", "--deny", "bad.example")
+    assert code == 0 and "allow: 10.0.0.0/8" in out and "deny: bad.example" in out, out
+    shown = await gateway.operator("GET", f"/v1/organizations/{tenant.org}/target-policy", key=tenant.key)
+    assert (shown.body["allow"], shown.body["deny"]) == (["10.0.0.0/8"], ["bad.example"])
+    refused = await gateway.operator("POST", "/v1/scans", {"targets": {"targets": ["192.0.2.1"]}}, key=tenant.key)
+    assert refused.status == 403, refused.body
+    code, out, _ = await asyncio.to_thread(run, str(tenant.org), "--clear")
+    assert code == 0 and "allow: (none)" in out, out
+    before = await changes(gateway)
+    assert (await asyncio.to_thread(run, "nope"))[0] == 2
+    assert (await asyncio.to_thread(run, str(tenant.org), "--allow", "not a thing!"))[0] == 1
     assert await changes(gateway) == before
