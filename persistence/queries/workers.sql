@@ -98,6 +98,9 @@ LIMIT %(limit)s
 -- write and a revocation are ordered: a write that holds this lock commits (and orders its
 -- events) before the revocation can, and a write that waited for a revocation reads the
 -- standing it left (worker_standing_for_write, its own statement after the locks).
+-- (Locking the worker's task rows in the revocation instead would not do: the log's global
+-- order is by transaction id, which the revocation takes at its first lock, the worker row's;
+-- a write could then lock its task after that, commit first, and still be ordered after it.)
 SELECT w.id FROM workers w WHERE w.id = %(worker_id)s FOR SHARE
 
 -- name: worker_standing_for_write
