@@ -32,7 +32,7 @@ from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
 from domain.events import DomainEvent, ResultBatchAccepted, WriteRejected
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from domain.targets import check_scope, policy_from_json
+from domain.targets import check_scope, policy_from_json, targets_of
 from domain.task import (
     AcknowledgeCancel,
     AttemptState,
@@ -185,13 +185,15 @@ class Lifecycle:
 
         async def body(tx: Transaction) -> list[DomainEvent]:
             params = {"scan_id": scan_id, "now": self.clock()}
-            row, (next_position, now) = await tx.read(one("scan_lock", params), one("scan_next_job_position", params))
+            reads = [one("scan_lock", params), one("scan_next_job_position", params)]
+            if targets_of(spec.scope):  # the policy only matters when the scope names targets
+                reads.append(one("scan_organization_target_policy", params))
+            row, (next_position, now), *policy = await tx.read(*reads)
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
             _, version, head_hash, org_id, status, mode, _, has_profile = row
-            if spec.scope:
-                (policy,) = await tx.value("organization_target_policy", {"organization_id": org_id})
-                check_scope(policy_from_json(policy), spec.scope, resolved)
+            if policy:
+                check_scope(policy_from_json(policy[0][0]), spec.scope, resolved)
             if mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
             if has_profile:

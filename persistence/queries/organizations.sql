@@ -37,3 +37,8 @@ FOR SHARE
 -- name: organization_target_policy
 -- The organisation's target policy (NULL: the default one).
 SELECT o.target_policy FROM organizations o WHERE o.id = %(organization_id)s
+
+-- name: scan_organization_target_policy
+-- The target policy of the scan's organisation (task creation reads it with the scan lock, in
+-- the same round trip).
+SELECT o.target_policy FROM scans s JOIN organizations o ON o.id = s.organization_id WHERE s.id = %(scan_id)s
