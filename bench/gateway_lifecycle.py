@@ -130,7 +130,7 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
         await registry.assign_worker(wid, org)
         certs.append(cert.cert_path)
     scan_ids = [await services.scans.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
-    spec = TaskSpec(task_type="probe", scope={"targets": ["127.0.0.1"]}, lease_seconds=60,
+    spec = TaskSpec(task_type="probe", scope={"targets": ["192.0.2.10"]}, lease_seconds=60,
                     execution_timeout_seconds=600)
     sem = asyncio.Semaphore(8)
 

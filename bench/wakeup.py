@@ -111,7 +111,7 @@ async def measure(a: Gateway, b: Gateway, url: str, pki: PkiPaths, admin_key: st
     services = build_services(Database(pool))
     registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
     org = await registry.create_organization(f"wakeup-{secrets.token_hex(4)}")
-    scan = await scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    scan = await scans.create_scan(org, {"targets": ["192.0.2.10"]})
     # A job no worker takes keeps the scan open for every try's task.
     await lifecycle.create_task(scan, TaskSpec(task_type="hold", lease_seconds=60, execution_timeout_seconds=600))
     name = f"wakeup-{secrets.token_hex(4)}"

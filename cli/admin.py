@@ -1,4 +1,5 @@
-"""``leasehold admin …``: operator API keys without a running Gateway.
+"""``leasehold admin …``: operator API keys without a running Gateway, and an organisation's
+target policy (``leasehold admin target-policy``: show or replace it).
 
     leasehold admin create-key [--organization ORG_ID] [--name NAME] [--expires-at TIME]
     leasehold admin list-keys [--organization ORG_ID] [--json]
@@ -27,6 +28,7 @@ from cli.arguments import iso_time
 from cli.embedded import configured_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
+from domain.targets import DEFAULT_DENIED_DOMAINS, DEFAULT_DENIED_NETWORKS, TargetPolicy, parse_policy
 from gateway.commands.registry import IssuedKey, Registry
 from gateway.services import build_services
 from persistence.connection import create_pool
@@ -38,8 +40,8 @@ T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``admin`` command group (API keys) to the ``leasehold`` CLI."""
-    admin = subparsers.add_parser("admin", help="operator administration (API keys)",
+    """Add the ``admin`` command group (API keys, target policies) to the ``leasehold`` CLI."""
+    admin = subparsers.add_parser("admin", help="operator administration (API keys, target policies)",
                                   description="Administer the operator API.")
     commands = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     create = commands.add_parser(
@@ -52,6 +54,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="when the key stops working (ISO 8601, UTC without an offset; default: never)")
     create.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
     create.set_defaults(func=_create_key)
+    policy = commands.add_parser(
+        "target-policy", help="show or replace an organisation's target policy",
+        description="Show an organisation's target policy (which scan targets it may aim workers at), or "
+                    "replace it with --allow/--deny entries (networks, addresses or domains). Loopback, "
+                    "link-local and cloud metadata addresses are denied unless an --allow entry inside them "
+                    "opens them; --allow entries outside those restrict targets to the list. --clear "
+                    "restores the default policy.")
+    policy.add_argument("organization", metavar="ORG_ID", help="organisation id")
+    policy.add_argument("--allow", action="append", default=[], metavar="ENTRY",
+                        help="an allowed network, address or domain (repeatable)")
+    policy.add_argument("--deny", action="append", default=[], metavar="ENTRY",
+                        help="a denied network, address or domain (repeatable)")
+    policy.add_argument("--clear", action="store_true", help="restore the default policy (no entries)")
+    policy.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    policy.set_defaults(func=_target_policy)
 
     listing = commands.add_parser("list-keys", help="list the API keys (never the keys themselves)")
     listing.add_argument("--organization", metavar="ORG_ID", help="only this organisation's keys")
@@ -149,6 +166,38 @@ async def _with_registry(database_url: str | None, action: Callable[[Registry], 
     await pool.open()
     try:
         return await action(build_services(Database(pool)).registry)
+    except LeaseholdError as exc:
+        raise CommandError(exc.message) from exc
+    finally:
+        await pool.close()
+
+
+def _target_policy(args: argparse.Namespace) -> int:
+    try:
+        organization = UUID(args.organization)
+    except ValueError as exc:
+        raise CommandError(f"ORG_ID must be an organisation id (a UUID), not {args.organization!r}",
+                           EXIT_USAGE) from exc
+    if args.clear and (args.allow or args.deny):
+        raise CommandError("--clear takes no --allow or --deny", EXIT_USAGE)
+    change = args.clear or bool(args.allow or args.deny)
+    policy = asyncio.run(_policy(args.database_url, organization, args.allow, args.deny, change))
+    print(f"target policy of organisation {organization}{' (replaced)' if change else ''}:")
+    print("allow: " + (" ".join(policy.allow) or "(none)"))
+    print("deny: " + (" ".join(policy.deny) or "(none)"))
+    print("denied by default: " + " ".join([*map(str, DEFAULT_DENIED_NETWORKS), *DEFAULT_DENIED_DOMAINS]))
+    return EXIT_OK
+
+
+async def _policy(database_url: str | None, organization: UUID, allow: list[str], deny: list[str],
+                  change: bool) -> TargetPolicy:
+    pool = create_pool(configured_database_url(database_url), min_size=1, max_size=1)
+    await pool.open()
+    try:
+        registry = build_services(Database(pool)).registry
+        if change:
+            await registry.set_target_policy(organization, parse_policy(allow, deny), actor="cli:admin")
+        return await registry.target_policy(organization)
     except LeaseholdError as exc:
         raise CommandError(exc.message) from exc
     finally:

@@ -33,6 +33,7 @@ from cli.database import with_credentials
 from cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
 from cli.embedded import database_url, with_database
 from domain.events import ProfileStep
+from domain.targets import parse_policy
 from gateway.keys import SERVICES
 from gateway.serve import start
 from gateway.settings import GatewaySettings
@@ -162,6 +163,9 @@ async def run_demo() -> int:
                    ProfileStep(task_type="tcp-connect", lease_seconds=10, execution_timeout_seconds=60),
                    ProfileStep(task_type="http-probe", lease_seconds=10, execution_timeout_seconds=60),
                    ProfileStep(task_type="tls-inspect", lease_seconds=10, execution_timeout_seconds=60)]
+        # The demo scans a server on this host: loopback, which the default target policy refuses,
+        # so the demo organisation opens it explicitly (as an administrator would for a lab).
+        await registry.set_target_policy(org, parse_policy(allow=["127.0.0.0/8"]), actor="demo")
         # worker-a starts alone, so it takes the warm-up task; it is then killed mid-task.
         workers["worker-a"] = await start_worker("worker-a", worker_port, pki, plugins)
         scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"], "ports": [port, 1]}, profile=profile)

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TextIO
+from uuid import UUID
 
 import redis.asyncio as redis
 from psycopg import AsyncConnection, OperationalError
@@ -132,7 +133,8 @@ async def drain(client: Any, legacy: LegacyScans, queue: str, *, dry_run: bool =
     out, err = out or sys.stdout, err or sys.stderr
     lists = Lists(queue)
     counts: Counter[str] = Counter()
-    converting: dict[str, str] = {}  # dry run: legacy id -> sha256 of the message that would convert it
+    #: dry run: (organisation, legacy id) -> sha256 of the message that would convert it
+    converting: dict[tuple[UUID, str], str] = {}
     verb = "would be " if dry_run else ""
     source = _peek(client, lists) if dry_run else _take(client, lists)
     while limit is None or sum(counts.values()) < limit:
@@ -148,12 +150,13 @@ async def drain(client: Any, legacy: LegacyScans, queue: str, *, dry_run: bool =
             outcome, text = "invalid", f"message {_preview(raw)}: {exc.message}"
         else:
             try:
-                if message.legacy_scan_id in converting:
-                    conversion = _again(converting[message.legacy_scan_id] == message.sha256)
+                key = (message.organization_id, message.legacy_scan_id)  # legacy ids: unique per organisation
+                if key in converting:
+                    conversion = _again(converting[key] == message.sha256)
                 else:
                     conversion = await legacy.convert(message, recovering=recovering, dry_run=dry_run)
                     if dry_run and conversion.outcome == "converted":
-                        converting[message.legacy_scan_id] = message.sha256
+                        converting[key] = message.sha256
                 outcome, text = conversion.outcome, f"legacy scan {message.legacy_scan_id}: {conversion.reason}"
             except (Unavailable, Conflict) as exc:  # the database is gone, or a race to try again
                 raise CommandError(f"{exc.message} (legacy scan {message.legacy_scan_id} stays in "

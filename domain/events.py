@@ -56,6 +56,14 @@ class OrganizationGatewayExecutionSet(DomainEvent):
     enabled: bool
 
 
+class OrganizationTargetPolicySet(DomainEvent):
+    """The organisation's target policy (:mod:`domain.targets`), replacing the one before:
+    allowed and denied networks, addresses and domains (normalised entries)."""
+
+    allow: tuple[str, ...]
+    deny: tuple[str, ...]
+
+
 # --- worker stream --------------------------------------------------------------------------
 
 

@@ -34,8 +34,9 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from domain.errors import InvalidRequest
+from domain.errors import InvalidRequest, LeaseholdError
 from domain.events import ProfileStep
+from domain.limits import check_body, check_field
 from domain.scan import MAX_LEGACY_SCAN_ID, validate_steps
 
 MAX_MESSAGE_BYTES = 1 << 20
@@ -85,6 +86,11 @@ def parse_message(raw: bytes) -> LegacyMessage:
         raise InvalidMessage(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidMessage(f"a message is a JSON object, not {type(data).__name__}")
+    try:
+        check_body(data)
+        check_field("targets", data.get("targets"))
+    except LeaseholdError as exc:
+        raise InvalidMessage(exc.message) from exc
     try:
         body = _Body.model_validate(data)
     except ValidationError as exc:

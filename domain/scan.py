@@ -37,6 +37,7 @@ from domain.events import (
     TaskLeased,
     TaskRetried,
 )
+from domain.limits import check_field
 
 TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"success", "failed", "timeout", "cancelled"})
 TERMINAL_SCAN_STATUSES: frozenset[str] = frozenset({"success", "failed", "cancelled"})
@@ -81,6 +82,7 @@ def scan_outcome(job_statuses: Iterable[str], *, cancel_requested: bool = False)
 
 def create_scan(scan_id: UUID, organization_id: UUID, targets: dict[str, Any],
                 execution_mode: ExecutionMode, *, now: datetime, actor: str) -> ScanCreated:
+    check_field("targets", targets)
     return ScanCreated(originator_id=scan_id, originator_version=1, timestamp=now, actor=actor,
                        organization_id=organization_id, targets=targets, execution_mode=execution_mode)
 

@@ -38,6 +38,7 @@ from domain.events import (
     ScheduleFired,
     ScheduleSkipped,
 )
+from domain.limits import check_field
 
 MIN_INTERVAL_SECONDS = 1
 #: Where a cron expression is tried once when a schedule is made (a leap-year start, so that
@@ -117,6 +118,7 @@ def create(schedule_id: UUID, organization_id: UUID, *, name: str, timing: Timin
     if not profile:
         raise InvalidRequest("a schedule needs a profile of at least one step")
     timing.validate()
+    check_field("targets", targets)
     return ScheduleCreated(
         originator_id=schedule_id, originator_version=1, timestamp=now, actor=actor,
         organization_id=organization_id, name=name, cron=timing.cron, interval_seconds=timing.interval_seconds,

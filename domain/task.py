@@ -67,6 +67,7 @@ from domain.events import (
     TaskStateName,
     WriteRejected,
 )
+from domain.limits import check_field
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 
 LIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"leased", "running"})
@@ -384,6 +385,10 @@ def _create(c: CreateTask, now: datetime, actor: str) -> TaskCreated:
         raise InvalidRequest("execution_timeout_seconds must be between 1 and 604800")
     if not c.task_type:
         raise InvalidRequest("task_type must not be empty")
+    # A task that could not be handed to a worker (its lease answer would not encode) is refused
+    # here, whichever way it is created; the size limits apply where the request enters.
+    check_field("scope", c.scope, max_bytes=None)
+    check_field("parameters", c.parameters, max_bytes=None)
     return TaskCreated(
         originator_id=c.task_id, originator_version=1, timestamp=now, actor=actor,
         scan_id=c.scan_id, scan_job_id=c.scan_job_id, organization_id=c.organization_id,

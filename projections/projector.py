@@ -44,13 +44,18 @@ def _head(table: str, e: ev.DomainEvent, hash: bytes, touch: bool = True, **valu
 def _(e: ev.OrganizationCreated, hash: bytes) -> list[RowOp]:
     return [Insert("organizations", {
         "id": e.originator_id, "name": e.name, "created_at": e.timestamp, "updated_at": e.timestamp,
-        "version": e.originator_version, "head_hash": hash, "gateway_execution": True,
+        "version": e.originator_version, "head_hash": hash, "gateway_execution": True, "target_policy": None,
     })]
 
 
 @project.register
 def _(e: ev.OrganizationGatewayExecutionSet, hash: bytes) -> list[RowOp]:
     return [_head("organizations", e, hash, gateway_execution=e.enabled)]
+
+
+@project.register
+def _(e: ev.OrganizationTargetPolicySet, hash: bytes) -> list[RowOp]:
+    return [_head("organizations", e, hash, target_policy={"allow": list(e.allow), "deny": list(e.deny)})]
 
 
 @project.register

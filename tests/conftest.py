@@ -57,7 +57,7 @@ from migrations import runner as migrate
 from persistence.connection import create_pool
 from persistence.transaction import Database
 from support.core import ManualClock, World
-from support.gateway import RunningGateway, running_gateway
+from support.gateway import LOOPBACK_ALLOWED, RunningGateway, running_gateway
 
 logger = logging.getLogger("tests.conftest")
 
@@ -378,5 +378,6 @@ def services(pool: AsyncConnectionPool, clock: ManualClock) -> Services:
 async def world(services: Services, clock: ManualClock) -> World:
     """One organisation and scan, and factories for workers and tasks in any state."""
     org = await services.registry.create_organization("acme")
+    await services.registry.set_target_policy(org, LOOPBACK_ALLOWED)  # the test hosts are local
     scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
     return World(services, clock, org, scan)

@@ -247,3 +247,17 @@ def test_unreachable_redis_or_database_exit_non_zero(database_url: str, queue: A
     usage = subprocess.run([str(LEASEHOLD), "legacy", "drain", "--queue", name], capture_output=True, text=True,
                            timeout=60, check=False)
     assert usage.returncode == 2 and "--redis-url" in usage.stderr
+
+
+async def test_two_organisations_may_use_the_same_legacy_id(world: World, database_url: str, queue: Any) -> None:
+    """Legacy ids are unique per organisation: each organisation's message converts, in a dry run too."""
+    client, name = queue
+    other = await world.registry.create_organization("other-legacy-system")
+    client.lpush(name, _message(world.org, "L-shared"), _message(other, "L-shared"))
+    code, out, err = await drain(database_url, name, "--dry-run")
+    assert code == 0 and out.count("converted: legacy scan L-shared") == 2, (out, err)
+    code, out, err = await drain(database_url, name)
+    assert code == 0, err
+    assert "2 converted, 0 already converted, 0 refused" in out, out
+    assert await _rows(world, "SELECT count(DISTINCT organization_id) FROM scans WHERE legacy_scan_id = 'L-shared'"
+                              " AND execution_mode = 'gateway'") == [(2,)]

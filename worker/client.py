@@ -136,6 +136,8 @@ class LeaseInfo(_Answer):
     lease_token: SecretStr
     lease_expires_at: datetime
     deadline_at: datetime
+    #: The organisation's target policy (``{"allow": [...], "deny": [...]}``); absent: the default.
+    target_policy: dict[str, Any] | None = None
 
 
 class CancelNotice(_Answer):

@@ -68,6 +68,7 @@ from worker.plugin import (
 )
 from worker.settings import WorkerSettings
 from worker.status import RunningTask, Status
+from worker.targets import refused_target
 
 __all__ = ["AcquireTiming", "Ending", "TaskRunner"]
 
@@ -183,6 +184,13 @@ class TaskRunner:
             command = self.resolver.resolve(self.task.task_type)
         except PluginNotFound as exc:
             return await self._fail(str(exc), retryable=True)
+        # The target policy, again here, with the names resolved by this host: what the Gateway
+        # checked at creation may resolve elsewhere now (or from here). No plugin runs then.
+        refused = await refused_target(self.task.scope, self.lease.target_policy)
+        if refused is not None:
+            log.warning("target refused by the target policy",
+                        extra={**self.log_fields, "reason": refused.message})
+            return await self._fail(f"target policy: {refused.message}", retryable=False)
         workdir = Path(tempfile.mkdtemp(prefix=f"leasehold-{self.task.task_type}-"))
         try:
             return await self._run_plugin(command, workdir)

@@ -17,9 +17,10 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
+from domain.limits import check_body, check_field
 from gateway.keys import OBSERVE_REQUEST, OPERATOR, REQUEST_ID, SETTINGS, WORKER_FINGERPRINT
 
 log = logging.getLogger("leasehold.gateway")
@@ -75,6 +76,16 @@ def _integral(value: Any) -> Any:
 INTEGRAL = BeforeValidator(_integral)
 
 
+def json_limits(field: str) -> AfterValidator:
+    """Put in ``Annotated[dict[str, Any], json_limits("scope")]``: the field's depth and size
+    limits (:data:`domain.limits.FIELD_LIMITS`), refused as 422 (too deep) or 413 (too large)
+    naming the field. The error is raised past pydantic (not a ValueError) so it keeps its status."""
+    def check(value: Any) -> Any:
+        check_field(field, value)
+        return value
+    return AfterValidator(check)
+
+
 def ok(body: BaseModel | dict[str, Any] | list[Any], status: int = 200) -> web.Response:
     """A JSON response (orjson)."""
     data = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
@@ -106,6 +117,7 @@ async def read_json(request: web.Request, model: type[M]) -> M:
         raise BadRequest("the body is not valid JSON", errors=[str(exc)]) from exc
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
+    check_body(data)
     if b"\\u0000" in raw and _holds_nul(data):
         raise InvalidRequest("text must not contain NUL (\\u0000) characters: PostgreSQL cannot store them")
     return model.model_validate(data)

@@ -31,7 +31,8 @@ from uuid import UUID
 
 from aiohttp import web
 
-from domain.errors import Conflict, InvalidRequest, NotFound
+from domain import targets as target_rules
+from domain.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from domain.events import ProfileStep
 from gateway.api.http import BadRequest, RouteTable, ok, read_json, read_query
 from gateway.api.operator_models import (
@@ -90,8 +91,10 @@ from gateway.api.operator_models import (
     SchedulePage,
     ScheduleRun,
     Seal,
+    SetTargetPolicy,
     StoredProfile,
     StoredProfilePage,
+    TargetPolicy,
     Task,
     TaskListQuery,
     TaskPage,
@@ -140,10 +143,11 @@ def _services(request: web.Request) -> Services:
 
 
 def _path_id(request: web.Request, name: str, what: str) -> UUID:
+    raw = request.match_info[name]
     try:
-        return UUID(request.match_info[name])
-    except ValueError as exc:
-        raise NotFound(f"no such {what}") from exc
+        return UUID(raw)
+    except ValueError as exc:  # the 404 of an unknown id, in the same shape
+        raise NotFound(f"no such {what}", **{name: raw}) from exc
 
 
 def _see_organization(operator: Operator, organization_id: UUID) -> None:
@@ -809,6 +813,38 @@ async def set_organization_gateway_execution(request: web.Request) -> web.Stream
     body = await read_json(request, GatewayExecution)
     await _services(request).registry.set_gateway_execution(org_id, body.enabled, actor=operator.actor)
     return ok(await _organization(request, operator, org_id))
+
+
+def _target_policy(org_id: UUID, policy: target_rules.TargetPolicy) -> TargetPolicy:
+    return TargetPolicy(organization_id=org_id, allow=policy.allow, deny=policy.deny,
+                        denied_by_default=[*map(str, target_rules.DEFAULT_DENIED_NETWORKS),
+                                           *target_rules.DEFAULT_DENIED_DOMAINS])
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}/target-policy",
+              summary="The organisation's target policy: which scan targets it may aim workers at",
+              auth="operator", response=TargetPolicy, tags=TAGS)
+async def get_target_policy(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    return ok(_target_policy(org_id, await _services(request).registry.target_policy(org_id)))
+
+
+@routes.route("PUT", "/v1/organizations/{organization_id}/target-policy",
+              summary="Replace the organisation's target policy (opening a default-denied network: administrator)",
+              auth="operator", request=SetTargetPolicy, response=TargetPolicy, statuses=(200, 403), tags=TAGS)
+async def set_target_policy(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    body = await read_json(request, SetTargetPolicy)
+    policy = target_rules.parse_policy(body.allow, body.deny)
+    if policy.opens_default_denied and operator.organization_id is not None:
+        raise Forbidden("only an administrator key may open default-denied networks "
+                        f"({', '.join(policy.opens_default_denied)})")
+    await _services(request).registry.set_target_policy(org_id, policy, actor=operator.actor)
+    return ok(_target_policy(org_id, policy))
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/legacy-status",

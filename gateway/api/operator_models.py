@@ -25,7 +25,7 @@ from pydantic import (
 
 from domain.events import ScanStatus, TaskStateName
 from domain.task import TaskState
-from gateway.api.http import INTEGRAL
+from gateway.api.http import INTEGRAL, json_limits
 from gateway.api.worker_models import AttemptView
 
 # The finding-work answers are the client's own models: one definition, which the Gateway answers with.
@@ -48,6 +48,10 @@ TRIMMED = rf"^{VISIBLE}([^\n]*{VISIBLE})?$"
 Label = Annotated[StrictStr, Field(min_length=1, max_length=100, pattern=TRIMMED)]
 Labels = Annotated[list[Label], Field(max_length=100)]
 Reason = Annotated[StrictStr, Field(min_length=1, max_length=1000, pattern=VISIBLE)]
+#: JSON-valued fields, within their depth and size limits (:data:`domain.limits.FIELD_LIMITS`).
+Targets = Annotated[dict[str, Any], json_limits("targets")]
+Scope = Annotated[dict[str, Any], json_limits("scope")]
+Parameters = Annotated[dict[str, Any], json_limits("parameters")]
 
 
 class Body(BaseModel):
@@ -105,6 +109,28 @@ class Organization(Body):
 class OrganizationPage(Body):
     items: list[Organization]
     next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+PolicyEntry = Annotated[StrictStr, Field(min_length=1, max_length=253, description=(
+    "a network (CIDR), an address, or a domain (covering every name under it)"))]
+
+
+class SetTargetPolicy(Body):
+    allow: Annotated[list[PolicyEntry], Field(max_length=1000)] = Field(default_factory=list, description=(
+        "entries other than exceptions inside the default-denied networks make this an allow list: targets "
+        "must match one; an entry inside a default-denied network (e.g. 127.0.0.0/8) opens it "
+        "(administrator keys only)"))
+    deny: Annotated[list[PolicyEntry], Field(max_length=1000)] = Field(
+        default_factory=list, description="always refused, whatever else allows them")
+
+
+class TargetPolicy(Body):
+    organization_id: UUID
+    allow: list[str]
+    deny: list[str]
+    denied_by_default: list[str] = Field(description=(
+        "networks and domains refused unless an allow entry inside them opens them: loopback, link-local, "
+        "cloud metadata"))
 
 
 class CreateApiKey(Body):
@@ -310,13 +336,13 @@ class ProfileStepBody(Body):
 class CreateScan(Body):
     organization_id: UUID | None = Field(
         None, description="required with an administrator key; an organisation key may only name its own")
-    targets: dict[str, Any] = Field(default_factory=dict)
+    targets: Targets = Field(default_factory=dict)
     profile: Annotated[list[ProfileStepBody], Field(max_length=50)] | ProfileName = Field(
         default_factory=list,
         description="ordered plugin steps (each step's task is created when the previous one ends), or the "
                     "name of a stored profile (the organisation's own, else a global one), whose steps are copied")
     legacy_scan_id: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = Field(
-        None, description="the scan's id in the legacy system, if it has one (unique per execution mode)")
+        None, description="the scan's id in the legacy system, if it has one (unique per organisation and execution mode)")
 
 
 class CancelScan(Body):
@@ -396,8 +422,8 @@ class CreateTask(Body):
     plugin: Label | None = Field(None, description="the scan job's plugin (default: task_type)")
     required_capabilities: Labels = []
     priority: Annotated[StrictInt, Field(ge=-1_000_000, le=1_000_000), INTEGRAL] = 0
-    scope: dict[str, Any] = Field(default_factory=dict)
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    scope: Scope = Field(default_factory=dict)
+    parameters: Parameters = Field(default_factory=dict)
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] = 3
     lease_seconds: Annotated[StrictInt, Field(ge=1, le=3600), INTEGRAL] = 60
     execution_timeout_seconds: Annotated[StrictInt, Field(ge=1, le=604800), INTEGRAL] = 3600
@@ -515,7 +541,7 @@ class CreateSchedule(Body):
         None, description="cron expression, in `timezone` wall-clock time (exactly one of cron, interval_seconds)")
     interval_seconds: Annotated[StrictInt, Field(ge=1, le=366 * 86400), INTEGRAL] | None = None
     timezone: Annotated[StrictStr, Field(min_length=1, max_length=100)] = "UTC"
-    targets: dict[str, Any] = Field(default_factory=dict)
+    targets: Targets = Field(default_factory=dict)
     profile: list[ProfileStepBody] = Field(min_length=1, max_length=50)
     misfire_policy: Literal["run_once", "skip"] = Field(
         "run_once", description="run_once: one scan for any number of missed slots; skip: none when late by "

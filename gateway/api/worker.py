@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Generic, TypedDict, TypeVar
 from uuid import UUID
 
+import orjson
 from aiohttp import web
 
-from domain.errors import NotFound
 from gateway.api.http import RouteTable, ok, read_json
 from gateway.api.worker_models import (
     AcquireRequest,
@@ -28,13 +28,14 @@ from gateway.api.worker_models import (
     Lease,
     RenewResponse,
     ResultBatchRequest,
+    TargetPolicyView,
     TaskStatus,
     TaskView,
     WorkerWriteRequest,
 )
 from gateway.auth import worker_identity
 from gateway.commands import wakeups
-from gateway.commands.lifecycle import Acquired, ResultBatch
+from gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
 from gateway.identity import WorkerIdentity
 from gateway.keys import NOTIFIER, SERVICES, SETTINGS
 
@@ -44,16 +45,17 @@ ATTEMPT_PATH = "/v1/tasks/{task_id}/attempts/{attempt_id}"
 
 
 def _ids(request: web.Request) -> tuple[UUID, UUID]:
+    task_id, attempt_id = request.match_info["task_id"], request.match_info["attempt_id"]
     try:
-        return UUID(request.match_info["task_id"]), UUID(request.match_info["attempt_id"])
+        return UUID(task_id), UUID(attempt_id)
     except ValueError as exc:
-        raise NotFound("no such task or attempt") from exc
+        raise no_such_attempt(task_id, attempt_id) from exc
 
 
 def _lease(a: Acquired) -> Lease:
     return Lease(task=TaskView.of(a.task), attempt=AttemptView.of(a.attempt), attempt_id=a.attempt.id,
                  lease_token=a.lease_token, lease_expires_at=a.attempt.lease_expires_at,
-                 deadline_at=a.attempt.deadline_at)
+                 deadline_at=a.attempt.deadline_at, target_policy=TargetPolicyView(**(a.target_policy or {})))
 
 
 async def _topics(request: web.Request, worker_id: UUID) -> list[str]:
@@ -86,20 +88,27 @@ async def acquire(request: web.Request) -> web.StreamResponse:
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     topics: list[str] | None = None
     known = set(body.known_cancels)
+
+    def render(polled: Poll) -> bytes | None:
+        """The answer, built inside the acquire transaction (a lease never commits unanswerable)."""
+        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+        if polled.acquired is None and not news:
+            return None
+        cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
+        answer = AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
+                                 cancel_requested=cancels)
+        return orjson.dumps(answer.model_dump(mode="json"))
+
     while True:
         polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
-                                      fingerprint=worker.fingerprint)
-        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+                                      fingerprint=worker.fingerprint, render=render)
         warning = {WARNING_HEADER: polled.warning} if polled.warning else None
-        if polled.acquired is not None or news:
+        if polled.answer is not None:
             # On the record before the answer leaves: the first time each cancel is handed over.
-            await lifecycle.cancels_delivered(worker.id, [(t, a) for t, a in news if a in polled.undelivered],
-                                              channel="long-poll", actor=worker.actor)
-            cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-            answer = ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
-                                        cancel_requested=cancels))
-            answer.headers.update(warning or {})
-            return answer
+            await lifecycle.cancels_delivered(
+                worker.id, [(t, a) for t, a in polled.cancel_requested if a not in known and a in polled.undelivered],
+                channel="long-poll", actor=worker.actor)
+            return web.Response(body=polled.answer, content_type="application/json", headers=warning)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return web.Response(status=204, headers=warning)

@@ -20,7 +20,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from domain.task import AttemptState, TaskState
-from gateway.api.http import INTEGRAL
+from gateway.api.http import INTEGRAL, json_limits
 
 Token = Annotated[str, Field(min_length=16, max_length=200, description="the lease token from acquire")]
 
@@ -61,7 +61,8 @@ class BatchBody(Body):
     idempotency_key: str = Field(min_length=1, max_length=200)
     payload_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$",
                                 description="sha256 of the canonical JSON of `payload` (keys sorted, no spaces)")
-    payload: list[dict[str, SkipValidation[PayloadValue]]] = Field(max_length=100_000,
+    payload: Annotated[list[dict[str, SkipValidation[PayloadValue]]], json_limits("payload")] = Field(
+        max_length=100_000,
                                                                   description="plugin records")
 
 
@@ -147,6 +148,14 @@ class CancelNotice(Body):
     attempt_id: UUID
 
 
+class TargetPolicyView(Body):
+    """An organisation's target policy: allowed and denied networks, addresses and domains (both
+    empty: the default policy, which still denies loopback, link-local and cloud metadata)."""
+
+    allow: list[str] = Field(default_factory=list, max_length=1000)
+    deny: list[str] = Field(default_factory=list, max_length=1000)
+
+
 class Lease(Body):
     task: TaskView
     attempt: AttemptView
@@ -154,6 +163,10 @@ class Lease(Body):
     lease_token: str
     lease_expires_at: datetime
     deadline_at: datetime
+    target_policy: TargetPolicyView = Field(
+        default_factory=TargetPolicyView,
+        description="the task's organisation's target policy: the agent checks the scope's targets against it "
+                    "(after resolving their names) before the plugin runs")
 
 
 class AcquireResponse(Body):

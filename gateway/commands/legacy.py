@@ -96,7 +96,8 @@ class LegacyScans:
     async def _convert(self, m: LegacyMessage, recovering: bool, dry_run: bool, actor: str) -> Conversion:
         async with self.db.transaction() as tx:
             found = {row[1]: row for row in await tx.all("scans_lock_by_legacy_id",
-                                                         {"legacy_scan_id": m.legacy_scan_id})}
+                                                         {"legacy_scan_id": m.legacy_scan_id,
+                                                          "organization_id": m.organization_id})}
             if "gateway" in found:
                 scan_id, _, status, sha256, *_ = found["gateway"]
                 if sha256 == m.sha256 and (recovering or status == "pending"):

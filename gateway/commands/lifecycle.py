@@ -19,7 +19,7 @@ import hashlib
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -39,6 +39,7 @@ from domain.events import (
 )
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from domain.targets import check_scope, policy_from_json, targets_of
 from domain.task import (
     ACKNOWLEDGED_BY_WORKER,
     AcknowledgeCancel,
@@ -79,8 +80,12 @@ from persistence.task_rows import (
     task_from_row,
 )
 from persistence.transaction import Clock, Database, Read, Transaction, one, rows, system_clock
+from worker.targets import resolve_names
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
+#: How many refused writes of one attempt are recorded as ``WriteRejected`` events; the rest are
+#: only counted, in ``rejected_write_counts``.
+MAX_RECORDED_REJECTIONS = 20
 
 
 def hash_token(token: str) -> str:
@@ -95,6 +100,8 @@ class Acquired:
     task: TaskState
     attempt: AttemptState
     lease_token: str
+    #: The organisation's target policy as stored (``{"allow": [...], "deny": [...]}``; None: default).
+    target_policy: dict[str, Any] | None = None
 
 
 #: What an acquire answer tells a worker registered without task types (it is never offered a task).
@@ -111,6 +118,18 @@ class Poll:
     cancel_requested: list[tuple[UUID, UUID]]
     undelivered: frozenset[UUID] = frozenset()
     warning: str | None = None
+    #: The answer as the caller's ``render`` encoded it, inside the transaction (None: no render,
+    #: or nothing to say).
+    answer: bytes | None = None
+
+
+#: Encodes a poll's answer for the worker (None: nothing to answer yet). Called inside the acquire
+#: transaction, before the lease commits, so a lease whose answer cannot be built never commits.
+Render = Callable[[Poll], bytes | None]
+
+#: Why a task whose lease answer cannot be encoded (stored before the input limits existed) is
+#: cancelled instead of leased: it could never reach a worker, and would jam every acquire.
+UNDELIVERABLE = "undeliverable: the task's lease answer cannot be encoded"
 
 
 #: How a cancellation leg is observed: (leg, channel, seconds); legs are ``request_to_delivery``
@@ -201,15 +220,22 @@ class Lifecycle:
     # --- creation -------------------------------------------------------------------------
 
     async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
-        """Queue a job on the scan and create its task (one transaction, scan row locked)."""
+        """Queue a job on the scan and create its task (one transaction, scan row locked). The
+        scope's targets must pass the organisation's target policy (:mod:`domain.targets`)."""
         job_id, task_id = self.new_id(), self.new_id()
+        resolved = await resolve_names(spec.scope)  # before the transaction: no lock waits on DNS
 
         async def body(tx: Transaction) -> list[DomainEvent]:
             params = {"scan_id": scan_id, "now": self.clock()}
-            row, (next_position, now) = await tx.read(one("scan_lock", params), one("scan_next_job_position", params))
+            reads = [one("scan_lock", params), one("scan_next_job_position", params)]
+            if targets_of(spec.scope):  # the policy only matters when the scope names targets
+                reads.append(one("scan_organization_target_policy", params))
+            row, (next_position, now), *policy = await tx.read(*reads)
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
             _, version, head_hash, org_id, status, mode, _, has_profile = row
+            if policy:
+                check_scope(policy_from_json(policy[0][0]), spec.scope, resolved)
             if mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
             if has_profile:
@@ -247,7 +273,7 @@ class Lifecycle:
                                 fingerprint=fingerprint)).acquired
 
     async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
-                   notices: bool = True, fingerprint: str | None = None) -> Poll:
+                   notices: bool = True, fingerprint: str | None = None, render: Render | None = None) -> Poll:
         """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
         cancelled — what a long-poll answer must tell the worker.
 
@@ -255,9 +281,17 @@ class Lifecycle:
         standing is checked in this transaction, in the same round trip as the worker lock:
         Forbidden, and nothing done, when the certificate is not ``worker_id``'s or the worker
         is revoked or disabled.
+
+        With ``render``, the answer is encoded in the transaction (``Poll.answer``): an answer
+        that cannot be built fails the transaction, so no lease commits without its answer. A
+        pending task whose lease cannot be encoded is cancelled as undeliverable instead, and
+        the worker is answered as if there were no work.
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
+
+        def answered(polled: Poll) -> Poll:
+            return polled if render is None else replace(polled, answer=render(polled))
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
@@ -286,29 +320,38 @@ class Lifecycle:
                 task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
                     attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                return Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token), cancelling,
-                            undelivered), events
+                (policy,) = await tx.value("organization_target_policy", {"organization_id": task.organization_id})
+                return answered(Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token,
+                                              target_policy=policy), cancelling, undelivered)), events
             worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
                                 capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
                                 live_attempts=live_attempts)
             if not worker.task_types:
-                return Poll(None, cancelling, undelivered, warning=NO_TASK_TYPES), []
+                return answered(Poll(None, cancelling, undelivered, warning=NO_TASK_TYPES)), []
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
-                return Poll(None, cancelling, undelivered), []
+                return answered(Poll(None, cancelling, undelivered)), []
             row = await tx.one("task_lock_acquirable", {
                 "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
                 "capabilities": sorted(worker.capabilities)})
             if row is None:
-                return Poll(None, cancelling, undelivered), []
-            task, head = task_from_row(row)
+                return answered(Poll(None, cancelling, undelivered)), []
+            task, head = task_from_row(row[:TASK_COLUMNS])
+            policy = row[TASK_COLUMNS]
             events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                              lease_token_hash=hash_token(token), request_id=request_id),
                             now=now, actor=actor)
-            tx.append(head, events)
             leased = project_task(events, task)
             assert leased is not None and leased.current_attempt is not None
-            return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling,
-                        undelivered), events
+            try:  # before the lease is appended: no lease commits whose answer cannot be built
+                polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
+                                                target_policy=policy), cancelling, undelivered))
+            except (TypeError, ValueError, RecursionError):
+                cancelled = decide(task, RequestCancel(reason=UNDELIVERABLE), now=now, actor="gateway",
+                                   draw=self.rng.random(), retry_policy=self.retry_policy)
+                _, settled = await self._commit(tx, task, head, cancelled, now)
+                return answered(Poll(None, cancelling, undelivered)), [*cancelled, *settled]
+            tx.append(head, events)
+            return polled, events
 
         polled, events = await self.db.run(body, key=worker_id)
         self.observe(events)
@@ -327,8 +370,8 @@ class Lifecycle:
                     *, actor: str | None = None, fingerprint: str | None = None) -> Renewed:
         """Extend the lease; the answer says whether the worker should stop (cancel requested)."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           [lambda a, h, _b: Renew(a, h)], check_standing=True,
-                                           fingerprint=fingerprint)
+                                           [lambda a, h, _b: Renew(a, h)], fingerprint=fingerprint,
+                                           write="renew")
         return Renewed(task=task, cancel_requested=task.state == "cancelling")
 
     async def submit_batch(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
@@ -400,35 +443,40 @@ class Lifecycle:
                                  *, actor: str | None = None, fingerprint: str | None = None) -> TaskState:
         """cancelling -> cancelled, on the worker's word that it stopped."""
         task, _ = await self._worker_write(worker_id, task_id, attempt_id, lease_token, actor,
-                                           [lambda a, h, _b: AcknowledgeCancel(a, h)], fingerprint=fingerprint)
+                                           [lambda a, h, _b: AcknowledgeCancel(a, h)], fingerprint=fingerprint,
+                                           write="cancel-ack")
         return task
 
     async def _worker_write(
         self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
         makers: Sequence[WriteMaker], *,
         idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
-        check_standing: bool = False, fingerprint: str | None = None,
+        write: str = "write", fingerprint: str | None = None,
     ) -> tuple[TaskState, BatchRecord | None]:
-        """One worker write. With the caller's certificate ``fingerprint`` (the Gateway passes
-        it), the worker's standing is checked first, in the round trip that locks the task:
-        Forbidden, and nothing done or recorded, when the certificate is not ``worker_id``'s or
-        the worker is revoked or disabled."""
-        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent], TaskState]:
-            row = await _lock_task_and_read(tx, "task_read_for_write", {
+        """One worker write (``write`` names it: renew and cancel-ack have their own standing rule,
+        see :func:`refuse_after_revocation`).
+
+        The worker row is share-locked first, the task row then locked: revocation locks the
+        worker row too, so the write either commits before the revocation does or reads the
+        revocation's outcome, and nothing it should refuse commits after it. With the caller's
+        certificate ``fingerprint`` (the Gateway passes it), the certificate is checked too:
+        Forbidden, and nothing done or recorded, when it is not ``worker_id``'s or the worker is
+        revoked or disabled."""
+        async def body(tx: Transaction) -> tuple[TaskState, BatchRecord | None, list[DomainEvent],
+                                                  WriteRejected | None, TaskState]:
+            row, standing = await _lock_for_write(tx, {
                 "task_id": task_id, "attempt_id": attempt_id, "idempotency_key": idempotency_key,
-                "now": self.clock()}, caller=(fingerprint, worker_id) if fingerprint is not None else None)
+                "worker_id": worker_id, "now": self.clock()}, fingerprint)
             # A task or attempt that does not exist, or an attempt of another worker, is not
             # this worker's business: the same 404 either way, and nothing is recorded.
             if row is None:
-                raise NotFound("no such task", task_id=str(task_id))
+                raise no_such_attempt(task_id, attempt_id)
             task, head = task_from_row(row)
             ref_offset = TASK_COLUMNS + ATTEMPT_COLUMNS
             attempt = attempt_from_row(row[ref_offset:ref_offset + ATTEMPT_COLUMNS], task.id)
             if attempt is None or attempt.worker_id != worker_id:
-                raise NotFound("no such attempt of this task", task_id=str(task_id),
-                               attempt_id=str(attempt_id))
-            if check_standing:
-                await self._refuse_revoked_renewal(tx, worker_id, task)
+                raise no_such_attempt(task_id, attempt_id)
+            refuse_after_revocation(standing, write, task)
             existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
             now: datetime = row[-1]
             events: list[DomainEvent] = []
@@ -443,7 +491,10 @@ class Lifecycle:
                 if decided and isinstance(decided[0], WriteRejected):
                     break
                 so_far = project_task(decided, so_far) or so_far
-            rejected = any(isinstance(e, WriteRejected) for e in events)
+            rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
+            rejected = rejection is not None
+            if rejection is not None and not await self._record_rejection(tx, rejection, now):
+                events = [e for e in events if e is not rejection]  # counted only (it is the last)
             if payload is not None and events and not rejected:
                 tx.write("result_payloads", "payload_store", {"sha256": payload[0], "body": payload[1]})
             after, settled = await self._commit(tx, task, head, events, now)
@@ -451,15 +502,25 @@ class Lifecycle:
                 for event in events:  # only a newly accepted batch: a duplicate has no events
                     if isinstance(event, ResultBatchAccepted):
                         await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
-            return after, existing, [*events, *settled], task
+            return after, existing, [*events, *settled], rejection, task
 
-        after, existing, events, before = await self.db.run(body, key=worker_id)
+        after, existing, events, rejection, before = await self.db.run(body, key=worker_id)
         self.observe(events)
         self._observe_legs(before, events)
-        rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
-        if rejection is not None:  # recorded; now refuse the write
+        if rejection is not None:  # recorded (or counted); now refuse the write
             raise rejection_error(rejection)
         return after, existing if not events and existing is not None else None
+
+    async def _record_rejection(self, tx: Transaction, rejection: WriteRejected, now: datetime) -> bool:
+        """Count a refused write of ``rejection.attempt_id``; whether its ``WriteRejected`` event
+        is to be recorded: the first :data:`MAX_RECORDED_REJECTIONS` of an attempt are, the rest
+        are only counted (``rejected_write_counts.unrecorded``), so that a worker replaying bad
+        writes cannot grow the log without bound. Under the task lock, like the write."""
+        seen = await tx.one("rejected_writes_of_attempt", {"attempt_id": rejection.attempt_id})
+        record = (seen[0] if seen is not None else 0) < MAX_RECORDED_REJECTIONS
+        tx.write("rejected_write_counts", "rejected_write_count",
+                 {"attempt_id": rejection.attempt_id, "recorded": int(record), "now": now})
+        return record
 
     # --- operator / gateway commands ------------------------------------------------------
 
@@ -652,35 +713,60 @@ class Lifecycle:
         _, settled = await self._commit(tx, task, head, events, row[-1])
         return [*events, *settled]
 
-    async def _refuse_revoked_renewal(self, tx: Transaction, worker_id: UUID, task: TaskState) -> None:
-        """RFC "Lease duration": renewal is refused once the worker, or its assignment to the
-        task's organisation, is revoked (under the task lock, for every caller of the service).
 
-        A task already ``cancelling`` still answers a worker whose assignment was revoked, so
-        that it hears the cancellation; the lease is not extended then anyway.
-        """
-        row = await tx.one("worker_standing", {"worker_id": worker_id, "organization_id": task.organization_id})
-        worker_revoked, assignment_revoked = row if row is not None else (True, True)
-        if worker_revoked:
-            raise Forbidden("this worker has been revoked")
-        if assignment_revoked and task.state != "cancelling":
-            raise Forbidden("this worker's assignment to the task's organisation has been revoked")
+def no_such_attempt(task_id: object, attempt_id: object) -> NotFound:
+    """The one 404 of the worker's attempt routes: for a task or attempt that does not exist and
+    for one that is not this worker's alike, so that an answer never tells which ids exist."""
+    return NotFound("no such task or attempt", task_id=str(task_id), attempt_id=str(attempt_id))
 
 
-async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any],
-                              caller: tuple[str, UUID] | None = None) -> Any:
+def refuse_after_revocation(standing: tuple[bool, bool] | None, write: str, task: TaskState) -> None:
+    """RFC "Lease duration", for every worker write, once the worker or its assignment to the
+    task's organisation is revoked (``standing``: (worker revoked, assignment revoked), None when
+    the worker does not exist):
+
+    * a renewal is refused, except (assignment revoked only) of a task already ``cancelling``,
+      so that the worker hears the cancellation (the lease is not extended then anyway);
+    * any other write is refused while the task is still ``leased`` or ``running``: the
+      revocation's cancellation has not reached it yet, and nothing the worker sends is taken
+      meanwhile. Once the task is ``cancelling`` or over, fencing refuses (and records) what it
+      must, and the acknowledgement of the cancellation is taken.
+    """
+    worker_revoked, assignment_revoked = standing if standing is not None else (True, True)
+    if not (worker_revoked or assignment_revoked):
+        return
+    message = ("this worker has been revoked" if worker_revoked
+               else "this worker's assignment to the task's organisation has been revoked")
+    if write == "renew":
+        if worker_revoked or task.state != "cancelling":
+            raise Forbidden(message)
+    elif task.state in ("leased", "running"):
+        raise Forbidden(message)
+
+
+async def _lock_for_write(tx: Transaction, params: dict[str, Any],
+                          fingerprint: str | None) -> tuple[Any, tuple[bool, bool] | None]:
+    """A worker write's locks and reads, pipelined into one round trip: the worker row
+    (``FOR SHARE``: see ``worker_lock_for_write``), the caller's certificate when given (checked
+    before anything else, see :func:`caller_standing`), the task row, then, each in a statement
+    of its own after the locks, the task as ``task_read_for_write`` reads it and the worker's
+    standing. (The task row, None when there is no such task; the standing.)"""
+    reads = [one("worker_lock_for_write", params), one("task_lock", params), one("task_read_for_write", params),
+             one("worker_standing_for_write", params)]
+    if fingerprint is not None:
+        reads.insert(1, one("worker_by_fingerprint", {"fingerprint": fingerprint}))
+    answers = await tx.read(*reads)
+    if fingerprint is not None:
+        caller_standing(answers.pop(1), params["worker_id"])
+    _, locked, row, standing = answers
+    return (row if locked is not None else None), standing
+
+
+async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any]) -> Any:
     """Lock the task row, then read with a second statement (one round trip, pipelined).
 
     The read runs after the lock is granted, so its snapshot includes everything committed by
-    the previous holder of the lock (see the comment on ``task_lock``). With ``caller``
-    (certificate fingerprint, worker id), the worker's standing is read first in the same round
-    trip, and checked before anything else (see :func:`caller_standing`).
+    the previous holder of the lock (see the comment on ``task_lock``).
     """
-    reads = [one("task_lock", params), one(read, params)]
-    if caller is not None:
-        reads.insert(0, one("worker_by_fingerprint", {"fingerprint": caller[0]}))
-    answers = await tx.read(*reads)
-    if caller is not None:
-        caller_standing(answers.pop(0), caller[1])
-    locked, row = answers
+    locked, row = await tx.read(one("task_lock", params), one(read, params))
     return row if locked is not None else None

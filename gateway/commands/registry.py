@@ -5,6 +5,11 @@ worker row (``worker_lock``), read the worker and its assignments with separate 
 the lock is granted (so they see what the previous lock holder committed), decide with
 :mod:`domain.registry`, append the events and apply their projections, commit.
 
+The worker row lock (``FOR UPDATE``) is also what orders revocation against the worker's own
+writes: every worker write share-locks the same row for its whole transaction and checks the
+worker's standing after the lock (``worker_lock_for_write``), so no write the revocation should
+stop commits after it.
+
 Revocation only changes the worker's own stream here; cancelling the worker's active tasks is a
 task command (:meth:`gateway.commands.lifecycle.Lifecycle.cancel_worker_attempts`), one
 transaction per task, run after the revocation committed.
@@ -23,9 +28,11 @@ from uuid import UUID, uuid4
 
 from domain import profiles as profile_rules
 from domain import registry as rules
+from domain import targets as target_rules
 from domain.errors import Conflict, InvalidRequest, NotFound
 from domain.events import DomainEvent
 from domain.registry import Assignment, WorkerState
+from domain.targets import TargetPolicy, policy_from_json
 from persistence.event_log import StreamHead
 from persistence.task_rows import caller_standing
 from persistence.transaction import Clock, Database, Transaction, one, rows, system_clock
@@ -243,6 +250,28 @@ class Registry:
         after = rules.project_worker(events, worker)
         assert after is not None
         return after
+
+    # --- target policy -------------------------------------------------------------------
+
+    async def set_target_policy(self, organization_id: UUID, policy: TargetPolicy, *,
+                                actor: str = "system") -> None:
+        """Replace the organisation's target policy (:mod:`domain.targets`); new scans, schedules
+        and tasks are checked against it, and each new lease carries it to the worker."""
+        async with self.db.transaction() as tx:
+            row = await tx.one("organization_lock", {"organization_id": organization_id, "now": self.clock()})
+            if row is None:
+                raise NotFound("no such organisation", organization_id=str(organization_id))
+            _, version, head_hash, _, now = row
+            tx.append(StreamHead(organization_id, version, bytes(head_hash)),
+                      target_rules.set_target_policy(organization_id, version, policy, now=now, actor=actor))
+            await tx.commit()
+
+    async def target_policy(self, organization_id: UUID) -> TargetPolicy:
+        async with self.db.read() as reader:
+            row = await reader.one("organization_target_policy", {"organization_id": organization_id})
+        if row is None:
+            raise NotFound("no such organisation", organization_id=str(organization_id))
+        return policy_from_json(row[0])
 
     # --- execution mode ------------------------------------------------------------------
 

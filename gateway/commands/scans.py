@@ -22,7 +22,7 @@ task's lock; it then locks the scan (lock order: task, then scan).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -33,10 +33,12 @@ from domain.errors import InvalidRequest, NotFound
 from domain.events import DomainEvent, ExecutionMode, ProfileStep, ScanStatus
 from domain.profiles import LegacyExecuted, execution_mode
 from domain.schedule import ScheduleState
+from domain.targets import check_scope, policy_from_json
 from domain.task import CreateTask, TaskState, decide
 from gateway.commands import wakeups
 from persistence.event_log import StreamHead
 from persistence.transaction import Clock, Database, Transaction, one, system_clock
+from worker.targets import resolve_names
 
 Observer = Callable[[Sequence[DomainEvent]], None]
 
@@ -81,20 +83,24 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
                     clock: datetime | None, actor: str, new_id: Callable[[], UUID],
                     execution_mode_wanted: ExecutionMode | None = None, steps: Sequence[ProfileStep] = (),
                     profile_name: str | None = None, legacy_scan_id: str | None = None,
-                    legacy_message_sha256: str | None = None) -> OpenedScan:
+                    legacy_message_sha256: str | None = None,
+                    resolved: Mapping[str, Sequence[str]] | None = None) -> OpenedScan:
     """Append the new scan's events (and its first task, when Gateway-executed) in ``tx``.
 
     ``execution_mode_wanted``: None lets the flags decide; ``"legacy"`` records a legacy scan
     whatever they say; ``"gateway"`` raises :class:`LegacyExecuted` when they say legacy.
     ``profile_name`` names a stored profile (its steps are copied), ``steps`` are inline steps.
     A legacy record is keyed on ``legacy_scan_id``, by default its own id.
+
+    A Gateway-executed scan's targets must pass the organisation's target policy
+    (:mod:`domain.targets`; ``resolved``: the addresses the caller resolved their names to).
     """
     if steps and profile_name is not None:
         raise InvalidRequest("give a profile's steps or a stored profile's name, not both")
     row = await tx.one("organization_mode_for_scan", {"organization_id": organization_id, "now": clock})
     if row is None:
         raise NotFound("no such organisation", organization_id=str(organization_id))
-    organization_gateway, now = row
+    organization_gateway, now, target_policy = row
     stored_profile_id: UUID | None = None
     profile_gateway: bool | None = None
     if profile_name is not None:
@@ -110,6 +116,8 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
         which = (f"profile {profile_name!r} is" if organization_gateway else f"organisation {organization_id} is")
         raise LegacyExecuted(f"{which} legacy-executed (gateway_execution is off): the scan would not run "
                              "on the Gateway", organization_id=str(organization_id))
+    if mode == "gateway":
+        check_scope(policy_from_json(target_policy), targets, resolved)
     if mode == "legacy" and legacy_scan_id is None:
         legacy_scan_id = str(scan_id)
     events: list[DomainEvent] = [scan_rules.create_scan(scan_id, organization_id, targets, mode, now=now,
@@ -208,10 +216,11 @@ class Scans:
         legacy-executed one gets a ``legacy`` job per step and no task.
         """
         scan_id = self.new_id()
+        resolved = await resolve_names(targets)  # before the transaction: no lock waits on DNS
         async with self.db.transaction() as tx:
             await open_scan(tx, scan_id, organization_id, targets, clock=self.clock(), actor=actor,
                             new_id=self.new_id, execution_mode_wanted=execution_mode, steps=profile,
-                            profile_name=profile_name, legacy_scan_id=legacy_scan_id)
+                            profile_name=profile_name, legacy_scan_id=legacy_scan_id, resolved=resolved)
             await tx.commit()
         return scan_id
 

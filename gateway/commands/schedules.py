@@ -32,9 +32,11 @@ from domain.errors import LeaseholdError, NotFound
 from domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
 from domain.profiles import LegacyExecuted
 from domain.schedule import ScheduleState, Timing
+from domain.targets import check_scope, policy_from_json
 from gateway.commands.scans import open_scheduled_scan
 from persistence.event_log import StreamHead
-from persistence.transaction import Clock, Database, Transaction, system_clock
+from persistence.transaction import Clock, Database, Transaction, one, system_clock
+from worker.targets import resolve_names
 
 SCHEDULER_ACTOR = "scheduler"
 
@@ -86,10 +88,14 @@ class Schedules:
                      actor: str = "system") -> UUID:
         schedule_id = self.new_id()
         timing = Timing(cron, interval_seconds, timezone)
+        resolved = await resolve_names(targets)  # checked again (names only) each time it fires
         async with self.db.transaction() as tx:
-            row = await tx.one("organization_exists", {"organization_id": organization_id, "now": self.clock()})
-            if row is None:
+            row, policy = await tx.read(
+                one("organization_exists", {"organization_id": organization_id, "now": self.clock()}),
+                one("organization_target_policy", {"organization_id": organization_id}))
+            if row is None or policy is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
+            check_scope(policy_from_json(policy[0]), targets, resolved)
             scan_rules.set_profile(schedule_id, 1, tuple(profile), now=row[1], actor=actor)  # validates steps
             event = rules.create(schedule_id, organization_id, name=name, timing=timing, targets=dict(targets),
                                  profile=tuple(profile), misfire_policy=misfire_policy, now=row[1], actor=actor)

@@ -29,7 +29,16 @@ FOR UPDATE
 -- name: organization_mode_for_scan
 -- Creating a scan shares the organisation's row lock: a flag change waits for scans being
 -- created, and every scan created after it commits sees the new flag.
-SELECT o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp())
+SELECT o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp()), o.target_policy
 FROM organizations o
 WHERE o.id = %(organization_id)s
 FOR SHARE
+
+-- name: organization_target_policy
+-- The organisation's target policy (NULL: the default one).
+SELECT o.target_policy FROM organizations o WHERE o.id = %(organization_id)s
+
+-- name: scan_organization_target_policy
+-- The target policy of the scan's organisation (task creation reads it with the scan lock, in
+-- the same round trip).
+SELECT o.target_policy FROM scans s JOIN organizations o ON o.id = s.organization_id WHERE s.id = %(scan_id)s

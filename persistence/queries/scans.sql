@@ -58,10 +58,11 @@ WHERE t.scan_id = %(scan_id)s AND t.state NOT IN ('completed', 'failed_terminal'
 ORDER BY t.created_at, t.id
 
 -- name: scans_lock_by_legacy_id
--- The Gateway scan and/or the legacy record of one legacy scan id (at most one of each).
+-- The Gateway scan and/or the legacy record of one legacy scan id of one organisation (at most
+-- one of each: legacy ids are unique per organisation).
 SELECT s.id, s.execution_mode, s.status, s.legacy_message_sha256, s.version, s.head_hash
 FROM scans s
-WHERE s.legacy_scan_id = %(legacy_scan_id)s
+WHERE s.organization_id = %(organization_id)s AND s.legacy_scan_id = %(legacy_scan_id)s
 ORDER BY s.id
 FOR UPDATE
 

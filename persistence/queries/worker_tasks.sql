@@ -56,7 +56,10 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
        t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
        t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
-       t.cancel_delivery_channel
+       t.cancel_delivery_channel,
+       -- The organisation's target policy, for the lease answer (evaluated for the one row
+       -- returned: it does not change the plan).
+       (SELECT o.target_policy FROM organizations o WHERE o.id = t.organization_id)
 FROM worker_tasks t
 JOIN organization_workers ow
   ON ow.organization_id = t.organization_id

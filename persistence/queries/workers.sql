@@ -93,12 +93,24 @@ WHERE (%(after)s::uuid IS NULL OR w.id > %(after)s::uuid)
 ORDER BY w.id
 LIMIT %(limit)s
 
--- name: worker_standing
--- Renewal, after task_lock: is the worker, or its assignment to the task's organisation, revoked?
-SELECT w.revoked_at IS NOT NULL, coalesce(ow.revoked_at IS NOT NULL, false)
+-- name: worker_lock_for_write
+-- First statement of every worker write: the worker row, share-locked until the write commits.
+-- Revocation (of the worker or of one of its assignments) locks the same row FOR UPDATE, so a
+-- write and a revocation are ordered: a write that holds this lock commits (and orders its
+-- events) before the revocation can, and a write that waited for a revocation reads the
+-- standing it left (worker_standing_for_write, its own statement after the locks).
+-- (Locking the worker's task rows in the revocation instead would not do: the log's global
+-- order is by transaction id, which the revocation takes at its first lock, the worker row's;
+-- a write could then lock its task after that, commit first, and still be ordered after it.)
+SELECT w.id FROM workers w WHERE w.id = %(worker_id)s FOR SHARE
+
+-- name: worker_standing_for_write
+-- After worker_lock_for_write and task_lock: is the worker, or its assignment to the task's
+-- organisation, revoked? (No assignment at all counts as revoked.)
+SELECT w.revoked_at IS NOT NULL, coalesce(ow.revoked_at IS NOT NULL, true)
 FROM workers w
-LEFT JOIN organization_workers ow
-  ON ow.worker_id = w.id AND ow.organization_id = %(organization_id)s
+JOIN worker_tasks t ON t.id = %(task_id)s
+LEFT JOIN organization_workers ow ON ow.worker_id = w.id AND ow.organization_id = t.organization_id
 WHERE w.id = %(worker_id)s
 
 -- name: worker_attempts_to_cancel

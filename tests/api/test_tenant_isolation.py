@@ -197,6 +197,8 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("POST", "/v1/api-keys/{key_id}/revoke"): (FORBIDDEN, None),
     ("POST", "/v1/api-keys/{key_id}/rotate"): (FORBIDDEN, {}),
     ("POST", "/v1/seals"): (FORBIDDEN, None),
+    ("GET", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, None),
+    ("PUT", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, {"deny": ["10.0.0.0/8"]}),
 }
 ROUTES = [(r.method, r.path) for r in operator_api.routes]
 #: Service endpoints answer anyone, and say nothing about any organisation.

@@ -56,7 +56,7 @@ async def _one_connection_world(database_url: str) -> tuple[AsyncConnectionPool[
     clock = ManualClock()
     services = build_services(Database(pool), clock=clock, rng=random.Random(3))
     org = await services.registry.create_organization("acme")
-    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
     return pool, World(services, clock, org, scan)
 
 

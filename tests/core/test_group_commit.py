@@ -33,7 +33,7 @@ async def grouped(pool: AsyncConnectionPool, clock: ManualClock) -> tuple[World,
     group = GroupCommit(db, lanes=2, max_batch=16).install()
     services = build_services(db, clock=clock, rng=random.Random(3))
     org = await services.registry.create_organization("acme")
-    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
     return World(services, clock, org, scan), group
 
 

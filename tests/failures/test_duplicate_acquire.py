@@ -49,7 +49,7 @@ async def served(database_url: str, pki: PkiPaths, tmp_path: Path) -> AsyncItera
     await pool.open()
     services = build_services(Database(pool))
     org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
-    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
     process = GatewayProcess(database_url, pki, tmp_path / "gateway.log", {"processes": 2})
     await process.start()
     view = process.client(services, org, scan)

@@ -79,7 +79,7 @@ async def setup(database_url: str) -> AsyncIterator[Setup]:
     try:
         services = build_services(Database(pool))
         org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
-        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
         yield Setup(pool, services.registry, services.lifecycle, org, scan)
     finally:
         await pool.close()

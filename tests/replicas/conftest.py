@@ -23,7 +23,7 @@ from gateway.services import build_services
 from gateway.tls import PkiPaths
 from persistence.connection import create_pool
 from persistence.transaction import Database
-from support.gateway import GatewayProcess, free_port
+from support.gateway import LOOPBACK_ALLOWED, GatewayProcess, free_port
 
 
 @pytest.fixture
@@ -37,6 +37,7 @@ async def cluster(pki: PkiPaths, tmp_path: Path) -> AsyncIterator[Callable[..., 
         await pool.open()
         services = build_services(Database(pool))
         org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
+        await services.registry.set_target_policy(org, LOOPBACK_ALLOWED)  # the test hosts are local
         scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
         # A job no worker takes keeps the scan open, so tasks can be added to it all along.
         await services.lifecycle.create_task(scan, TaskSpec(task_type="hold", lease_seconds=30,

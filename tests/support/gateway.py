@@ -24,6 +24,7 @@ import orjson
 
 from cli.dev_ca import issue_worker_certificate
 from domain.results import payload_sha256
+from domain.targets import parse_policy
 from gateway.commands.lifecycle import Lifecycle, TaskSpec
 from gateway.commands.registry import Registry
 from gateway.commands.scans import Scans
@@ -35,6 +36,11 @@ from gateway.tls import PkiPaths
 from worker.client import client_ssl_context
 
 ADMIN_KEY = "test-admin-key-0123456789"
+
+
+#: The test organisations' target policy: their scan targets are servers on this host, which
+#: the default policy refuses (loopback); allowing loopback explicitly keeps everything else open.
+LOOPBACK_ALLOWED = parse_policy(allow=["127.0.0.0/8", "::1/128"])
 
 
 @dataclass
@@ -124,11 +130,12 @@ class RunningGateway:
         self.sessions.append(session)
         return WorkerClient(name, worker_id, cert.fingerprint, session, self.worker_url)
 
-    async def operator(self, method: str, path: str, body: Any = None, *, key: str = ADMIN_KEY) -> Reply:
+    async def operator(self, method: str, path: str, body: Any = None, *, key: str = ADMIN_KEY,
+                       raw: bytes | None = None) -> Reply:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        data = raw if raw is not None else orjson.dumps(body) if body is not None else None
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, s.request(
-                method, self.operator_url + path, headers={"Authorization": f"Bearer {key}"},
-                data=orjson.dumps(body) if body is not None else None) as r:
+                method, self.operator_url + path, headers={"Authorization": f"Bearer {key}"}, data=data) as r:
             text = await r.read()
             return Reply(r.status, orjson.loads(text) if text else None, dict(r.headers))
 
@@ -154,6 +161,7 @@ async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) ->
     await app[NOTIFIER].connected.wait()
     services = app[SERVICES]
     org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
+    await services.registry.set_target_policy(org, LOOPBACK_ALLOWED)  # the test hosts are local
     scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
     gw = RunningGateway(settings, pki, f"https://localhost:{worker_port}", f"https://localhost:{operator_port}",
                         services, org, scan, app=app)

@@ -1,0 +1,148 @@
+"""JSON depth and size limits where JSON enters (domain.limits): too deep or too large answers a
+4xx problem naming the field and commits nothing; a task that could not be delivered is refused
+at creation; an acquire never commits a lease whose answer it cannot build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from domain.limits import MAX_BODY_DEPTH, MAX_FIELD_BYTES, MAX_FIELD_DEPTH
+from support.gateway import RunningGateway
+
+TABLES = ("events", "worker_tasks", "worker_task_attempts", "scans", "scheduled_scans", "worker_result_batches")
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """A JSON object nesting ``levels`` deep (``{"a": {"a": … {}}}``)."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+DEEP = "deep-value-goes-here"
+
+
+def with_deep(body: Any, levels: int) -> bytes:
+    """``body`` as JSON with the string DEEP replaced by an object nesting ``levels`` deep (as
+    text: the encoder cannot write what the parser accepts, which is the point)."""
+    return orjson.dumps(body).replace(orjson.dumps(DEEP), b'{"a":' * (levels - 1) + b"{}" + b"}" * (levels - 1))
+
+
+async def committed(gateway: RunningGateway) -> dict[str, int]:
+    return {table: int(await gateway.count(f"SELECT count(*) FROM {table}")) for table in TABLES}  # noqa: S608
+
+
+def assert_refused(reply: Any, status: int, field: str) -> None:
+    assert reply.status == status, reply.body
+    assert reply.headers["Content-Type"].startswith("application/problem+json")
+    assert reply.body["field"] == field and field in reply.body["detail"], reply.body
+
+
+def schedule(targets: Any) -> dict[str, Any]:
+    return {"name": "nightly", "interval_seconds": 3600, "targets": targets, "profile": [{"task_type": "probe"}]}
+
+
+async def test_the_poison_task_is_refused_at_creation_and_commits_nothing(gateway: RunningGateway) -> None:
+    before = await committed(gateway)
+    reply = await gateway.operator("POST", f"/v1/scans/{gateway.scan}/tasks",
+                                   {"task_type": "probe", "scope": nested(252)})
+    assert_refused(reply, 422, "scope")
+    assert await committed(gateway) == before
+
+
+@pytest.mark.parametrize("levels", [MAX_FIELD_DEPTH + 1, 100, 254, 255, 300, 1000])
+@pytest.mark.parametrize(("where", "field"), [
+    ("task", "scope"), ("task", "parameters"), ("scan", "targets"), ("schedule", "targets")])
+async def test_operator_fields_nesting_too_deep_answer_4xx_and_commit_nothing(
+        gateway: RunningGateway, where: str, field: str, levels: int) -> None:
+    before = await committed(gateway)
+    if where == "task":
+        reply = await gateway.operator("POST", f"/v1/scans/{gateway.scan}/tasks",
+                                       raw=with_deep({"task_type": "probe", field: DEEP}, levels))
+    elif where == "scan":
+        reply = await gateway.operator("POST", "/v1/scans",
+                                       raw=with_deep({"organization_id": str(gateway.org), "targets": DEEP}, levels))
+    else:
+        reply = await gateway.operator("POST", "/v1/schedules",
+                                       raw=with_deep({"organization_id": str(gateway.org), **schedule(DEEP)}, levels))
+    assert_refused(reply, 422, field)
+    assert await committed(gateway) == before
+
+
+@pytest.mark.parametrize("levels", [MAX_FIELD_DEPTH, 254, 300, 1000])
+async def test_result_payloads_nesting_too_deep_answer_422_and_commit_nothing(
+        gateway: RunningGateway, levels: int) -> None:
+    worker = await gateway.worker()
+    await gateway.task()
+    lease = (await worker.acquire()).body["lease"]
+    records = [{"type": "raw", "deep": DEEP}]  # payload list + record + levels: past the limit
+    before = await committed(gateway)
+    path = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}/"
+    reply = await worker.post(path + "results", raw=with_deep({
+        "lease_token": lease["lease_token"], "sequence_number": 1, "idempotency_key": "deep",
+        "payload_sha256": "0" * 64, "payload": records, "final": True}, levels))
+    assert_refused(reply, 422, "payload")
+    reply = await worker.post(path + "complete", raw=with_deep({
+        "lease_token": lease["lease_token"], "final_batch": {
+            "sequence_number": 1, "idempotency_key": "deep", "payload_sha256": "0" * 64, "payload": records}},
+        levels))
+    assert_refused(reply, 422, "payload" if levels + 3 < MAX_BODY_DEPTH else "final_batch")
+    assert await committed(gateway) == before
+
+
+async def test_a_body_deeper_than_the_body_limit_names_its_top_level_field(gateway: RunningGateway) -> None:
+    worker = await gateway.worker()
+    before = await committed(gateway)
+    reply = await worker.post("/v1/tasks/acquire", raw=with_deep({"wait_seconds": 0, "x": DEEP}, 300))
+    assert_refused(reply, 422, "x")
+    assert reply.body["max_depth"] == MAX_BODY_DEPTH
+    assert await committed(gateway) == before
+
+
+async def test_fields_at_the_limit_are_accepted_and_delivered(gateway: RunningGateway) -> None:
+    scope = nested(MAX_FIELD_DEPTH)
+    reply = await gateway.operator("POST", f"/v1/scans/{gateway.scan}/tasks", {"task_type": "probe", "scope": scope})
+    assert reply.status == 201, reply.body
+    worker = await gateway.worker()
+    lease = (await worker.acquire()).body["lease"]
+    assert lease["task"]["scope"] == scope
+    records = [{"deep": nested(MAX_FIELD_DEPTH - 2)}]
+    assert (await worker.final_batch(lease, records)).status == 200
+
+
+@pytest.mark.parametrize(("where", "field"), [("task", "scope"), ("task", "parameters"), ("scan", "targets"),
+                                               ("schedule", "targets")])
+async def test_fields_larger_than_their_limit_answer_413_and_commit_nothing(
+        gateway: RunningGateway, where: str, field: str) -> None:
+    big = {"blob": "x" * MAX_FIELD_BYTES}
+    before = await committed(gateway)
+    if where == "task":
+        reply = await gateway.operator("POST", f"/v1/scans/{gateway.scan}/tasks", {"task_type": "probe", field: big})
+    elif where == "scan":
+        reply = await gateway.operator("POST", "/v1/scans", {"organization_id": str(gateway.org), "targets": big})
+    else:
+        reply = await gateway.operator("POST", "/v1/schedules", {"organization_id": str(gateway.org), **schedule(big)})
+    assert_refused(reply, 413, field)
+    assert await committed(gateway) == before
+
+
+async def test_a_stored_task_that_cannot_be_encoded_is_cancelled_not_leased(gateway: RunningGateway) -> None:
+    """A task stored before the limits existed (written here past them, straight into its row):
+    the acquire that picks it commits no lease and cancels it as undeliverable, and the worker
+    leases the ordinary task behind it."""
+    poison = await gateway.task(priority=10)
+    ordinary = await gateway.task()
+    async with gateway.pool.connection() as conn:
+        await conn.execute("UPDATE worker_tasks SET scope = %s::jsonb WHERE id = %s",
+                           ('{"a": ' * 300 + "1" + "}" * 300, poison))
+    worker = await gateway.worker()
+    first = await worker.acquire()
+    assert first.status in (200, 204), first.body
+    assert await gateway.count("SELECT count(*) FROM worker_task_attempts WHERE task_id = %s", poison) == 0
+    assert await gateway.count("SELECT state FROM worker_tasks WHERE id = %s", poison) == "cancelled"
+    lease = first.body["lease"] if first.status == 200 else (await worker.acquire()).body["lease"]
+    assert lease["task"]["id"] == str(ordinary)
