@@ -45,6 +45,7 @@ from domain.events import (
     AttemptStatus,
     CancelRequested,
     DomainEvent,
+    FairShareGrant,
     LeaseExpired,
     LeaseReissued,
     LeaseRenewed,
@@ -178,6 +179,7 @@ class GrantLease:
     worker: WorkerView
     lease_token_hash: str
     request_id: str | None = None
+    fair_share: FairShareGrant | None = None  # why the worker's organisations chose this task
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +405,7 @@ class _Decider:
         return [self._event(
             TaskLeased, scan_id=task.scan_id, scan_job_id=task.scan_job_id, attempt_id=c.attempt_id,
             worker_id=w.id, attempt_number=task.attempt_count + 1, lease_token_hash=c.lease_token_hash,
-            lease_expires_at=expires, deadline_at=deadline, request_id=c.request_id,
+            lease_expires_at=expires, deadline_at=deadline, request_id=c.request_id, fair_share=c.fair_share,
         )]
 
     def reissue(self, c: ReissueLease) -> list[DomainEvent]:

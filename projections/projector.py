@@ -44,12 +44,18 @@ def _(e: ev.OrganizationCreated, hash: bytes) -> list[RowOp]:
     return [Insert("organizations", {
         "id": e.originator_id, "name": e.name, "created_at": e.timestamp, "updated_at": e.timestamp,
         "version": e.originator_version, "head_hash": hash, "gateway_execution": True,
+        "fair_weight": 1, "max_live_attempts": None,
     })]
 
 
 @project.register
 def _(e: ev.OrganizationGatewayExecutionSet, hash: bytes) -> list[RowOp]:
     return [_head("organizations", e, hash, gateway_execution=e.enabled)]
+
+
+@project.register
+def _(e: ev.OrganizationFairShareSet, hash: bytes) -> list[RowOp]:
+    return [_head("organizations", e, hash, fair_weight=e.weight, max_live_attempts=e.max_live_attempts)]
 
 
 @project.register

@@ -27,9 +27,18 @@ from uuid import UUID, uuid4
 
 import orjson
 
+from domain import fairness
 from domain import scan as scan_rules
 from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
-from domain.events import DomainEvent, ResultBatchAccepted, WriteRejected
+from domain.events import (
+    AttemptFailed,
+    DomainEvent,
+    LeaseExpired,
+    ResultBatchAccepted,
+    TaskCancelled,
+    TaskCompleted,
+    WriteRejected,
+)
 from domain.results import canonical_payload
 from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from domain.task import (
@@ -146,8 +155,11 @@ class Lifecycle:
     def __init__(self, db: Database, *, clock: Clock = system_clock,
                  rng: random.Random | None = None, retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
                  cancel_grace: timedelta = timedelta(seconds=30),
-                 new_id: Callable[[], UUID] = uuid4) -> None:
+                 new_id: Callable[[], UUID] = uuid4, fair_shares: bool = True) -> None:
         self.db = db
+        #: Fair shares between a worker's organisations at equal priority (domain.fairness);
+        #: off: the oldest task of any organisation first. Caps hold either way.
+        self.fair_shares = fair_shares
         self.clock = clock
         self.rng = rng or random.Random()
         self.retry_policy = retry_policy
@@ -231,6 +243,7 @@ class Lifecycle:
                 reads["earlier"] = one("attempt_by_acquire_request", params)
             if notices:
                 reads["cancelling"] = rows("worker_cancelling_attempts", params)
+            reads["candidates"] = rows("fair_share_candidates", params)
             answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
             row, earlier = answers["worker"], answers.get("earlier")
             cancelling = [(t, a) for t, a in answers.get("cancelling", ())]
@@ -249,19 +262,31 @@ class Lifecycle:
                                 live_attempts=live_attempts)
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return Poll(None, cancelling), []
-            row = await tx.one("task_lock_acquirable", {
-                "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
-                "capabilities": sorted(worker.capabilities)})
-            if row is None:
-                return Poll(None, cancelling), []
-            task, head = task_from_row(row)
-            events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
-                                             lease_token_hash=hash_token(token), request_id=request_id),
-                            now=now, actor=actor)
-            tx.append(head, events)
-            leased = project_task(events, task)
-            assert leased is not None and leased.current_attempt is not None
-            return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token), cancelling), events
+            candidates = [fairness.Candidate(*r) for r in answers["candidates"]]
+            lock_params = {"now": now, "task_types": sorted(worker.task_types),
+                           "capabilities": sorted(worker.capabilities)}
+            for choice in fairness.preference(candidates, fair=self.fair_shares):
+                row = await tx.one("task_lock_for_organization", {
+                    **lock_params, "organization_id": choice.candidate.organization_id, "floor": choice.floor,
+                    "quantum": choice.quantum})
+                if row is None:  # every eligible task of it is being leased by someone else
+                    continue
+                virtual_time, live, waited = row[TASK_COLUMNS:]
+                if virtual_time is None:  # the organisation reached its cap meanwhile
+                    continue
+                task, head = task_from_row(row[:TASK_COLUMNS])
+                grant = fairness.grant_record(choice, candidates, virtual_time=virtual_time, live=live,
+                                              waited_seconds=waited)
+                events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
+                                                 lease_token_hash=hash_token(token), request_id=request_id,
+                                                 fair_share=grant),
+                                now=now, actor=actor)
+                tx.append(head, events)
+                leased = project_task(events, task)
+                assert leased is not None and leased.current_attempt is not None
+                return Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token),
+                            cancelling), events
+            return Poll(None, cancelling), []
 
         polled, events = await self.db.run(body, key=worker_id)
         self.observe(events)
@@ -460,6 +485,7 @@ class Lifecycle:
                      make: Callable[[TaskState], Any]) -> int:
         changed: list[DomainEvent] = []
         swept: set[UUID] = set()
+        releases: dict[UUID, int] = {}
         async with self.db.transaction() as tx:
             locked = await tx.all(query, {**params, "limit": limit, "now": self.clock()})
             # Scan order: settling a scan locks it, and every sweeper must lock scans in one order.
@@ -473,9 +499,10 @@ class Lifecycle:
                     continue
                 events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
                                 retry_policy=self.retry_policy)
-                _, settled = await self._commit(tx, task, head, events, row[-1])
+                _, settled = await self._commit(tx, task, head, events, row[-1], releases)
                 changed += [*events, *settled]
                 swept.update(e.originator_id for e in events)
+            release_attempts(tx, releases, None)
             await tx.commit()
         self.observe(changed)
         return len(swept)
@@ -483,12 +510,19 @@ class Lifecycle:
     # --- shared tail of every command -----------------------------------------------------
 
     async def _commit(self, tx: Transaction, task: TaskState, head: StreamHead,
-                      events: Sequence[DomainEvent], now: datetime) -> tuple[TaskState, list[DomainEvent]]:
+                      events: Sequence[DomainEvent], now: datetime, releases: dict[UUID, int] | None = None,
+                      ) -> tuple[TaskState, list[DomainEvent]]:
         """Append ``events`` to the task and, if it just ended, settle its scan; the new state,
-        and the events settling appended."""
+        and the events settling appended. An attempt that ended stops counting against its
+        organisation's cap: at once, or added to ``releases`` for the caller to send."""
         after = project_task(events, task)
         assert after is not None
         tx.append(head, events)
+        ended = attempts_ended(events)
+        if ended and releases is None:
+            release_attempts(tx, {task.organization_id: ended}, now)
+        elif ended and releases is not None:
+            releases[task.organization_id] = releases.get(task.organization_id, 0) + ended
         if after.state == "cancelling" and task.state != "cancelling" and after.current_attempt is not None:
             tx.notify(wakeups.cancel(after.current_attempt.worker_id))
         settled: list[DomainEvent] = []
@@ -549,6 +583,21 @@ class Lifecycle:
             raise Forbidden("this worker has been revoked")
         if assignment_revoked and task.state != "cancelling":
             raise Forbidden("this worker's assignment to the task's organisation has been revoked")
+
+
+def attempts_ended(events: Sequence[DomainEvent]) -> int:
+    """How many attempts ``events`` end (completed, failed, expired or cancelled while live)."""
+    return sum(1 for e in events if isinstance(e, TaskCompleted | AttemptFailed | LeaseExpired)
+               or (isinstance(e, TaskCancelled) and e.attempt_id is not None))
+
+
+def release_attempts(tx: Transaction, ended: dict[UUID, int], now: datetime | None) -> None:
+    """Queue the organisations' counters of live attempts down by the attempts that ended, in
+    organisation order: two transactions that release several organisations lock their rows in
+    the same order and cannot deadlock on them."""
+    for organization_id in sorted(ended):
+        tx.write("org_service", "org_service_release",
+                 {"organization_id": organization_id, "attempts": ended[organization_id], "now": now})
 
 
 async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any],
