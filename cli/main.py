@@ -51,7 +51,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
     CommandModule("cli.replay", (
         ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
     CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
-    CommandModule("cli.admin", (("admin", "operator administration (API keys)"),)),
+    CommandModule("cli.admin", (("admin", "operator administration (API keys, fair shares)"),)),
     CommandModule("cli.legacy", (("legacy", "the legacy Redis scan queue (moving it to the Gateway)"),)),
     CommandModule("worker.cli", (("worker", "run the remote worker agent"),), needs_server=False),
     CommandModule("cli.demo", (("demo", "run the end-to-end demo (what `make demo` runs)"),)),

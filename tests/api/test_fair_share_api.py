@@ -1,0 +1,82 @@
+"""Fair shares over HTTP (a real Gateway, real TLS): only an administrator sets an organisation's
+weight and cap, an organisation key reads its own state and nothing of another's, bad input
+changes nothing, and /metrics counts leases and waiting time per organisation."""
+
+from __future__ import annotations
+
+import ssl
+
+import aiohttp
+
+from support.gateway import Reply, RunningGateway
+
+
+def assert_problem(reply: Reply, status: int) -> None:
+    assert reply.status == status, (reply.status, reply.body)
+    assert reply.headers["Content-Type"].startswith("application/problem+json"), reply.headers
+    assert reply.body["status"] == status
+
+
+async def _events(gateway: RunningGateway) -> int:
+    return int(await gateway.count("SELECT count(*) FROM events"))
+
+
+async def _tenant(gateway: RunningGateway, name: str) -> tuple[str, str]:
+    org = (await gateway.operator("POST", "/v1/organizations", {"name": name})).body["id"]
+    key = (await gateway.operator("POST", f"/v1/organizations/{org}/api-keys", {"name": "k"})).body["key"]
+    return org, key
+
+
+async def test_an_administrator_sets_weights_and_caps_an_organisation_reads_its_own(gateway: RunningGateway) -> None:
+    org, key = await _tenant(gateway, "fair-a")
+    other, other_key = await _tenant(gateway, "fair-b")
+    path = f"/v1/organizations/{org}/fair-share"
+    r = await gateway.operator("GET", path, key=key)
+    assert r.status == 200, r.body
+    assert (r.body["weight"], r.body["max_live_attempts"], r.body["live_attempts"], r.body["leases_served"]) == (
+        1, None, 0, 0)
+
+    events = await _events(gateway)
+    assert_problem(await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2}, key=key), 403)
+    assert_problem(await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2}, key=other_key), 404)
+    assert_problem(await gateway.operator("GET", path, key=other_key), 404)
+    for body, status in [({"weight": 0, "max_live_attempts": None}, 422), ({"weight": 1001, "max_live_attempts": 1}, 422),
+                         ({"weight": 2}, 422), ({"weight": "2", "max_live_attempts": None}, 422),
+                         ({"weight": 2, "max_live_attempts": 0}, 422), ({"weight": 2.5, "max_live_attempts": None}, 422),
+                         ({"weight": 2, "max_live_attempts": None, "extra": 1}, 422), ([], 400)]:
+        assert_problem(await gateway.operator("PUT", path, body), status)
+    assert_problem(await gateway.operator("PUT", "/v1/organizations/not-a-uuid/fair-share",
+                                          {"weight": 2, "max_live_attempts": None}), 404)
+    assert await _events(gateway) == events
+
+    r = await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2})
+    assert r.status == 200 and (r.body["weight"], r.body["max_live_attempts"]) == (5, 2), r.body
+    assert await _events(gateway) == events + 1  # one OrganizationFairShareSet on the organisation's stream
+    assert (await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2})).status == 200
+    assert await _events(gateway) == events + 1  # the same values again: nothing recorded
+    r = await gateway.operator("GET", path, key=key)
+    assert (r.body["weight"], r.body["max_live_attempts"]) == (5, 2)
+    r = await gateway.operator("PUT", path, {"weight": 1, "max_live_attempts": None})
+    assert (r.body["weight"], r.body["max_live_attempts"]) == (1, None), r.body
+    assert (await gateway.operator("GET", f"/v1/organizations/{other}/fair-share")).status == 200
+
+
+async def test_a_capped_organisation_over_http_and_its_metrics(gateway: RunningGateway) -> None:
+    org = str(gateway.org)
+    r = await gateway.operator("PUT", f"/v1/organizations/{org}/fair-share", {"weight": 1, "max_live_attempts": 1})
+    assert r.status == 200, r.body
+    worker = await gateway.worker(capacity=4)
+    await gateway.task()
+    await gateway.task()
+    first = await worker.acquire()
+    assert first.status == 200, first.body
+    assert (await worker.acquire()).status == 204  # the cap: one live attempt of the organisation
+    state = (await gateway.operator("GET", f"/v1/organizations/{org}/fair-share")).body
+    assert (state["live_attempts"], state["leases_served"]) == (1, 1)
+
+    ctx = ssl.create_default_context(cafile=str(gateway.pki.ca_cert))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, \
+            s.get(gateway.operator_url + "/metrics") as reply:
+        text = await reply.text()
+    assert f'leasehold_organization_leases_total{{organization="{org}"}} 1.0' in text
+    assert f'leasehold_organization_wait_seconds_count{{organization="{org}"}} 1.0' in text
