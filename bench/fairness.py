@@ -42,7 +42,6 @@ from common import recreate_database, resolve_server_url
 from psycopg import sql
 
 from cli.embedded import with_database
-
 from domain.results import payload_sha256
 from gateway.commands.lifecycle import ResultBatch, TaskSpec
 from gateway.services import Services, build_services
@@ -75,8 +74,9 @@ class Run:
     """What one scenario recorded: each lease (wall time, organisation name) and each small
     organisation's waits."""
 
-    leases: list[tuple[float, str]] = field(default_factory=list)
+    leases: list[tuple[float, str, bool]] = field(default_factory=list)  # (when, organisation, all had work)
     queued_at: dict[UUID, float] = field(default_factory=dict)
+    created: dict[str, int] = field(default_factory=lambda: {"B": 0, "C": 0})
     waits: dict[str, list[float]] = field(default_factory=lambda: {"B": [], "C": []})
     others_queued_at: float = 0.0
     seconds: float = 0.0
@@ -114,9 +114,10 @@ async def fresh_services(server_url: str, name: str, connections: int, *, fair: 
     return build_services(Database(pool), fair_shares=fair), pool
 
 
-async def queue_tasks(services: Services, org: UUID, n: int, run: Run | None = None, lanes: int = 4) -> None:
-    """``n`` tasks of ``org`` in scans of :data:`TASKS_PER_SCAN`, ``lanes`` scans filled at once;
-    with ``run``, each task's queueing time (once committed) is kept."""
+async def queue_tasks(services: Services, org: UUID, n: int, run: Run | None = None, lanes: int = 4,
+                      name: str = "") -> None:
+    """``n`` tasks of ``org`` in scans of :data:`TASKS_PER_SCAN`, ``lanes`` at once; with ``run``,
+    each task's queueing time (once committed) is kept, and how many of ``name``'s are queued."""
     scans = [await services.scans.create_scan(org, {"hosts": ["bench.example.test"]})
              for _ in range(max(1, math.ceil(n / TASKS_PER_SCAN)))]
 
@@ -125,6 +126,7 @@ async def queue_tasks(services: Services, org: UUID, n: int, run: Run | None = N
             task = await services.lifecycle.create_task(scans[i // TASKS_PER_SCAN], SPEC)
             if run is not None:
                 run.queued_at[task.id] = time.perf_counter()
+                run.created[name] += 1
 
     await asyncio.gather(*(fill(lane) for lane in range(min(lanes, n))))
 
@@ -136,6 +138,9 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
         registry, lifecycle = services.registry, services.lifecycle
         orgs = {name: await registry.create_organization(f"bench-{name}") for name in ("A", "B", "C")}
         names = {org: name for name, org in orgs.items()}
+        for name, weight in args.weight_of.items():
+            if weight != 1:
+                await registry.set_fair_share(orgs[name], weight=weight, max_live_attempts=None)
         workers = []
         for i in range(args.workers):
             worker = await registry.register_worker(name=f"bench-shared-{i}", fingerprint=secrets.token_hex(32),
@@ -148,6 +153,7 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
             await queue_tasks(services, orgs["A"], flood, lanes=8)
         small = {"B": args.others, "C": args.others}
         left = dict(small)
+        leased = {"B": 0, "C": 0}
         done = asyncio.Event()
         started = asyncio.Event()
         task_seconds = args.task_ms / 1000
@@ -160,8 +166,11 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
                     continue
                 now = time.perf_counter()
                 name = names[a.task.organization_id]
-                run.leases.append((now, name))
-                if name in left:
+                # Did B and C both have a queued task that no one had leased yet (A always has)?
+                backlog = {n: run.created[n] - leased[n] for n in leased}
+                run.leases.append((now, name, flood > 0 and all(b > 0 for b in backlog.values())))
+                if name in leased:
+                    leased[name] += 1
                     run.waits[name].append(now - run.queued_at[a.task.id])
                     left[name] -= 1
                     if not any(left.values()):
@@ -177,8 +186,8 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
         if flood:
             await started.wait()
         run.others_queued_at = time.perf_counter()
-        await asyncio.gather(queue_tasks(services, orgs["B"], small["B"], run, lanes=1),
-                             queue_tasks(services, orgs["C"], small["C"], run, lanes=1))
+        await asyncio.gather(queue_tasks(services, orgs["B"], small["B"], run, lanes=args.queue_lanes, name="B"),
+                             queue_tasks(services, orgs["C"], small["C"], run, lanes=args.queue_lanes, name="C"))
         await done.wait()
         run.seconds = time.perf_counter() - t0
         await asyncio.gather(*runners)
@@ -189,13 +198,12 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
 
 def shares(run: Run, window: int) -> tuple[list[dict[str, float]], dict[str, float]]:
     """Each organisation's share of the leases in windows of ``window`` leases from the moment B
-    and C queued, and over the whole span while all three had work (until B's or C's last lease)."""
-    after = [name for t, name in run.leases if t >= run.others_queued_at]
-    last = {name: max(i for i, n in enumerate(after) if n == name) for name in ("B", "C")}
-    busy = after[:min(last.values()) + 1]
+    and C started queueing, and over the leases granted while all three had a queued task."""
+    after = [name for t, name, _ in run.leases if t >= run.others_queued_at]
+    contended = [name for _, name, all_had_work in run.leases if all_had_work]
     windows = [{name: chunk.count(name) / len(chunk) for name in "ABC"}
                for chunk in (after[i:i + window] for i in range(0, len(after), window))]
-    overall = {name: busy.count(name) / len(busy) for name in "ABC"} if busy else {}
+    overall = {name: contended.count(name) / len(contended) for name in "ABC"} if contended else {}
     return windows, overall
 
 
@@ -216,10 +224,14 @@ def report_run(label: str, run: Run, args: argparse.Namespace, idle: dict[str, f
         cells = " ".join("/".join(f"{w[n]:.2f}" for n in "ABC") for w in windows[:args.windows_shown])
         more = f" (+{len(windows) - args.windows_shown} windows)" if len(windows) > args.windows_shown else ""
         print(f"shares_over_time {label} window={args.window} A/B/C: {cells}{more}")
-        deviation = max(abs(overall[n] - 1 / 3) * 3 for n in "ABC") if overall else math.nan
-        print(f"shares_while_all_have_work {label} A={overall.get('A', math.nan):.3f} "
-              f"B={overall.get('B', math.nan):.3f} C={overall.get('C', math.nan):.3f} weights=1/1/1 "
-              f"max_relative_deviation={deviation:.3f}")
+        total = sum(args.weight_of.values())
+        expected = {n: args.weight_of[n] / total for n in "ABC"}
+        deviation = max(abs(overall[n] - expected[n]) / expected[n] for n in "ABC") if overall else math.nan
+        contended = sum(1 for *_, all_had_work in run.leases if all_had_work)
+        print(f"shares_while_all_have_work {label} leases={contended} A={overall.get('A', math.nan):.3f} "
+              f"B={overall.get('B', math.nan):.3f} C={overall.get('C', math.nan):.3f} "
+              f"weights={'/'.join(str(args.weight_of[n]) for n in 'ABC')} "
+              f"max_relative_deviation={deviation:.3f} within_10_percent={deviation <= 0.10}")
     leases = len(run.leases)
     print(f"run {label} leases={leases} seconds={run.seconds:.1f} leases_per_s={leases / run.seconds:.1f}")
     return p99s
@@ -263,6 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--others", type=int, default=100, help="tasks B and C queue each (default 100)")
     p.add_argument("--task-ms", type=float, default=20.0, help="how long a task runs on its worker (default 20)")
     p.add_argument("--head-start", type=int, default=20, help="leases of A's flood before B and C queue")
+    p.add_argument("--weights", default="A=1,B=1,C=1", help="fair-share weights (default A=1,B=1,C=1)")
+    p.add_argument("--queue-lanes", type=int, default=4, help="concurrent creates while B and C queue (default 4)")
     p.add_argument("--window", type=int, default=30, help="leases per share window (default 30)")
     p.add_argument("--windows-shown", type=int, default=12, help="share windows printed (default 12)")
     p.add_argument("--cost-orgs", default="1,10,100", help="organisations per worker for the cost section")
@@ -270,7 +284,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cost-warmup", type=int, default=20, help="untimed acquires first (default 20)")
     p.add_argument("--skip", action="append", default=[], choices=["idle", "fair", "unfair", "cost"],
                    help="sections to skip (repeatable)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.weight_of = {"A": 1, "B": 1, "C": 1}
+    for item in args.weights.split(","):
+        name, _, weight = item.partition("=")
+        if name not in args.weight_of or not weight.isdigit():
+            p.error(f"--weights: {item!r} is not NAME=WEIGHT with NAME one of A, B, C")
+        args.weight_of[name] = int(weight)
+    return args
 
 
 async def main(argv: list[str] | None = None) -> int:
@@ -279,7 +300,8 @@ async def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"machine cpus={os.cpu_count()} loadavg_at_start={load[0]:.2f},{load[1]:.2f},{load[2]:.2f} "
           f"server={source}")
-    print(f"setup workers={args.workers} flood={args.flood} others={args.others} task_ms={args.task_ms:g}")
+    print(f"setup workers={args.workers} flood={args.flood} others={args.others} task_ms={args.task_ms:g} "
+          f"weights={args.weights}")
     idle: dict[str, float] | None = None
     if "idle" not in args.skip:
         idle = report_run("idle", await scenario(server_url, args, flood=0, fair=True), args, None)

@@ -38,7 +38,9 @@ def test_the_fairness_benchmark_prints_its_lines(pg_server_url: str) -> None:
         assert re.search(rf"^run {label} leases=\d+ seconds={NUMBER} leases_per_s={NUMBER}$", out, re.M), out
     for label in ("fair", "unfair"):
         assert re.search(rf"^shares_over_time {label} window=4 A/B/C: [0-9./ ]+", out, re.M), out
-        assert re.search(rf"^shares_while_all_have_work {label} A={NUMBER} B={NUMBER} C={NUMBER} ", out, re.M), out
+        share = rf"({NUMBER}|nan)"
+        assert re.search(rf"^shares_while_all_have_work {label} leases=\d+ A={share} B={share} C={share} weights=1/1/1 "
+                         rf"max_relative_deviation={share} within_10_percent=(True|False)$", out, re.M), out
         assert re.search(rf"^goal_p99_within_3_task_durations_of_idle {label} worst={NUMBER} met=(True|False)$",
                          out, re.M), out
     for n in (1, 3):

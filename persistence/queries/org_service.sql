@@ -90,3 +90,9 @@ SELECT o.id, o.version, o.head_hash, o.fair_weight, o.max_live_attempts,
 FROM organizations o
 WHERE o.id = %(organization_id)s
 FOR UPDATE
+
+-- name: org_service_all
+-- Audits: every organisation's fair-share state (replay.fairness re-derives it from the log).
+SELECT s.organization_id, s.virtual_time, s.served, s.live, s.waited_seconds
+FROM org_service s
+ORDER BY s.organization_id

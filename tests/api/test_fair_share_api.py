@@ -4,7 +4,12 @@ changes nothing, and /metrics counts leases and waiting time per organisation.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
+import json
 import ssl
+from uuid import uuid4
 
 import aiohttp
 
@@ -80,3 +85,32 @@ async def test_a_capped_organisation_over_http_and_its_metrics(gateway: RunningG
         text = await reply.text()
     assert f'leasehold_organization_leases_total{{organization="{org}"}} 1.0' in text
     assert f'leasehold_organization_wait_seconds_count{{organization="{org}"}} 1.0' in text
+
+
+async def test_the_cli_shows_and_sets_an_organisations_fair_share(gateway: RunningGateway) -> None:
+    from cli.main import main
+
+    url = gateway.settings.resolved_database_url()
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["admin", "fair-share", *argv, "--database-url", url])
+        return code, out.getvalue(), err.getvalue()
+
+    org = str(gateway.org)
+    code, out, _ = await asyncio.to_thread(run, org)
+    assert code == 0 and json.loads(out)["weight"] == 1 and json.loads(out)["max_live_attempts"] is None
+    code, out, _ = await asyncio.to_thread(run, org, "--weight", "4", "--max-live-attempts", "3")
+    assert code == 0 and (json.loads(out)["weight"], json.loads(out)["max_live_attempts"]) == (4, 3)
+    code, out, _ = await asyncio.to_thread(run, org, "--no-cap")  # the weight stays
+    assert code == 0 and (json.loads(out)["weight"], json.loads(out)["max_live_attempts"]) == (4, None)
+    r = await gateway.operator("GET", f"/v1/organizations/{org}/fair-share")
+    assert (r.body["weight"], r.body["max_live_attempts"]) == (4, None)
+
+    events = await _events(gateway)
+    assert (await asyncio.to_thread(run, "nope"))[0] == 2
+    assert (await asyncio.to_thread(run, str(uuid4()), "--weight", "2"))[0] == 1
+    code, _, err = await asyncio.to_thread(run, org, "--weight", "0")
+    assert code == 1 and "weight" in err
+    assert await _events(gateway) == events

@@ -16,8 +16,9 @@ from domain import fairness
 from domain.errors import LeaseholdError
 from domain.events import TaskLeased
 from gateway.services import build_services
-from persistence.connection import create_pool
+from persistence.connection import connect, create_pool
 from persistence.transaction import Database
+from replay.fairness import fair_share_differences
 from support.core import ManualClock, World, assert_log_rebuilds_live
 
 
@@ -235,6 +236,11 @@ async def test_every_attempt_end_releases_its_organisations_count(world: World, 
     counters, actual = await live_counts(pool)
     assert counters == actual == {}
     await assert_log_rebuilds_live(pool.conninfo)
+    async with await connect(pool.conninfo) as conn:
+        assert await fair_share_differences(conn) == []  # the state follows from the log
+        await conn.execute("UPDATE org_service SET live = live + 1")  # and a drift is seen
+        await conn.commit()
+        assert len(await fair_share_differences(conn)) == 1
 
 
 async def test_fifty_acquirers_on_fifty_connections_never_exceed_a_cap(database_url: str) -> None:
@@ -294,5 +300,7 @@ async def test_fifty_acquirers_on_fifty_connections_never_exceed_a_cap(database_
         assert peak <= cap
         counters, actual = await live_counts(pool)
         assert counters == actual
+        async with await connect(database_url) as conn:
+            assert await fair_share_differences(conn) == []
     finally:
         await pool.close()
