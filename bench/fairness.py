@@ -250,6 +250,7 @@ async def acquire_cost(server_url: str, args: argparse.Namespace, organizations:
             await queue_tasks(services, org, per_org, lanes=4)
         async with pool.connection() as conn:
             await conn.execute("ANALYZE")
+        plan = await candidates_plan(pool, worker)
         latencies = []
         for i in range(args.cost_acquires + args.cost_warmup):
             t0 = time.perf_counter()
@@ -262,7 +263,29 @@ async def acquire_cost(server_url: str, args: argparse.Namespace, organizations:
     finally:
         await pool.close()
     return {"p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
-            "mean_ms": statistics.fmean(latencies) * 1e3, "n": len(latencies), "queued": per_org * organizations}
+            "mean_ms": statistics.fmean(latencies) * 1e3, "n": len(latencies), "queued": per_org * organizations,
+            **plan}
+
+
+async def candidates_plan(pool: Any, worker: UUID) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the organisations' probe as acquire runs it (after
+    worker_live_attempts, which sets the plan settings; rolled back): buffers touched, a figure
+    the load of the machine cannot skew, and its server time."""
+    from persistence.queries import QUERIES  # the service's own statements
+
+    async with pool.connection() as conn:
+        params = {"worker_id": worker, "now": None}
+        await conn.execute(QUERIES["worker_live_attempts"], params)
+        cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ")
+                                 + sql.SQL(QUERIES["fair_share_candidates"]), params)
+        row = await cur.fetchone()
+        await conn.rollback()
+    assert row is not None
+    top = row[0][0]
+    root = top["Plan"]
+    return {"candidates_rows": int(root.get("Actual Rows", 0)),
+            "candidates_buffers": int(root.get("Shared Hit Blocks", 0)) + int(root.get("Shared Read Blocks", 0)),
+            "candidates_ms": float(top["Execution Time"])}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -318,7 +341,9 @@ async def main(argv: list[str] | None = None) -> int:
             cost = await acquire_cost(server_url, args, n)
             base = base or cost["p50_ms"]
             print(f"acquire_cost organizations={n} queued={cost['queued']} n={cost['n']} p50_ms={cost['p50_ms']:.3f} "
-                  f"p99_ms={cost['p99_ms']:.3f} mean_ms={cost['mean_ms']:.3f} ratio_p50_to_first={cost['p50_ms'] / base:.2f}")
+                  f"p99_ms={cost['p99_ms']:.3f} mean_ms={cost['mean_ms']:.3f} ratio_p50_to_first={cost['p50_ms'] / base:.2f} "
+                  f"probe_rows={cost['candidates_rows']} probe_buffers={cost['candidates_buffers']} "
+                  f"probe_server_ms={cost['candidates_ms']:.3f}")
     await asyncio.to_thread(drop_databases, server_url, args.database_name)
     load = os.getloadavg()
     print(f"machine loadavg_at_end={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}")
