@@ -176,3 +176,23 @@ def test_setting_weights_and_caps() -> None:
     for weight, cap in ((0, None), (1001, None), (1, 0), (1, 1_000_001)):
         with pytest.raises(InvalidRequest):
             fairness.set_fair_share(org, 4, (1, None), weight, cap, now=T0, actor="operator:k")
+
+
+def test_the_timeline_explains_a_fair_share_lease() -> None:
+    from domain.events import FairShareCandidate, FairShareGrant, TaskLeased
+    from replay.timeline import summarize
+
+    a, b = ORG_IDS[:2]
+    grant = FairShareGrant(organization_id=b, tag=9.0, floor=9.0, virtual_time=9.5, weight=2, live=3,
+                           max_live_attempts=4, waited_seconds=1.25,
+                           eligible=(FairShareCandidate(organization_id=a, priority=0, virtual_time=10.0, weight=1,
+                                                        live=0),
+                                     FairShareCandidate(organization_id=b, priority=0, virtual_time=0.0, weight=2,
+                                                        live=2, max_live_attempts=4)))
+    leased = TaskLeased(originator_id=UUID(int=9), originator_version=2, timestamp=T0, actor="worker:w",
+                        scan_id=UUID(int=10), scan_job_id=UUID(int=11), attempt_id=UUID(int=12), worker_id=UUID(int=13),
+                        attempt_number=1, lease_token_hash="ab" * 32, lease_expires_at=T0, deadline_at=T0,
+                        fair_share=grant)
+    line = summarize(leased, {})
+    assert "fair share: tag 9 (floor 9, weight 2) among 2 eligible organisation(s)" in line
+    assert "vt=10" in line and "virtual time now 9.5, live 3/4, waited 1.250s" in line
