@@ -53,7 +53,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from common import TICKS, CpuMeter, recreate_database, resolve_server_url
+from common import TICKS, CpuMeter, percentile, recreate_database, resolve_server_url
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -94,15 +94,6 @@ ACQUIRE_WARMUP = 50
 
 def log(message: str) -> None:
     print(f"[core_lifecycle {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of ``values``; NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # --------------------------------------------------------------------------- who used the CPU

@@ -32,13 +32,12 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from common import recreate_database, resolve_server_url
+from common import percentile, recreate_database, resolve_server_url
 from psycopg import sql
 
 from cli.embedded import with_database
@@ -59,14 +58,6 @@ TASKS_PER_SCAN = 100  # a scan takes jobs while it is open; the flood is spread 
 
 def log(message: str) -> None:
     print(f"[fairness {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 @dataclass

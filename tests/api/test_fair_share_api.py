@@ -13,35 +13,19 @@ from uuid import uuid4
 
 import aiohttp
 
-from support.gateway import Reply, RunningGateway
-
-
-def assert_problem(reply: Reply, status: int) -> None:
-    assert reply.status == status, (reply.status, reply.body)
-    assert reply.headers["Content-Type"].startswith("application/problem+json"), reply.headers
-    assert reply.body["status"] == status
-
-
-async def _events(gateway: RunningGateway) -> int:
-    return int(await gateway.count("SELECT count(*) FROM events"))
-
-
-async def _tenant(gateway: RunningGateway, name: str) -> tuple[str, str]:
-    org = (await gateway.operator("POST", "/v1/organizations", {"name": name})).body["id"]
-    key = (await gateway.operator("POST", f"/v1/organizations/{org}/api-keys", {"name": "k"})).body["key"]
-    return org, key
+from support.gateway import RunningGateway, assert_problem, events_logged, tenant
 
 
 async def test_an_administrator_sets_weights_and_caps_an_organisation_reads_its_own(gateway: RunningGateway) -> None:
-    org, key = await _tenant(gateway, "fair-a")
-    other, other_key = await _tenant(gateway, "fair-b")
+    org, key = await tenant(gateway, "fair-a")
+    other, other_key = await tenant(gateway, "fair-b")
     path = f"/v1/organizations/{org}/fair-share"
     r = await gateway.operator("GET", path, key=key)
     assert r.status == 200, r.body
     assert (r.body["weight"], r.body["max_live_attempts"], r.body["live_attempts"], r.body["leases_served"]) == (
         1, None, 0, 0)
 
-    events = await _events(gateway)
+    events = await events_logged(gateway)
     assert_problem(await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2}, key=key), 403)
     assert_problem(await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2}, key=other_key), 404)
     assert_problem(await gateway.operator("GET", path, key=other_key), 404)
@@ -52,13 +36,13 @@ async def test_an_administrator_sets_weights_and_caps_an_organisation_reads_its_
         assert_problem(await gateway.operator("PUT", path, body), status)
     assert_problem(await gateway.operator("PUT", "/v1/organizations/not-a-uuid/fair-share",
                                           {"weight": 2, "max_live_attempts": None}), 404)
-    assert await _events(gateway) == events
+    assert await events_logged(gateway) == events
 
     r = await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2})
     assert r.status == 200 and (r.body["weight"], r.body["max_live_attempts"]) == (5, 2), r.body
-    assert await _events(gateway) == events + 1  # one OrganizationFairShareSet on the organisation's stream
+    assert await events_logged(gateway) == events + 1  # one OrganizationFairShareSet on the organisation's stream
     assert (await gateway.operator("PUT", path, {"weight": 5, "max_live_attempts": 2})).status == 200
-    assert await _events(gateway) == events + 1  # the same values again: nothing recorded
+    assert await events_logged(gateway) == events + 1  # the same values again: nothing recorded
     r = await gateway.operator("GET", path, key=key)
     assert (r.body["weight"], r.body["max_live_attempts"]) == (5, 2)
     r = await gateway.operator("PUT", path, {"weight": 1, "max_live_attempts": None})
@@ -108,9 +92,9 @@ async def test_the_cli_shows_and_sets_an_organisations_fair_share(gateway: Runni
     r = await gateway.operator("GET", f"/v1/organizations/{org}/fair-share")
     assert (r.body["weight"], r.body["max_live_attempts"]) == (4, None)
 
-    events = await _events(gateway)
+    events = await events_logged(gateway)
     assert (await asyncio.to_thread(run, "nope"))[0] == 2
     assert (await asyncio.to_thread(run, str(uuid4()), "--weight", "2"))[0] == 1
     code, _, err = await asyncio.to_thread(run, org, "--weight", "0")
     assert code == 1 and "weight" in err
-    assert await _events(gateway) == events
+    assert await events_logged(gateway) == events
