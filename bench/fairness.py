@@ -123,7 +123,8 @@ async def queue_tasks(services: Services, org: UUID, n: int, run: Run | None = N
 
 
 async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fair: bool) -> Run:
-    services, pool = await fresh_services(server_url, args.database_name, args.workers + 4, fair=fair)
+    services, pool = await fresh_services(server_url, args.database_name, args.workers + 2 * args.queue_lanes + 2,
+                                          fair=fair)
     run = Run()
     try:
         registry, lifecycle = services.registry, services.lifecycle
@@ -157,9 +158,10 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
                     continue
                 now = time.perf_counter()
                 name = names[a.task.organization_id]
-                # Did B and C both have a queued task that no one had leased yet (A always has)?
+                # Did B and C both have at least a task per worker queued and not leased yet (A
+                # always has)? Then every worker could have taken a task of each organisation.
                 backlog = {n: run.created[n] - leased[n] for n in leased}
-                run.leases.append((now, name, flood > 0 and all(b > 0 for b in backlog.values())))
+                run.leases.append((now, name, flood > 0 and all(b >= args.workers for b in backlog.values())))
                 if name in leased:
                     leased[name] += 1
                     run.waits[name].append(now - run.queued_at[a.task.id])
@@ -189,7 +191,8 @@ async def scenario(server_url: str, args: argparse.Namespace, *, flood: int, fai
 
 def shares(run: Run, window: int) -> tuple[list[dict[str, float]], dict[str, float]]:
     """Each organisation's share of the leases in windows of ``window`` leases from the moment B
-    and C started queueing, and over the leases granted while all three had a queued task."""
+    and C started queueing, and over the leases granted while all three had work (at least a
+    queued task per worker each)."""
     after = [name for t, name, _ in run.leases if t >= run.others_queued_at]
     contended = [name for _, name, all_had_work in run.leases if all_had_work]
     windows = [{name: chunk.count(name) / len(chunk) for name in "ABC"}
