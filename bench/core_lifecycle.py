@@ -978,7 +978,7 @@ def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
             assert candidate is not None, "no candidate organisation"
             plan = conn.execute(
                 sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(QUERIES["task_lock_for_organization"]),
-                {**params, "organization_id": candidate[0], "floor": 0.0, "quantum": 1.0}).fetchone()
+                {**params, "organization_id": candidate[0], "floor": 0.0, "quantum": 1.0, "ceiling": 1e300}).fetchone()
             conn.rollback()
     except (psycopg.Error, KeyError, AssertionError) as exc:
         return {"error": str(exc)}

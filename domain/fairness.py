@@ -20,7 +20,12 @@ A worker assigned to several organisations leases the next task by these rules, 
 
 After the lease the served organisation's virtual time becomes ``tag + 1 / weight`` (computed
 by the database on the row's latest value, so concurrent leases on other workers are never
-lost). An organisation at its cap of live attempts, or without an eligible task for this
+lost). Acquirers running at the same moment choose from the same snapshot, so they would all
+pick the same organisation; each serves it only while its virtual time, as the database holds
+it when the lease is counted, has not passed the tag of the next organisation in line (the
+choice's ``ceiling``), and otherwise goes on to that one. Without this, a burst of concurrent
+leases would put the organisation that wins ties several quanta ahead, and the floor would then
+forgive the others that lag. An organisation at its cap of live attempts, or without an eligible task for this
 worker, is not eligible and its virtual time does not move.
 
 Bound (checked by the property tests): while organisation X stays eligible at the top
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
 
@@ -64,13 +69,21 @@ class Candidate:
     max_live_attempts: int | None = None
 
 
+#: The ceiling of the last organisation in line: none.
+NO_CEILING = 1e300
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A candidate with the tag that ranked it (``tag + quantum`` is its next virtual time)."""
+    """A candidate with the tag that ranked it (``tag + quantum`` is its next virtual time), and
+    the tag of the next organisation in line at the same priority (``ceiling``): concurrent
+    acquirers that chose it from one snapshot serve it only while its virtual time, as the
+    database holds it at the lease, has not passed that ceiling."""
 
     candidate: Candidate
     tag: float
     floor: float
+    ceiling: float = NO_CEILING
 
     @property
     def quantum(self) -> float:
@@ -89,11 +102,14 @@ def preference(candidates: Iterable[Candidate], *, fair: bool = True) -> list[Ch
         return []
     floor = floor_of(eligible)
     choices = [Choice(c, max(c.virtual_time, floor), floor) for c in eligible]
-    if fair:
-        choices.sort(key=lambda ch: (-ch.candidate.priority, ch.tag, ch.candidate.created_at,
-                                     ch.candidate.organization_id))
-    else:
+    if not fair:
         choices.sort(key=lambda ch: (-ch.candidate.priority, ch.candidate.created_at, ch.candidate.organization_id))
+        return choices
+    choices.sort(key=lambda ch: (-ch.candidate.priority, ch.tag, ch.candidate.created_at,
+                                 ch.candidate.organization_id))
+    for i, (choice, after) in enumerate(zip(choices, choices[1:], strict=False)):
+        if after.candidate.priority == choice.candidate.priority:
+            choices[i] = replace(choice, ceiling=after.tag)
     return choices
 
 

@@ -228,6 +228,15 @@ class Lifecycle:
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
+        #: An organisation may refuse this acquire's lease (at its cap, or moved past the next
+        #: in line by concurrent leases). The transaction that met a refusal holds that
+        #: organisation's row lock, so it is rolled back (it never waits for a second
+        #: organisation's row while holding one: no deadlock) and the acquire starts over on a
+        #: fresh snapshot, which shows what refused it (committed before the refusal). Should
+        #: concurrent leases keep refusing it, the later tries drop the ceilings (the order stays
+        #: fair, only the spreading of simultaneous acquirers is given up), and after
+        #: _MAX_TRIES the acquire answers that it found nothing (the worker polls again).
+        tries = 0
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
@@ -265,15 +274,18 @@ class Lifecycle:
             candidates = [fairness.Candidate(*r) for r in answers["candidates"]]
             lock_params = {"now": now, "task_types": sorted(worker.task_types),
                            "capabilities": sorted(worker.capabilities)}
+            if tries >= _MAX_TRIES:
+                return Poll(None, cancelling), []
             for choice in fairness.preference(candidates, fair=self.fair_shares):
+                ceiling = choice.ceiling if tries < _TRIES_WITH_CEILINGS else fairness.NO_CEILING
                 row = await tx.one("task_lock_for_organization", {
                     **lock_params, "organization_id": choice.candidate.organization_id, "floor": choice.floor,
-                    "quantum": choice.quantum})
+                    "quantum": choice.quantum, "ceiling": ceiling})
                 if row is None:  # every eligible task of it is being leased by someone else
                     continue
                 virtual_time, live, waited = row[TASK_COLUMNS:]
-                if virtual_time is None:  # the organisation reached its cap meanwhile
-                    continue
+                if virtual_time is None:  # it reached its cap, or concurrent leases moved it past the next
+                    raise _Refused(choice.candidate.organization_id)
                 task, head = task_from_row(row[:TASK_COLUMNS])
                 grant = fairness.grant_record(choice, candidates, virtual_time=virtual_time, live=live,
                                               waited_seconds=waited)
@@ -288,9 +300,14 @@ class Lifecycle:
                             cancelling), events
             return Poll(None, cancelling), []
 
-        polled, events = await self.db.run(body, key=worker_id)
-        self.observe(events)
-        return polled
+        while True:
+            try:
+                polled, events = await self.db.run(body, key=worker_id)
+            except _Refused:
+                tries += 1
+                continue
+            self.observe(events)
+            return polled
 
     # --- worker writes --------------------------------------------------------------------
 
@@ -583,6 +600,18 @@ class Lifecycle:
             raise Forbidden("this worker has been revoked")
         if assignment_revoked and task.state != "cancelling":
             raise Forbidden("this worker's assignment to the task's organisation has been revoked")
+
+
+_TRIES_WITH_CEILINGS = 3
+_MAX_TRIES = 20
+
+
+class _Refused(Exception):  # a control-flow signal, not an error anyone sees
+    """The organisation would not count the lease (cap, or past the next in line)."""
+
+    def __init__(self, organization_id: UUID) -> None:
+        super().__init__(str(organization_id))
+        self.organization_id = organization_id
 
 
 def attempts_ended(events: Sequence[DomainEvent]) -> int:

@@ -31,8 +31,11 @@ WHERE w.id = %(worker_id)s AND w.enabled AND w.revoked_at IS NULL
 -- count the lease against the organisation. The org_service row lock serialises the leases and
 -- attempt ends of one organisation only (never a table lock); the conditional upsert re-reads
 -- the row after the lock, so the cap holds however many acquirers race, and the virtual time
--- advances from the row's latest value (no lost update between workers). No task, or the
--- organisation at its cap: the counters are untouched (the caller tries the next organisation).
+-- advances from the row's latest value (no lost update between workers). Nor does it serve the
+-- organisation past the next one in line (ceiling: that one's tag): when concurrent acquirers
+-- chose it from the same snapshot and the first of them already moved it ahead, the others go
+-- on to the next organisation instead of all serving the same one. No task, the organisation
+-- at its cap or past the ceiling: the counters are untouched (the caller tries the next one).
 WITH task AS (
     SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
            t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
@@ -61,6 +64,7 @@ WITH task AS (
         updated_at = excluded.updated_at
     WHERE s.live < coalesce((SELECT o.max_live_attempts FROM organizations o WHERE o.id = s.organization_id),
                             2147483647)
+      AND greatest(s.virtual_time, %(floor)s::float8) <= %(ceiling)s::float8
     RETURNING s.virtual_time, s.live, s.waited_seconds
 )
 SELECT task.*, taken.virtual_time, taken.live,

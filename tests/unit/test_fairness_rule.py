@@ -196,3 +196,13 @@ def test_the_timeline_explains_a_fair_share_lease() -> None:
     line = summarize(leased, {})
     assert "fair share: tag 9 (floor 9, weight 2) among 2 eligible organisation(s)" in line
     assert "vt=10" in line and "virtual time now 9.5, live 3/4, waited 1.250s" in line
+
+
+def test_each_choice_carries_the_next_tag_in_line_as_its_ceiling() -> None:
+    a, b, c = ORG_IDS[:3]
+    order = fairness.preference([fairness.Candidate(a, 0, T0, 0.0, 1), fairness.Candidate(b, 0, T0, 0.5, 1),
+                                 fairness.Candidate(c, 9, T0, 0.9, 1)])
+    assert [(ch.candidate.organization_id, ch.ceiling) for ch in order] == [
+        (c, fairness.NO_CEILING), (a, 0.5), (b, fairness.NO_CEILING)]  # no ceiling across priorities
+    assert all(ch.ceiling == fairness.NO_CEILING for ch in fairness.preference(
+        [fairness.Candidate(a, 0, T0, 0.0, 1), fairness.Candidate(b, 0, T0, 0.5, 1)], fair=False))
