@@ -53,7 +53,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from common import TICKS, CpuMeter, recreate_database, resolve_server_url
+from common import TICKS, CpuMeter, percentile, recreate_database, resolve_server_url
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -94,15 +94,6 @@ ACQUIRE_WARMUP = 50
 
 def log(message: str) -> None:
     print(f"[core_lifecycle {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of ``values``; NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # --------------------------------------------------------------------------- who used the CPU
@@ -1015,12 +1006,16 @@ def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
                                (worker,)).fetchone()
             assert row is not None
             # As the service runs it: worker_live_attempts first, in the same transaction (it
-            # also sets the planner settings the acquire query runs with).
-            conn.execute(QUERIES["worker_live_attempts"], {"worker_id": worker, "now": row[2]})
+            # also sets the planner settings the acquire statements run with), then the
+            # organisations' candidates, then the lock in the first organisation.
+            params = {"worker_id": worker, "now": row[2], "task_types": sorted(row[1]),
+                      "capabilities": sorted(row[0])}
+            conn.execute(QUERIES["worker_live_attempts"], params)
+            candidate = conn.execute(QUERIES["fair_share_candidates"], params).fetchone()
+            assert candidate is not None, "no candidate organisation"
             plan = conn.execute(
-                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(QUERIES["task_lock_acquirable"]),
-                {"worker_id": worker, "now": row[2], "task_types": sorted(row[1]),
-                 "capabilities": sorted(row[0])}).fetchone()
+                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(QUERIES["task_lock_for_organization"]),
+                {**params, "organization_id": candidate[0], "floor": 0.0, "quantum": 1.0, "ceiling": 1e300}).fetchone()
             conn.rollback()
     except (psycopg.Error, KeyError, AssertionError) as exc:
         return {"error": str(exc)}

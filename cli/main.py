@@ -52,7 +52,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
         ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
     CommandModule("cli.seal", (("seal", "signed seals of the event log: the signing key, a seal on demand"),)),
     CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
-    CommandModule("cli.admin", (("admin", "operator administration (API keys, target policies)"),)),
+    CommandModule("cli.admin", (("admin", "operator administration (API keys, target policies, fair shares)"),)),
     CommandModule("cli.operator_api", (
         ("scans", "list and show scans (operator API)"),
         ("tasks", "list, show and retry tasks (operator API)"),

@@ -64,6 +64,14 @@ class OrganizationTargetPolicySet(DomainEvent):
     deny: tuple[str, ...]
 
 
+class OrganizationFairShareSet(DomainEvent):
+    """The organisation's fair-share weight (1 to 1000; a new organisation has 1) and its cap of
+    live attempts across the fleet (None: no cap), as absolute values. See :mod:`domain.fairness`."""
+
+    weight: int
+    max_live_attempts: int | None = None
+
+
 # --- worker stream --------------------------------------------------------------------------
 
 
@@ -210,6 +218,34 @@ class TaskCreated(DomainEvent):
     available_at: datetime
 
 
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class FairShareCandidate:
+    """An organisation of the worker that had an eligible task when a lease was granted."""
+
+    organization_id: UUID
+    priority: int  # of its best eligible task
+    virtual_time: float
+    weight: int
+    live: int
+    max_live_attempts: int | None = None
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class FairShareGrant:
+    """Why the lease went to this organisation (:mod:`domain.fairness`): its tag among the
+    eligible organisations (as read in the acquire transaction), and its state after the lease."""
+
+    organization_id: UUID
+    tag: float
+    floor: float
+    virtual_time: float  # the organisation's virtual time after this lease
+    weight: int
+    live: int  # its live attempts across the fleet, this one included
+    max_live_attempts: int | None
+    waited_seconds: float  # how long the task waited to be leased (since it became available)
+    eligible: tuple[FairShareCandidate, ...] = ()
+
+
 class TaskLeased(DomainEvent):
     scan_id: UUID
     scan_job_id: UUID
@@ -220,6 +256,7 @@ class TaskLeased(DomainEvent):
     lease_expires_at: datetime
     deadline_at: datetime
     request_id: str | None = None  # the worker's acquire request id, when it sent one
+    fair_share: FairShareGrant | None = None  # leases granted before fair shares have none
 
 
 class LeaseReissued(DomainEvent):

@@ -54,6 +54,7 @@ from domain.events import (
     CancelDelivered,
     CancelRequested,
     DomainEvent,
+    FairShareGrant,
     LeaseExpired,
     LeaseReissued,
     LeaseRenewed,
@@ -192,6 +193,7 @@ class GrantLease:
     worker: WorkerView
     lease_token_hash: str
     request_id: str | None = None
+    fair_share: FairShareGrant | None = None  # why the worker's organisations chose this task
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +466,7 @@ class _Decider:
         return [self._event(
             TaskLeased, scan_id=task.scan_id, scan_job_id=task.scan_job_id, attempt_id=c.attempt_id,
             worker_id=w.id, attempt_number=task.attempt_count + 1, lease_token_hash=c.lease_token_hash,
-            lease_expires_at=expires, deadline_at=deadline, request_id=c.request_id,
+            lease_expires_at=expires, deadline_at=deadline, request_id=c.request_id, fair_share=c.fair_share,
         )]
 
     def reissue(self, c: ReissueLease) -> list[DomainEvent]:

@@ -65,7 +65,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                        "Due schedules whose scan could not be created (rolled back and backed off)",
                        registry=metrics.registry)
     services = build_services(db, cancel_grace=timedelta(seconds=settings.cancel_grace_seconds),
-                              observe=metrics.count_events, on_schedule_failure=lambda _: failures.inc())
+                              observe=metrics.count_events, on_schedule_failure=lambda _: failures.inc(),
+                              fair_shares=settings.fair_shares)
     services.lifecycle.observe_cancel = metrics.observe_cancel
     app[SERVICES] = services
     # A lost LISTEN connection means the database went away: once it is back, drop the pool's

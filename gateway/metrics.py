@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from domain.events import TaskLeased
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -19,6 +21,14 @@ class Metrics:
                                    ["event"], registry=self.registry)
         self.live_leases = Gauge("leasehold_live_leases", "Attempts holding a live lease (sampled)",
                                  registry=self.registry)
+        self.organization_leases = Counter(
+            "leasehold_organization_leases_total", "Leases granted, by organisation", ["organization"],
+            registry=self.registry)
+        self.organization_wait = Histogram(
+            "leasehold_organization_wait_seconds",
+            "How long leased tasks waited between becoming available and being leased, by organisation",
+            ["organization"], registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400))
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
         self.cancel_legs = Histogram(
@@ -35,6 +45,11 @@ class Metrics:
     def count_events(self, events: Sequence[object]) -> None:
         for event in events:
             self.transitions.labels(type(event).__name__).inc()
+            if isinstance(event, TaskLeased) and event.fair_share is not None:
+                share = event.fair_share  # served and waiting time of the lease's organisation
+                organization = str(share.organization_id)
+                self.organization_leases.labels(organization).inc()
+                self.organization_wait.labels(organization).observe(share.waited_seconds)
 
     def observe_cancel(self, leg: str, channel: str, seconds: float) -> None:
         self.cancel_legs.labels(leg, channel).observe(max(0.0, seconds))

@@ -42,11 +42,12 @@ def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Ran
                    cancel_grace: timedelta = timedelta(seconds=30),
                    observe: Callable[[Sequence[DomainEvent]], None] | None = None,
                    schedule_backoff: FailureBackoff | None = None,
-                   on_schedule_failure: Callable[[UUID], None] | None = None) -> Services:
+                   on_schedule_failure: Callable[[UUID], None] | None = None,
+                   fair_shares: bool = True) -> Services:
     """Every service on ``db``; ``observe`` sees the events of every committed task and scan
     command (the Gateway's metrics)."""
     lifecycle = Lifecycle(db, clock=clock, rng=rng, retry_policy=retry_policy, cancel_grace=cancel_grace,
-                          new_id=new_id)
+                          new_id=new_id, fair_shares=fair_shares)
     scans = Scans(db, lifecycle, clock=clock, new_id=new_id)
     if observe is not None:
         lifecycle.observe = scans.observe = observe

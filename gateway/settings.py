@@ -49,6 +49,9 @@ class GatewaySettings(BaseSettings):
                                                     "(optional; without it, or while it is down, LISTEN/NOTIFY "
                                                     "and the poll wake workers)")
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
+    fair_shares: bool = Field(True, description="serve a shared worker's organisations by fair shares at equal "
+                                                "priority; off: the oldest task of any organisation first "
+                                                "(per-organisation caps hold either way)")
     checkpoint_interval_seconds: float = Field(
         300.0, ge=0, description="how often to seal the stream heads (replay checkpoint); 0 disables")
     seal_key_file: Path | None = Field(

@@ -15,6 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import JsonbBinaryDumper
 
+from persistence.queries import QUERIES
 from projections.memory import PRIMARY_KEY_OF, Tables
 from projections.rows import PRIMARY_KEYS, TABLE_ORDER, Row
 
@@ -101,3 +102,10 @@ async def commit_without_flush_wait(conn: AsyncConnection[Any]) -> None:
     (``synchronous_commit = off``, for this transaction only): for derived data that a crash may
     lose whole, never in part, and that is simply made again."""
     await conn.execute("SET LOCAL synchronous_commit = off")
+
+
+async def fair_share_rows(conn: AsyncConnection[Any]) -> dict[Any, tuple[float, int, int, float]]:
+    """Every organisation's fair-share state as acquisition keeps it: ``{organisation: (virtual
+    time, leases served, live attempts, total wait in seconds)}``."""
+    cur = await conn.execute(QUERIES["org_service_all"])
+    return {row[0]: (row[1], row[2], row[3], row[4]) for row in await cur.fetchall()}

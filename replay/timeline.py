@@ -167,6 +167,18 @@ def _at(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
+def _fair_share(share: ev.FairShareGrant | None) -> str:
+    """Why the worker's organisations chose this task (domain.fairness), when the lease says."""
+    if share is None:
+        return ""
+    cap = f"/{share.max_live_attempts}" if share.max_live_attempts is not None else ""
+    others = ", ".join(f"{_short(e.organization_id)} p={e.priority} vt={e.virtual_time:g}"
+                       for e in share.eligible if e.organization_id != share.organization_id)
+    return (f"; fair share: tag {share.tag:g} (floor {share.floor:g}, weight {share.weight}) among"
+            f" {len(share.eligible)} eligible organisation(s){' [' + others + ']' if others else ''},"
+            f" virtual time now {share.virtual_time:g}, live {share.live}{cap}, waited {share.waited_seconds:.3f}s")
+
+
 def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
     """One human line about the event's own facts."""
     def attempt(aid: UUID) -> str:
@@ -180,7 +192,7 @@ def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
         case ev.TaskLeased():
             request = f" request={event.request_id}" if event.request_id else ""
             return (f"to worker {_short(event.worker_id)} lease until {_at(event.lease_expires_at)}"
-                    f" deadline {_at(event.deadline_at)}{request}")
+                    f" deadline {_at(event.deadline_at)}{request}{_fair_share(event.fair_share)}")
         case ev.LeaseReissued():
             return f"{attempt(event.attempt_id)}: repeated acquire, fresh token issued"
         case ev.TaskStarted():

@@ -61,6 +61,7 @@ from gateway.api.operator_models import (
     Event,
     EventPage,
     EventsQuery,
+    FairShare,
     FindingsQuery,
     GatewayExecution,
     LegacyStatus,
@@ -91,6 +92,7 @@ from gateway.api.operator_models import (
     SchedulePage,
     ScheduleRun,
     Seal,
+    SetFairShare,
     SetTargetPolicy,
     StoredProfile,
     StoredProfilePage,
@@ -845,6 +847,34 @@ async def set_target_policy(request: web.Request) -> web.StreamResponse:
                         f"({', '.join(policy.opens_default_denied)})")
     await _services(request).registry.set_target_policy(org_id, policy, actor=operator.actor)
     return ok(_target_policy(org_id, policy))
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}/fair-share",
+              summary="The organisation's fair-share weight, cap and counters (an organisation key: its own)",
+              auth="operator", response=FairShare, tags=TAGS)
+async def get_fair_share(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    _see_organization(operator, org_id)
+    state = await _services(request).registry.fair_share(org_id)
+    if state is None:
+        raise NotFound("no such organisation", organization_id=str(org_id))
+    return ok(FairShare.of(state))
+
+
+@routes.route("PUT", "/v1/organizations/{organization_id}/fair-share",
+              summary="Set the organisation's fair-share weight and its cap of live attempts across the fleet "
+                      "(administrator)",
+              auth="operator", request=SetFairShare, response=FairShare, tags=TAGS)
+async def set_fair_share(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    operator.require_admin()
+    body = await read_json(request, SetFairShare)
+    state = await _services(request).registry.set_fair_share(
+        org_id, weight=body.weight, max_live_attempts=body.max_live_attempts, actor=operator.actor)
+    return ok(FairShare.of(state))
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/legacy-status",

@@ -603,6 +603,35 @@ class GatewayExecution(Body):
     enabled: StrictBool
 
 
+class SetFairShare(Body):
+    """Absolute new values (both fields are required, so a request says the whole setting)."""
+
+    weight: Annotated[StrictInt, Field(ge=1, le=1000, description=(
+        "the organisation's share of a shared worker relative to its other organisations at equal "
+        "priority (1: the default)")), INTEGRAL]
+    max_live_attempts: Annotated[StrictInt, Field(ge=1, le=1_000_000, description=(
+        "most attempts of the organisation live at once across the fleet; null: no cap")), INTEGRAL] | None
+
+
+class FairShare(Body):
+    organization_id: UUID
+    weight: int
+    max_live_attempts: int | None = Field(description="null: no cap")
+    live_attempts: int = Field(description="attempts of the organisation live now (leased or running)")
+    leases_served: int = Field(description="leases granted to the organisation since fair shares were kept")
+    waited_seconds_total: float = Field(description=(
+        "how long its leased tasks waited, in total, between becoming available and being leased"))
+    virtual_time: float = Field(description="served leases, each counted 1 / weight (its fair-queueing clock)")
+    updated_at: datetime | None = Field(description="the last lease or attempt end counted; null: none yet")
+
+    @classmethod
+    def of(cls, state: Any) -> FairShare:
+        return cls(organization_id=state.organization_id, weight=state.weight,
+                   max_live_attempts=state.max_live_attempts, live_attempts=state.live,
+                   leases_served=state.served, waited_seconds_total=state.waited_seconds,
+                   virtual_time=state.virtual_time, updated_at=state.updated_at)
+
+
 class StoredProfile(Body):
     id: UUID
     organization_id: UUID | None = Field(description="null: a global profile")

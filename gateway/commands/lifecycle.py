@@ -27,6 +27,7 @@ from uuid import UUID, uuid4
 
 import orjson
 
+from domain import fairness
 from domain import scan as scan_rules
 from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
 from domain.events import (
@@ -205,8 +206,11 @@ class Lifecycle:
     def __init__(self, db: Database, *, clock: Clock = system_clock,
                  rng: random.Random | None = None, retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
                  cancel_grace: timedelta = timedelta(seconds=30),
-                 new_id: Callable[[], UUID] = uuid4) -> None:
+                 new_id: Callable[[], UUID] = uuid4, fair_shares: bool = True) -> None:
         self.db = db
+        #: Fair shares between a worker's organisations at equal priority (domain.fairness);
+        #: off: the oldest task of any organisation first. Caps hold either way.
+        self.fair_shares = fair_shares
         self.clock = clock
         self.rng = rng or random.Random()
         self.retry_policy = retry_policy
@@ -289,6 +293,15 @@ class Lifecycle:
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
+        #: An organisation may refuse this acquire's lease (at its cap, or moved past the next
+        #: in line by concurrent leases). The transaction that met a refusal holds that
+        #: organisation's row lock, so it is rolled back (it never waits for a second
+        #: organisation's row while holding one: no deadlock) and the acquire starts over on a
+        #: fresh snapshot, which shows what refused it (committed before the refusal). Should
+        #: concurrent leases keep refusing it, the later tries drop the ceilings (the order stays
+        #: fair, only the spreading of simultaneous acquirers is given up), and after
+        #: _MAX_TRIES the acquire answers that it found nothing (the worker polls again).
+        tries = 0
 
         def answered(polled: Poll) -> Poll:
             return polled if render is None else replace(polled, answer=render(polled))
@@ -307,6 +320,7 @@ class Lifecycle:
                 reads["earlier"] = one("attempt_by_acquire_request", params)
             if notices:
                 reads["cancelling"] = rows("worker_cancelling_attempts", params)
+            reads["candidates"] = rows("fair_share_candidates", params)
             answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
             row, earlier = answers["worker"], answers.get("earlier")
             cancelling = [(t, a) for t, a, _ in answers.get("cancelling", ())]
@@ -330,32 +344,52 @@ class Lifecycle:
                 return answered(Poll(None, cancelling, undelivered, warning=NO_TASK_TYPES)), []
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return answered(Poll(None, cancelling, undelivered)), []
-            row = await tx.one("task_lock_acquirable", {
-                "worker_id": worker_id, "now": now, "task_types": sorted(worker.task_types),
-                "capabilities": sorted(worker.capabilities)})
-            if row is None:
+            candidates = [fairness.Candidate(*r) for r in answers["candidates"]]
+            lock_params = {"now": now, "task_types": sorted(worker.task_types),
+                           "capabilities": sorted(worker.capabilities)}
+            if tries >= _MAX_TRIES:
                 return answered(Poll(None, cancelling, undelivered)), []
-            task, head = task_from_row(row[:TASK_COLUMNS])
-            policy = row[TASK_COLUMNS]
-            events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
-                                             lease_token_hash=hash_token(token), request_id=request_id),
-                            now=now, actor=actor)
-            leased = project_task(events, task)
-            assert leased is not None and leased.current_attempt is not None
-            try:  # before the lease is appended: no lease commits whose answer cannot be built
-                polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
-                                                target_policy=policy), cancelling, undelivered))
-            except (TypeError, ValueError, RecursionError):
-                cancelled = decide(task, RequestCancel(reason=UNDELIVERABLE), now=now, actor="gateway",
-                                   draw=self.rng.random(), retry_policy=self.retry_policy)
-                _, settled = await self._commit(tx, task, head, cancelled, now)
-                return answered(Poll(None, cancelling, undelivered)), [*cancelled, *settled]
-            tx.append(head, events)
-            return polled, events
+            for choice in fairness.preference(candidates, fair=self.fair_shares):
+                ceiling = choice.ceiling if tries < _TRIES_WITH_CEILINGS else fairness.NO_CEILING
+                row = await tx.one("task_lock_for_organization", {
+                    **lock_params, "organization_id": choice.candidate.organization_id, "floor": choice.floor,
+                    "quantum": choice.quantum, "ceiling": ceiling})
+                if row is None:  # every eligible task of it is being leased by someone else
+                    continue
+                virtual_time, live, waited, policy = row[TASK_COLUMNS:]
+                if virtual_time is None:  # it reached its cap, or concurrent leases moved it past the next
+                    raise _Refused(choice.candidate.organization_id)
+                task, head = task_from_row(row[:TASK_COLUMNS])
+                grant = fairness.grant_record(choice, candidates, virtual_time=virtual_time, live=live,
+                                              waited_seconds=waited)
+                events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
+                                                 lease_token_hash=hash_token(token), request_id=request_id,
+                                                 fair_share=grant),
+                                now=now, actor=actor)
+                leased = project_task(events, task)
+                assert leased is not None and leased.current_attempt is not None
+                try:  # before the lease is appended: no lease commits whose answer cannot be built
+                    polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
+                                                    target_policy=policy), cancelling, undelivered))
+                except (TypeError, ValueError, RecursionError) as exc:
+                    # Nothing of this transaction commits (the organisation's counters included);
+                    # the task is cancelled on its own, and the acquire goes on.
+                    raise _Undeliverable(task.id) from exc
+                tx.append(head, events)
+                return polled, events
+            return answered(Poll(None, cancelling, undelivered)), []
 
-        polled, events = await self.db.run(body, key=worker_id)
-        self.observe(events)
-        return polled
+        while True:
+            try:
+                polled, events = await self.db.run(body, key=worker_id)
+            except _Refused:
+                tries += 1
+                continue
+            except _Undeliverable as undeliverable:
+                await self._gateway_command(undeliverable.task_id, RequestCancel(reason=UNDELIVERABLE), "gateway")
+                continue
+            self.observe(events)
+            return polled
 
     # --- worker writes --------------------------------------------------------------------
 
@@ -624,6 +658,7 @@ class Lifecycle:
                      make: Callable[[TaskState], Any]) -> int:
         changed: list[DomainEvent] = []
         swept: set[UUID] = set()
+        releases: dict[UUID, int] = {}
         async with self.db.transaction() as tx:
             locked = await tx.all(query, {**params, "limit": limit, "now": self.clock()})
             # Scan order: settling a scan locks it, and every sweeper must lock scans in one order.
@@ -637,9 +672,10 @@ class Lifecycle:
                     continue
                 events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
                                 retry_policy=self.retry_policy)
-                _, settled = await self._commit(tx, task, head, events, row[-1])
+                _, settled = await self._commit(tx, task, head, events, row[-1], releases)
                 changed += [*events, *settled]
                 swept.update(e.originator_id for e in events)
+            release_attempts(tx, releases, None)
             await tx.commit()
         self.observe(changed)
         return len(swept)
@@ -647,12 +683,19 @@ class Lifecycle:
     # --- shared tail of every command -----------------------------------------------------
 
     async def _commit(self, tx: Transaction, task: TaskState, head: StreamHead,
-                      events: Sequence[DomainEvent], now: datetime) -> tuple[TaskState, list[DomainEvent]]:
+                      events: Sequence[DomainEvent], now: datetime, releases: dict[UUID, int] | None = None,
+                      ) -> tuple[TaskState, list[DomainEvent]]:
         """Append ``events`` to the task and, if it just ended, settle its scan; the new state,
-        and the events settling appended."""
+        and the events settling appended. An attempt that ended stops counting against its
+        organisation's cap: at once, or added to ``releases`` for the caller to send."""
         after = project_task(events, task)
         assert after is not None
         tx.append(head, events)
+        ended = attempts_ended(events)
+        if ended and releases is None:
+            release_attempts(tx, {task.organization_id: ended}, now)
+        elif ended and releases is not None:
+            releases[task.organization_id] = releases.get(task.organization_id, 0) + ended
         if after.state == "cancelling" and task.state != "cancelling" and after.current_attempt is not None:
             tx.notify(wakeups.cancel(after.current_attempt.worker_id))
         if after.state == "retry_wait" and task.state != "retry_wait" and after.available_at <= now:
@@ -762,7 +805,42 @@ async def _lock_for_write(tx: Transaction, params: dict[str, Any],
     return (row if locked is not None else None), standing
 
 
-async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any]) -> Any:
+_TRIES_WITH_CEILINGS = 3
+_MAX_TRIES = 20
+
+
+class _Refused(Exception):  # a control-flow signal, not an error anyone sees
+    """The organisation would not count the lease (cap, or past the next in line)."""
+
+    def __init__(self, organization_id: UUID) -> None:
+        super().__init__(str(organization_id))
+        self.organization_id = organization_id
+
+
+class _Undeliverable(Exception):  # a control-flow signal, not an error anyone sees
+    """The task's lease answer cannot be encoded (a task stored before the input limits)."""
+
+    def __init__(self, task_id: UUID) -> None:
+        super().__init__(str(task_id))
+        self.task_id = task_id
+
+
+def attempts_ended(events: Sequence[DomainEvent]) -> int:
+    """How many attempts ``events`` end (:func:`domain.fairness.ends_attempt`)."""
+    return sum(1 for e in events if fairness.ends_attempt(e))
+
+
+def release_attempts(tx: Transaction, ended: dict[UUID, int], now: datetime | None) -> None:
+    """Queue the organisations' counters of live attempts down by the attempts that ended, in
+    organisation order: two transactions that release several organisations lock their rows in
+    the same order and cannot deadlock on them."""
+    for organization_id in sorted(ended):
+        tx.write("org_service", "org_service_release",
+                 {"organization_id": organization_id, "attempts": ended[organization_id], "now": now})
+
+
+async def _lock_task_and_read(tx: Transaction, read: str, params: dict[str, Any],
+                              caller: tuple[str, UUID] | None = None) -> Any:
     """Lock the task row, then read with a second statement (one round trip, pipelined).
 
     The read runs after the lock is granted, so its snapshot includes everything committed by

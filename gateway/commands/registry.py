@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID, uuid4
 
+from domain import fairness
 from domain import profiles as profile_rules
 from domain import registry as rules
 from domain import targets as target_rules
@@ -287,6 +288,49 @@ class Registry:
                                                                       now=now, actor=actor)
             tx.append(StreamHead(organization_id, version, bytes(head_hash)), events)
             await tx.commit()
+
+
+    # --- fair shares -----------------------------------------------------------------------
+
+    async def set_fair_share(self, organization_id: UUID, *, weight: int, max_live_attempts: int | None,
+                             actor: str = "system") -> FairShareState:
+        """The organisation's fair-share weight and cap of live attempts across the fleet (None:
+        no cap); see :mod:`domain.fairness`. Acquisitions that start after the commit use them;
+        a lower cap never ends attempts already live, it only stops new leases until enough end.
+        Setting the current values again records nothing."""
+        async with self.db.transaction() as tx:
+            row = await tx.one("organization_lock_fair_share",
+                               {"organization_id": organization_id, "now": self.clock()})
+            if row is None:
+                raise NotFound("no such organisation", organization_id=str(organization_id))
+            _, version, head_hash, current_weight, current_cap, now = row
+            events = fairness.set_fair_share(organization_id, version, (current_weight, current_cap), weight,
+                                             max_live_attempts, now=now, actor=actor)
+            tx.append(StreamHead(organization_id, version, bytes(head_hash)), events)
+            await tx.commit()
+        state = await self.fair_share(organization_id)
+        assert state is not None
+        return state
+
+    async def fair_share(self, organization_id: UUID) -> FairShareState | None:
+        """The organisation's fair-share settings and state, or None when there is no such organisation."""
+        async with self.db.read() as reader:
+            row = await reader.one("fair_share_get", {"organization_id": organization_id})
+        return None if row is None else FairShareState(*row)
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareState:
+    """An organisation's fair-share settings and the state acquisition keeps for it."""
+
+    organization_id: UUID
+    weight: int
+    max_live_attempts: int | None
+    virtual_time: float
+    served: int
+    live: int
+    waited_seconds: float
+    updated_at: datetime | None
 
 
 async def _lock_worker_and_read(tx: Transaction, worker_id: UUID, now: datetime | None,

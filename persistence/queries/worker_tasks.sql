@@ -46,35 +46,6 @@ FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE t.id = %(task_id)s
 
--- name: task_lock_acquirable
--- RFC "Atomic task acquisition": one eligible task for this worker. Organisation assignment,
--- task type and capabilities are checked in the same query; SKIP LOCKED lets concurrent
--- acquirers pass each other instead of queueing on the same row. The partial index on
--- acquirable states keeps this independent of how much finished history the table holds, and
--- worker_live_attempts, earlier in the same transaction, pins the plan that walks it (see there).
-SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
-       t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
-       t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
-       t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
-       t.cancel_delivery_channel,
-       -- The organisation's target policy, for the lease answer (evaluated for the one row
-       -- returned: it does not change the plan).
-       (SELECT o.target_policy FROM organizations o WHERE o.id = t.organization_id)
-FROM worker_tasks t
-JOIN organization_workers ow
-  ON ow.organization_id = t.organization_id
- AND ow.worker_id = %(worker_id)s
- AND ow.enabled
- AND ow.revoked_at IS NULL
-WHERE t.state IN ('pending', 'retry_wait')
-  AND t.available_at <= %(now)s
-  AND t.attempt_count < t.max_attempts
-  AND t.task_type = ANY(%(task_types)s::text[])
-  AND t.required_capabilities <@ %(capabilities)s::text[]
-ORDER BY t.priority DESC, t.created_at ASC
-FOR UPDATE OF t SKIP LOCKED
-LIMIT 1
-
 -- name: tasks_lock_expired_leases
 -- Sweeper: tasks whose live attempt's lease ran out. SKIP LOCKED: a task someone is writing to
 -- right now is handled by the next sweep (or was just renewed). Returns the scan too: the

@@ -11,12 +11,12 @@ FOR UPDATE
 -- subquery of the locking statement would read the snapshot taken before the lock wait and
 -- miss the attempt that the previous lock holder just committed (capacity overrun).
 -- It also reads the command's time, after the lock (see task_lock).
--- And it pins the plan of task_lock_acquirable, which this transaction runs next (settings
--- local to the transaction, set here to spare a statement). The only plan whose cost does not
--- grow with the backlog walks worker_tasks_acquirable_idx in order and stops at the first
--- eligible, unlocked task. When the statistics predate the backlog (a queue filled faster
--- than autovacuum analyses it, or autovacuum off) the planner instead reads every acquirable
--- task, joins each to its organisation assignment and sorts them all: measured with 2,000
+-- And it pins the plans of fair_share_candidates and task_lock_for_organization, which this
+-- transaction runs next (settings local to the transaction, set here to spare a statement). The
+-- only plans whose cost does not grow with the backlog walk worker_tasks_org_acquirable_idx in
+-- order and stop at the organisation's first eligible (unlocked) task. When the statistics
+-- predate the backlog (a queue filled faster than autovacuum analyses it, or autovacuum off)
+-- the planner instead reads every acquirable task and sorts them all: measured with 2,000
 -- queued tasks, 10.5 ms per acquire against 0.13 ms for the walk. With sorting and bitmap
 -- scans disabled for the rest of this short transaction, the walk is the plan whatever the
 -- statistics say; no other statement of an acquire sorts.

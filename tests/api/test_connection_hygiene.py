@@ -133,7 +133,7 @@ async def test_300_slow_connections_per_listener_are_closed_and_a_normal_client_
     try:
         services = build_services(Database(pool))
         org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:8]}")
-        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
         gateway = server.client(services, org, scan)
         worker = await gateway.worker()
         await check_slow_clients(server, gateway, worker, pki)

@@ -6,29 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.gateway import Reply, RunningGateway
+from support.gateway import RunningGateway, assert_problem, events_logged, tenant
 
 STEPS = [{"task_type": "discover", "lease_seconds": 300}, {"task_type": "portscan", "stop_on_failure": False}]
 
 
-def assert_problem(reply: Reply, status: int) -> None:
-    assert reply.status == status, (reply.status, reply.body)
-    assert reply.headers["Content-Type"].startswith("application/problem+json"), reply.headers
-    assert {"type", "title", "status", "detail"} <= set(reply.body) and reply.body["status"] == status
-
-
-async def _events(gateway: RunningGateway) -> int:
-    return int(await gateway.count("SELECT count(*) FROM events"))
-
-
-async def _tenant(gateway: RunningGateway, name: str) -> tuple[str, str]:
-    org = (await gateway.operator("POST", "/v1/organizations", {"name": name})).body["id"]
-    key = (await gateway.operator("POST", f"/v1/organizations/{org}/api-keys", {"name": "k"})).body["key"]
-    return org, key
-
-
 async def test_profiles_by_name_and_edits_that_never_reach_existing_scans(gateway: RunningGateway) -> None:
-    org, key = await _tenant(gateway, "profiles-tenant")
+    org, key = await tenant(gateway, "profiles-tenant")
     r = await gateway.operator("POST", "/v1/profiles", {"name": "weekly", "steps": STEPS}, key=key)
     assert r.status == 201, r.body
     profile = r.body
@@ -57,10 +41,10 @@ async def test_profiles_by_name_and_edits_that_never_reach_existing_scans(gatewa
 
 
 async def test_foreign_and_global_profiles(gateway: RunningGateway) -> None:
-    org_a, key_a = await _tenant(gateway, "profiles-a")
-    org_b, key_b = await _tenant(gateway, "profiles-b")
+    org_a, key_a = await tenant(gateway, "profiles-a")
+    org_b, key_b = await tenant(gateway, "profiles-b")
     theirs = (await gateway.operator("POST", "/v1/profiles", {"name": "b-only", "steps": STEPS}, key=key_b)).body
-    events = await _events(gateway)
+    events = await events_logged(gateway)
     for method, path, body in [("GET", f"/v1/profiles/{theirs['id']}", None),
                                ("PUT", f"/v1/profiles/{theirs['id']}", {"steps": STEPS}),
                                ("PUT", f"/v1/profiles/{theirs['id']}/gateway-execution", {"enabled": False}),
@@ -68,7 +52,7 @@ async def test_foreign_and_global_profiles(gateway: RunningGateway) -> None:
                                ("POST", "/v1/scans", {"profile": "b-only"}),
                                ("POST", "/v1/profiles", {"organization_id": org_b, "name": "x", "steps": STEPS})]:
         assert_problem(await gateway.operator(method, path, body, key=key_a), 404)
-    assert await _events(gateway) == events
+    assert await events_logged(gateway) == events
     assert (await gateway.operator("GET", "/v1/profiles", key=key_a)).body["items"] == []
 
     assert_problem(await gateway.operator("POST", "/v1/profiles", {"scope": "global", "name": "g", "steps": STEPS},
@@ -109,20 +93,20 @@ BAD_PROFILES: list[tuple[dict[str, Any], int]] = [
 
 
 async def test_bad_profile_input_changes_nothing(gateway: RunningGateway) -> None:
-    org, key = await _tenant(gateway, "bad-input")
-    events = await _events(gateway)
+    org, key = await tenant(gateway, "bad-input")
+    events = await events_logged(gateway)
     for body, status in BAD_PROFILES:
         assert_problem(await gateway.operator("POST", "/v1/profiles", body, key=key), status)
     assert_problem(await gateway.operator("POST", "/v1/profiles", {"scope": "global", "name": "p", "steps": STEPS},
                                           key=key), 403)
-    assert await _events(gateway) == events
+    assert await events_logged(gateway) == events
 
 
 async def test_bad_input_on_the_other_routes_changes_nothing(gateway: RunningGateway) -> None:
-    org, key = await _tenant(gateway, "bad-input-2")
+    org, key = await tenant(gateway, "bad-input-2")
     profile = (await gateway.operator("POST", "/v1/profiles", {"name": "p", "steps": STEPS}, key=key)).body["id"]
     scan = (await gateway.operator("POST", "/v1/scans", {}, key=key)).body["id"]
-    events = await _events(gateway)
+    events = await events_logged(gateway)
     for method, path, body, status in [
         ("PUT", f"/v1/profiles/{profile}", {"steps": []}, 422),
         ("PUT", f"/v1/profiles/{profile}", {"steps": STEPS, "name": "renamed"}, 422),
@@ -141,11 +125,11 @@ async def test_bad_input_on_the_other_routes_changes_nothing(gateway: RunningGat
         reply = await (gateway.operator(method, path, body, key=key_used) if key_used
                        else gateway.operator(method, path, body))
         assert_problem(reply, status)
-    assert await _events(gateway) == events
+    assert await events_logged(gateway) == events
 
 
 async def test_flags_over_http_and_a_legacy_scan_no_idle_worker_gets(gateway: RunningGateway) -> None:
-    org, key = await _tenant(gateway, "legacy-tenant")
+    org, key = await tenant(gateway, "legacy-tenant")
     worker = await gateway.worker(task_types=("discover", "portscan", "probe"), org=org)
     assert_problem(await gateway.operator("PUT", f"/v1/organizations/{org}/gateway-execution", {"enabled": False},
                                           key=key), 403)
@@ -159,9 +143,9 @@ async def test_flags_over_http_and_a_legacy_scan_no_idle_worker_gets(gateway: Ru
     assert await gateway.count("SELECT count(*) FROM scan_jobs WHERE scan_id = %s AND execution_mode = 'legacy'",
                                scan) == 2
     assert (await worker.acquire(wait=1)).status == 204  # idle, capable, polling: nothing for it
-    events = await _events(gateway)
+    events = await events_logged(gateway)
     assert_problem(await gateway.operator("POST", f"/v1/scans/{scan}/tasks", {"task_type": "probe"}, key=key), 409)
-    assert await _events(gateway) == events
+    assert await events_logged(gateway) == events
     assert await gateway.count("SELECT count(*) FROM worker_tasks WHERE scan_id = %s", scan) == 0
 
     r = await gateway.operator("POST", f"/v1/scans/{scan}/legacy-status", {"status": "running"}, key=key)

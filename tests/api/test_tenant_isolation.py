@@ -184,6 +184,8 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("PUT", PROFILE_PATH + "/gateway-execution"): (NOT_FOUND, {"enabled": False}),
     ("DELETE", PROFILE_PATH): (NOT_FOUND, None),
     ("PUT", "/v1/organizations/{organization_id}/gateway-execution"): (NOT_FOUND, {"enabled": False}),
+    ("GET", "/v1/organizations/{organization_id}/fair-share"): (NOT_FOUND, None),
+    ("PUT", "/v1/organizations/{organization_id}/fair-share"): (NOT_FOUND, {"weight": 9, "max_live_attempts": 1}),
     ("POST", "/v1/scans/{scan_id}/legacy-status"): (NOT_FOUND, {"status": "running"}),
     ("GET", "/v1/scans"): (OWN_ONLY, None),
     ("GET", "/v1/scans/{scan_id}/detail"): (NOT_FOUND, None),

@@ -64,6 +64,11 @@ def _grow(database_url: str, org: Any, worker: Any) -> None:
             SELECT t.id, v, 'domain.events:TaskCompleted', '{}', sha256(v::text::bytea), sha256(t.id::text::bytea)
             FROM worker_tasks t, generate_series(1, 3) v WHERE t.task_type = 'grown'
         """)
+        # These statements read worker_tasks sequentially themselves. A backend hands its
+        # statistics over when idle or at exit, so without this they may land after the test's
+        # "before" reading and be counted as the service's own reads.
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT 1")  # the backend was idle in between: flushed
 
 
 async def _table_reads(pool: AsyncConnectionPool[Any]) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ PARAM = re.compile(r"%\((\w+)\)s")
 
 
 def test_queries_are_loaded() -> None:
-    assert {"task_lock", "task_read_for_write", "task_lock_acquirable", "worker_lock_for_acquire"} <= set(QUERIES)
+    assert {"task_lock", "task_read_for_write", "task_lock_for_organization", "fair_share_candidates", "worker_lock_for_acquire"} <= set(QUERIES)
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

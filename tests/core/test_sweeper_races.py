@@ -41,7 +41,7 @@ async def real_time_world(pool: AsyncConnectionPool) -> World:
     """Services on the database's own clock (``now()``), not a test clock."""
     services = build_services(Database(pool), rng=random.Random(7))
     org = await services.registry.create_organization("racers")
-    scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+    scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
     return World(services, ManualClock(), org, scan)  # (the manual clock is not used)
 
 

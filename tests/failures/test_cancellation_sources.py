@@ -289,7 +289,7 @@ async def test_a_gateway_shut_down_under_a_running_task_never_cancels_it_the_lea
     try:
         services = build_services(Database(pool))
         org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
-        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
         task_id = (await services.lifecycle.create_task(scan, TaskSpec(task_type="sleepy", lease_seconds=2))).id
         cert = issue_worker_certificate(pki.directory, "shutdown-worker")
         worker_id = await services.registry.register_worker(name="shutdown-worker", fingerprint=cert.fingerprint,

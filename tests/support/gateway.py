@@ -299,3 +299,22 @@ async def metric(pki: PkiPaths, base_url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+def assert_problem(reply: Reply, status: int) -> None:
+    """``reply`` is an ``application/problem+json`` answer with ``status``."""
+    assert reply.status == status, (reply.status, reply.body)
+    assert reply.headers["Content-Type"].startswith("application/problem+json"), reply.headers
+    assert {"type", "title", "status", "detail"} <= set(reply.body) and reply.body["status"] == status
+
+
+async def events_logged(gateway: RunningGateway) -> int:
+    """How many events the log holds (a refused request must leave it unchanged)."""
+    return int(await gateway.count("SELECT count(*) FROM events"))
+
+
+async def tenant(gateway: RunningGateway, name: str) -> tuple[str, str]:
+    """A new organisation (created by the administrator) and an API key of its own."""
+    org = (await gateway.operator("POST", "/v1/organizations", {"name": name})).body["id"]
+    key = (await gateway.operator("POST", f"/v1/organizations/{org}/api-keys", {"name": "k"})).body["key"]
+    return org, key

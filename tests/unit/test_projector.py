@@ -18,7 +18,7 @@ from uuid import UUID
 import pytest
 
 from domain import events as ev
-from domain import profiles, registry, scan, schedule, targets
+from domain import fairness, profiles, registry, scan, schedule, targets
 from domain.task import (
     AcknowledgeCancel,
     AttemptState,
@@ -315,7 +315,8 @@ def test_an_organisation_starts_gateway_executed_and_its_flag_moves_the_head() -
     tables.apply(project(flag, b"\x01" * 32))
     assert row(tables, "organizations", ORG_ID) == {
         "id": ORG_ID, "name": "acme", "created_at": START, "updated_at": START + timedelta(seconds=1),
-        "version": 2, "head_hash": b"\x01" * 32, "gateway_execution": False, "target_policy": None}
+        "version": 2, "head_hash": b"\x01" * 32, "gateway_execution": False, "target_policy": None,
+        "fair_weight": 1, "max_live_attempts": None}
 
 
 def test_a_target_policy_replaces_the_organisations_own() -> None:
@@ -328,6 +329,18 @@ def test_a_target_policy_replaces_the_organisations_own() -> None:
     assert row(tables, "organizations", ORG_ID)["target_policy"] == {"allow": ["10.0.0.0/8"], "deny": ["bad.example"]}
     assert row(tables, "organizations", ORG_ID)["version"] == 2
     assert targets.policy_from_json(row(tables, "organizations", ORG_ID)["target_policy"]).allow == ["10.0.0.0/8"]
+
+
+
+
+def test_an_organisations_fair_share_settings_move_its_head() -> None:
+    tables = MemoryTables()
+    tables.apply(project(registry.create_organization(ORG_ID, "acme", now=START, actor="op"), HASH))
+    (share,) = fairness.set_fair_share(ORG_ID, 1, (1, None), 3, 7, now=START + timedelta(seconds=1), actor="op")
+    tables.apply(project(share, b"\x02" * 32))
+    projected = row(tables, "organizations", ORG_ID)
+    assert (projected["fair_weight"], projected["max_live_attempts"], projected["version"],
+            projected["head_hash"], projected["updated_at"]) == (3, 7, 2, b"\x02" * 32, START + timedelta(seconds=1))
 
 
 def test_the_projected_worker_and_assignments_match_the_domain_after_every_event() -> None:
