@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from cli.embedded import configured_database_url
+from pydantic import ValidationError
+
+from cli.main import EXIT_USAGE, CommandError
 from gateway.serve import serve
 from gateway.settings import GatewaySettings
 
@@ -27,14 +28,24 @@ def register(subparsers: Any) -> None:
     serve_parser.set_defaults(func=_run)
 
 
+def settings_error(exc: ValidationError) -> str:
+    """A pydantic validation error of the settings as one line: ``--flag: reason; …``."""
+    parts = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "settings"
+        parts.append(f"--{name.replace('_', '-')} (LEASEHOLD_{name.upper()}): {error['msg']}")
+    return "invalid setting: " + "; ".join(parts)
+
+
 def _run(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in GatewaySettings.model_fields
                  if getattr(args, name, None) is not None}
     try:
         settings = GatewaySettings(**overrides)
-    except Exception as exc:
-        print(f"leasehold: error: {exc}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        raise CommandError(settings_error(exc), EXIT_USAGE) from exc
     if settings.database_url is None:
+        from cli.embedded import configured_database_url
+
         settings = settings.model_copy(update={"database_url": configured_database_url()})
     return serve(settings)

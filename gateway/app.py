@@ -40,6 +40,7 @@ from gateway.keys import (
 from gateway.metrics import Metrics
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
+from gateway.startup import check_database
 from persistence.connection import create_pool
 from persistence.transaction import Database
 
@@ -49,6 +50,8 @@ log = logging.getLogger("leasehold.gateway")
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     url = settings.resolved_database_url()
+    # Unreachable, or at another schema revision than this Gateway's: refuse to start (one line).
+    await check_database(url)
     notifier = Notifier(url)
     hints = None
     if settings.redis_url:
@@ -120,4 +123,12 @@ def create_app(settings: GatewaySettings) -> web.Application:
     for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
     app.cleanup_ctx.append(_resources)
+    app.on_shutdown.append(_answer_long_polls)
     return app
+
+
+async def _answer_long_polls(app: web.Application) -> None:
+    """Stopping: every waiting acquire long-poll answers 204 now, rather than at its deadline."""
+    notifier = app.get(NOTIFIER)
+    if notifier is not None:
+        notifier.close()

@@ -30,3 +30,5 @@ def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Alembic's plugin set-up chatter (the schema check reads its script directory) stays out.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))

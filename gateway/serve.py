@@ -1,9 +1,16 @@
-"""Running the Gateway over HTTPS, in one or several processes (``leasehold gateway serve``).
+"""Running the Gateway over HTTPS (``leasehold gateway serve``).
 
 The worker API listens with ``ssl.CERT_REQUIRED`` (mTLS, TLS 1.2+); the operator API on its
-own port with server-side TLS only (operators authenticate with bearer API keys). With
-``--processes N`` every process binds the same ports with SO_REUSEPORT, so the kernel spreads
-connections over all cores; the processes share nothing but PostgreSQL.
+own port with server-side TLS only (operators authenticate with bearer API keys).
+
+**Start-up fails fast.** Before serving, the TLS material is loaded, both ports are bound, the
+database is reached and its schema revision checked (:mod:`gateway.startup`); any failure is one
+line on stderr and exit code 1, within seconds, with nothing left running.
+
+**Stopping.** On SIGTERM or SIGINT the Gateway stops accepting connections, answers every
+waiting acquire long-poll at once (204, the worker asks again elsewhere), lets in-flight
+requests finish for up to ``shutdown_timeout_seconds`` (default 10; cancelled after that), stops
+its background loops, closes its pool, logs ``stopped`` and exits 0.
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ import logging
 import multiprocessing
 import os
 import signal
-import ssl
-from pathlib import Path
+import sys
+import time
 from typing import Any
 
 from aiohttp import web
@@ -23,69 +30,79 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
-from gateway.tls import PkiPaths, load_pki, server_ssl_context
+from gateway.startup import Listeners, StartupError, bind, tls_contexts, tls_paths
+
+__all__ = ["EXIT_STARTUP", "StartupError", "serve", "start", "tls_paths"]
 
 log = logging.getLogger("leasehold.gateway")
 
-
-def tls_paths(settings: GatewaySettings) -> PkiPaths:
-    """Certificate paths from ``pki_dir``, with explicit files taking precedence."""
-    base = load_pki(settings.pki_dir) if settings.pki_dir else None
-    ca = settings.ca_file or (base.ca_cert if base else None)
-    cert = settings.cert_file or (base.server_cert if base else None)
-    key = settings.key_file or (base.server_key if base else None)
-    if ca is None or cert is None or key is None:
-        raise SystemExit("leasehold: error: set --pki-dir, or --ca-file, --cert-file and --key-file")
-    return PkiPaths(directory=Path(ca).parent, ca_cert=Path(ca), ca_key=Path(ca).parent / "ca-key.pem",
-                    server_cert=Path(cert), server_key=Path(key))
+#: Exit code of a Gateway that could not start (bad TLS material, port in use, database…).
+EXIT_STARTUP = 1
 
 
-def operator_ssl_context(paths: PkiPaths) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(certfile=str(paths.server_cert), keyfile=str(paths.server_key))
-    return ctx
-
-
-async def start(settings: GatewaySettings, *, reuse_port: bool = False) -> tuple[web.AppRunner, list[int]]:
-    """Start the Gateway in this event loop; returns the runner and the bound ports (worker, operator)."""
-    paths = tls_paths(settings)
-    runner = web.AppRunner(create_app(settings), access_log=None, handle_signals=False)
-    await runner.setup()
-    worker_site = web.TCPSite(runner, settings.host, settings.worker_port, ssl_context=server_ssl_context(paths),
-                              reuse_port=reuse_port, backlog=1024)
-    operator_site = web.TCPSite(runner, settings.host, settings.operator_port,
-                                ssl_context=operator_ssl_context(paths), reuse_port=reuse_port)
-    await worker_site.start()
-    await operator_site.start()
-    ports = [s._server.sockets[0].getsockname()[1] for s in (worker_site, operator_site)]  # type: ignore[union-attr]
-    return runner, ports
+async def start(settings: GatewaySettings, *, reuse_port: bool = False,
+                listeners: Listeners | None = None) -> tuple[web.AppRunner, list[int]]:
+    """Start the Gateway in this event loop; returns the runner and the bound ports (worker,
+    operator). Raises :class:`StartupError` (after releasing whatever it took) when it cannot."""
+    worker_tls, operator_tls = tls_contexts(settings)
+    if listeners is None:
+        listeners = bind(settings, reuse_port=reuse_port)
+    runner = web.AppRunner(create_app(settings), access_log=None, handle_signals=False,
+                           shutdown_timeout=settings.shutdown_timeout_seconds)
+    try:
+        await runner.setup()
+        for sock, context in ((listeners.worker, worker_tls), (listeners.operator, operator_tls)):
+            await web.SockSite(runner, sock, ssl_context=context, backlog=1024).start()
+    except BaseException:
+        await runner.cleanup()
+        listeners.close()
+        raise
+    return runner, list(listeners.ports)
 
 
 async def _serve_forever(settings: GatewaySettings, reuse_port: bool) -> None:
-    runner, ports = await start(settings, reuse_port=reuse_port)
-    log.info("gateway listening", extra={"worker_port": ports[0], "operator_port": ports[1]})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    runner, ports = await start(settings, reuse_port=reuse_port)
+    log.info("gateway listening", extra={"host": settings.host, "worker_port": ports[0], "operator_port": ports[1]})
     await stop.wait()
-    log.info("gateway stopping")
+    started = time.monotonic()
+    log.info("gateway stopping: no new connections, waiting long-polls answered, in-flight requests finishing",
+             extra={"shutdown_timeout_seconds": settings.shutdown_timeout_seconds})
     await runner.cleanup()
+    log.info("stopped", extra={"seconds": round(time.monotonic() - started, 3)})
+
+
+def _run(settings: GatewaySettings, reuse_port: bool) -> int:
+    """One serving process: its exit code (1 when it could not start, after one line on stderr)."""
+    try:
+        asyncio.run(_serve_forever(settings, reuse_port))
+    except StartupError as exc:
+        print(f"leasehold: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STARTUP
+    return 0
 
 
 def _child(settings_json: str) -> None:
     settings = GatewaySettings.model_validate_json(settings_json)
     configure_logging(settings.log_level)
-    asyncio.run(_serve_forever(settings, reuse_port=True))
+    sys.exit(_run(settings, reuse_port=True))
 
 
 def serve(settings: GatewaySettings) -> int:
     """Serve until SIGTERM/SIGINT. Returns the exit code."""
     configure_logging(settings.log_level)
     if settings.processes == 1:
-        asyncio.run(_serve_forever(settings, reuse_port=False))
-        return 0
+        return _run(settings, reuse_port=False)
+    # Check what can be checked once, so that N children do not print the same error N times.
+    try:
+        tls_contexts(settings)
+        bind(settings, reuse_port=True).close()
+    except StartupError as exc:
+        print(f"leasehold: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STARTUP
     ctx = multiprocessing.get_context("spawn")
     children = [ctx.Process(target=_child, args=(settings.model_dump_json(),), name=f"gateway-{i}")
                 for i in range(settings.processes)]

@@ -11,6 +11,7 @@ from domain.errors import Unavailable
 from gateway.api.http import RouteTable, ok
 from gateway.api.openapi import build_openapi
 from gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
+from gateway.schema import schema_status
 
 routes = RouteTable()
 
@@ -20,16 +21,19 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return ok({"status": "ok", "pid": os.getpid()})
 
 
-@routes.route("GET", "/readyz", summary="Readiness: the database answers", auth="none",
-              statuses=(200, 503), tags=("service",))
+@routes.route("GET", "/readyz", summary="Readiness: the database answers at the expected schema revision",
+              auth="none", statuses=(200, 503), tags=("service",))
 async def readyz(request: web.Request) -> web.StreamResponse:
     try:
         async with asyncio.timeout(2):
-            await request.app[SERVICES].db.ping()
+            schema = await schema_status(request.app[SERVICES].db)
     except Exception as exc:
         raise Unavailable("the database does not answer") from exc
+    problem = schema.problem()
+    if problem is not None:
+        raise Unavailable(problem, schema=schema.as_json())
     return ok({"status": "ready", "listening": request.app[NOTIFIER].connected.is_set(),
-               "redis": _redis_state(request.app)})
+               "redis": _redis_state(request.app), "schema": schema.as_json()})
 
 
 def _redis_state(app: web.Application) -> str:

@@ -89,13 +89,16 @@ async def acquire(request: web.Request) -> web.StreamResponse:
             cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
             return ok(AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
                                       cancel_requested=cancels))
+        notifier = request.app[NOTIFIER]
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or notifier.closed:  # closed: the Gateway is stopping
             return web.Response(status=204)
         if topics is None:
             topics = await _topics(request, worker.id)
         # Woken by NOTIFY within milliseconds; the poll interval bounds a missed notification.
-        await request.app[NOTIFIER].wait(topics, min(remaining, settings.poll_interval_seconds))
+        await notifier.wait(topics, min(remaining, settings.poll_interval_seconds))
+        if notifier.closed:
+            return web.Response(status=204)
         if request.transport is None or request.transport.is_closing():
             raise asyncio.CancelledError  # the worker went away; stop polling for it
 
