@@ -1,0 +1,74 @@
+"""SIGTERM with waiting long-polls: every one is answered (204) at once and the Gateway exits
+well within its bound, logging "stopped"; a request already running is finished, not cut."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gateway.services import Services, build_services
+from gateway.tls import PkiPaths
+from persistence.connection import create_pool
+from persistence.transaction import Database
+from support.gateway import GatewayProcess, RunningGateway
+
+LONG_POLLS = 20
+
+
+@pytest.fixture
+async def services(database_url: str) -> AsyncIterator[Services]:
+    pool = create_pool(database_url, min_size=1, max_size=4)
+    await pool.open()
+    try:
+        yield build_services(Database(pool))
+    finally:
+        await pool.close()
+
+
+async def until(condition: object, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not await condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_sigterm_answers_every_waiting_long_poll_and_exits_within_two_seconds(
+        database_url: str, pki: PkiPaths, services: Services, tmp_path: Path) -> None:
+    gateway = GatewayProcess(database_url, pki, tmp_path / "gateway.log", {"log_level": "INFO"})
+    await gateway.start()
+    view: RunningGateway | None = None
+    try:
+        org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        view = gateway.client(services, org, scan)
+        workers = [await view.worker() for _ in range(LONG_POLLS)]
+        polls = [asyncio.create_task(w.acquire(wait=30)) for w in workers]
+
+        async def all_waiting() -> bool:
+            return await gateway.metric("leasehold_long_polls_waiting") >= LONG_POLLS
+        await until(all_waiting, 15, f"{LONG_POLLS} long-polls waiting")
+
+        assert gateway.proc is not None
+        signalled = time.monotonic()
+        gateway.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(gateway.proc.wait(), 10)
+        exited = time.monotonic() - signalled
+        replies = await asyncio.gather(*polls)
+    finally:
+        if view is not None:
+            for session in view.sessions:
+                await session.close()
+        await gateway.stop()
+    assert code == 0, gateway.log_tail()
+    assert exited < 2.0, f"exit took {exited:.2f} s"
+    assert [r.status for r in replies] == [204] * LONG_POLLS
+    messages = [orjson.loads(line)["msg"] for line in gateway.log_tail(100_000).splitlines() if line.startswith("{")]
+    assert "stopped" in messages
