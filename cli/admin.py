@@ -3,7 +3,7 @@
 The key is printed once, alone on stdout (``KEY=$(leasehold admin create-key …)``); its id and
 scope go to stderr. Only its sha256 is stored. Without ``--organization`` it is an
 administrator key. The database is ``--database-url``, else ``$LEASEHOLD_DATABASE_URL``, else
-``$DATABASE_URL``, else the embedded server (as for ``leasehold gateway serve``).
+``$DATABASE_URL`` (``--embedded``: the embedded development server), as for every command.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import sys
 from uuid import UUID
 
-from cli.embedded import configured_database_url
+from cli.dburl import add_database_options, resolve_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
 from gateway.commands.registry import IssuedKey
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "administrator key. The key is printed once on stdout; only its sha256 is stored.")
     create.add_argument("--organization", metavar="ORG_ID", help="organisation id (default: administrator key)")
     create.add_argument("--name", default=None, help="a label for the key (default: derived from the scope)")
-    create.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(create)
     create.set_defaults(func=_create_key)
 
 
@@ -48,7 +48,8 @@ def _create_key(args: argparse.Namespace) -> int:
             raise CommandError(f"--organization must be an organisation id (a UUID), not {args.organization!r}",
                                EXIT_USAGE) from exc
     name = args.name or (f"organisation {organization}" if organization else "administrator")
-    issued = asyncio.run(_issue(args.database_url, organization, name))
+    url = resolve_database_url(args.database_url, embedded=args.embedded)
+    issued = asyncio.run(_issue(url, organization, name))
     scope = f"organisation {issued.organization_id}" if issued.organization_id else "administrator"
     print(f"created API key {issued.id} ({scope}, name {issued.name!r}); it is shown only once:",
           file=sys.stderr)
@@ -56,8 +57,7 @@ def _create_key(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _issue(database_url: str | None, organization: UUID | None, name: str) -> IssuedKey:
-    url = configured_database_url(database_url)
+async def _issue(url: str, organization: UUID | None, name: str) -> IssuedKey:
     pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:

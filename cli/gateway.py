@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cli.dburl import add_database_options, resolve_database_url
 from cli.main import EXIT_USAGE, CommandError
 from gateway.serve import serve
 from gateway.settings import GatewaySettings
@@ -25,6 +26,7 @@ def register(subparsers: Any) -> None:
     sub = gateway.add_subparsers(dest="gateway_command", metavar="COMMAND", required=True)
     serve_parser = sub.add_parser("serve", help="serve the worker and operator APIs over HTTPS")
     _add_settings_flags(serve_parser)
+    add_database_options(serve_parser, url=False)
     serve_parser.set_defaults(func=_run)
 
 
@@ -44,8 +46,5 @@ def _run(args: argparse.Namespace) -> int:
         settings = GatewaySettings(**overrides)
     except ValidationError as exc:
         raise CommandError(settings_error(exc), EXIT_USAGE) from exc
-    if settings.database_url is None:
-        from cli.embedded import configured_database_url
-
-        settings = settings.model_copy(update={"database_url": configured_database_url()})
-    return serve(settings)
+    url = resolve_database_url(settings.database_url, embedded=args.embedded)
+    return serve(settings.model_copy(update={"database_url": url}))

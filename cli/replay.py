@@ -9,9 +9,13 @@
     leasehold replay export (TASK_ID | --scan SCAN_ID) OUT
     leasehold replay verify-bundle OUT
 
-Every action takes ``--database-url`` (default ``$DATABASE_URL``, else the embedded server),
-``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all good, 1 a finding
-(differences, broken chains, a bad bundle) or a failure, 2 a usage error.
+Every action but ``verify-bundle`` works on the database of ``--database-url``, else
+``$LEASEHOLD_DATABASE_URL``, else ``$DATABASE_URL`` (``--embedded``: the embedded development
+server; nothing set: a usage error), named on stderr, and refuses one that was never migrated.
+``verify`` and ``verify-chain`` of a log without events say ``EMPTY`` and exit 1: nothing was
+verified. Every action takes ``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all
+good, 1 a finding (differences, broken chains, a bad bundle, nothing to verify) or a failure, 2
+a usage error.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from cli.embedded import configured_database_url
+from cli.dburl import add_database_options, resolve_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import write_checkpoint
 from persistence.codec import DecodeError
 from persistence.connection import connect
+from persistence.queries import QUERIES
 from persistence.snapshot import snapshot
+from persistence.urls import database_label
 from projections.memory import ProjectionError
 from replay import render
 from replay.asof import scan_as_of, task_as_of
@@ -50,10 +56,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Audit tools over the event log. Reads run in one REPEATABLE READ snapshot, so they are "
                     "safe while the Gateway is running.")
     actions = replay.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: $DATABASE_URL)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    common.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    offline = argparse.ArgumentParser(add_help=False)
+    offline.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    offline.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    common = argparse.ArgumentParser(add_help=False, parents=[offline])
+    add_database_options(common)
 
     def subject(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
@@ -94,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
     p.set_defaults(func=_run(_export))
 
-    p = actions.add_parser("verify-bundle", parents=[common],
+    p = actions.add_parser("verify-bundle", parents=[offline],
                            help="verify an audit bundle offline (no database; exit 1 on any mismatch)")
     p.add_argument("out", type=Path, metavar="OUT")
     p.set_defaults(func=_verify_bundle)
@@ -125,7 +132,7 @@ def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
 
 
 def _url(args: argparse.Namespace) -> str:
-    return configured_database_url(args.database_url)
+    return resolve_database_url(args.database_url, embedded=args.embedded)
 
 
 def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
@@ -146,7 +153,21 @@ def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> C
 
 
 async def _connect(args: argparse.Namespace) -> Any:
-    return await connect(_url(args), application_name="leasehold-replay")
+    """A connection to the audited database, which must be a migrated leasehold database."""
+    if getattr(args, "_url", None) is None:
+        args._url = _url(args)
+    conn = await connect(args._url, application_name="leasehold-replay")
+    try:
+        cur = await conn.execute(QUERIES["schema_migrated"])
+        row = await cur.fetchone()
+    except BaseException:
+        await conn.close()
+        raise
+    if not (row and row[0]):
+        await conn.close()
+        raise CommandError(f"{database_label(args._url)} is not a leasehold database (never migrated): "
+                           "nothing to audit; check --database-url / LEASEHOLD_DATABASE_URL")
+    return conn
 
 
 async def _estimated_events(conn: Any) -> int | None:
@@ -209,9 +230,11 @@ async def _verify(args: argparse.Namespace) -> int:
         total = await _estimated_events(conn)
         with render.progress_bar("verify", total, not args.no_progress) as update:
             result = await verify_projections(conn, schema=args.schema, progress=update)
+    ok = result.ok and result.events > 0  # an empty log verifies nothing: never "OK"
     if args.json:
         render.print_json({
-            "ok": result.ok, "events": result.events, "rows": result.rows, "seconds": round(result.seconds, 3),
+            "ok": ok, "empty": result.events == 0, "events": result.events, "rows": result.rows,
+            "seconds": round(result.seconds, 3),
             "differences": [{"table": d.table, "key": [str(k) for k in d.key], "kind": d.kind,
                              "columns": {c: [render._jsonable(a), render._jsonable(b)]
                                          for c, (a, b) in d.columns.items()}}
@@ -219,10 +242,11 @@ async def _verify(args: argparse.Namespace) -> int:
     else:
         _out(*(str(d) for d in result.differences))
         rows = sum(result.rows.values())
-        verdict = "OK" if result.ok else _n(len(result.differences), "difference").upper()
+        verdict = ("OK" if ok else "EMPTY" if result.ok else _n(len(result.differences), "difference").upper())
         _out(f"{verdict}: {result.events} events rebuilt and compared with {rows} live rows"
-             f" in {result.seconds:.2f}s")
-    return EXIT_OK if result.ok else EXIT_FAILURE
+             f" in {result.seconds:.2f}s" + (" (the log holds no events: nothing was verified)"
+                                            if result.events == 0 else ""))
+    return EXIT_OK if ok else EXIT_FAILURE
 
 
 async def _as_of(args: argparse.Namespace) -> int:
@@ -252,9 +276,10 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         with render.progress_bar("verify-chain", total, not args.no_progress) as update:
             report = await verify_log(conn, progress=update)
     latest = report.latest
+    ok = report.ok and report.events > 0  # an empty log verifies nothing: never "OK"
     if args.json:
         render.print_json({
-            "ok": report.ok, "streams": report.streams, "events": report.events,
+            "ok": ok, "empty": report.events == 0, "streams": report.streams, "events": report.events,
             "checkpoints": len(report.checkpoints), "seconds": round(report.seconds, 3),
             "latest_checkpoint": None if latest is None else {
                 "id": latest.id, "created_at": latest.created_at.isoformat(), "seal": latest.seal.hex(),
@@ -266,11 +291,12 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         _out(*(str(p) for p in report.problems))
         sealed = (f"; latest checkpoint {latest.id} at {latest.created_at.isoformat()} seals {latest.head_count}"
                   f" streams, seal {latest.seal.hex()}" if latest else "; no checkpoint yet (run: replay checkpoint)")
-        verdict = "OK" if report.ok else _n(len(report.problems), "problem").upper()
+        verdict = "OK" if ok else "EMPTY" if report.ok else _n(len(report.problems), "problem").upper()
         _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')},"
              f" {_n(len(report.checkpoints), 'checkpoint')}"
-             f" checked in {report.seconds:.2f}s{sealed}")
-    return EXIT_OK if report.ok else EXIT_FAILURE
+             f" checked in {report.seconds:.2f}s{sealed}"
+             + (" (the log holds no events: nothing was verified)" if report.events == 0 else ""))
+    return EXIT_OK if ok else EXIT_FAILURE
 
 
 async def _checkpoint(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ class GatewaySettings(BaseSettings):
 
     database_url: str | None = Field(
         None, validation_alias=AliasChoices("database_url", "LEASEHOLD_DATABASE_URL", "DATABASE_URL"),
-        description="PostgreSQL URL (also read from DATABASE_URL); default: the embedded server")
+        description="PostgreSQL URL, postgresql://USER@HOST:PORT/DB (also read from DATABASE_URL); required")
     host: str = Field("127.0.0.1", description="address to listen on")
     worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
     operator_port: int = Field(8444, ge=0, le=65535,
