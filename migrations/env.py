@@ -66,7 +66,7 @@ def run_migrations_online() -> None:
 def run_migrations_offline() -> None:
     """Print the SQL of the migrations instead of running it (``leasehold migrate --sql``): one
     transaction per revision, as online; no database is contacted."""
-    context.configure(url="postgresql+psycopg://", dialect_name="postgresql", literal_binds=True,
+    context.configure(url="postgresql+psycopg://", literal_binds=True, dialect_opts={"paramstyle": "named"},
                       transaction_per_migration=True, target_metadata=None)
     with context.begin_transaction():
         context.run_migrations()
