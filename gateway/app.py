@@ -21,7 +21,13 @@ from prometheus_client import Counter, Gauge
 from gateway.api import operator as operator_api
 from gateway.api import service as service_api
 from gateway.api import worker as worker_api
-from gateway.api.http import Route, error_middleware, request_log_middleware
+from gateway.api.http import (
+    Route,
+    error_middleware,
+    listener_middleware,
+    listeners_of,
+    request_log_middleware,
+)
 from gateway.background import checkpointer, sampler, scheduler, sweeper
 from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
@@ -33,6 +39,7 @@ from gateway.keys import (
     METRICS,
     NOTIFIER,
     OBSERVE_REQUEST,
+    ROUTE_LISTENERS,
     ROUTES,
     SERVICES,
     SETTINGS,
@@ -111,7 +118,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(settings: GatewaySettings) -> web.Application:
     """The Gateway as an aiohttp application (serve it with :mod:`gateway.serve`)."""
-    app = web.Application(middlewares=[request_log_middleware, error_middleware],
+    app = web.Application(middlewares=[request_log_middleware, error_middleware, listener_middleware],
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
@@ -120,8 +127,10 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[CERTIFICATES] = KnownCertificates()
     routes: list[Route] = [*service_api.routes, *worker_api.routes, *operator_api.routes]
     app[ROUTES] = routes
+    served: dict[int, tuple[str, ...]] = {}
     for route in routes:
-        app.router.add_route(route.method, route.path, route.handler)
+        served[id(app.router.add_route(route.method, route.path, route.handler))] = listeners_of(route)
+    app[ROUTE_LISTENERS] = served
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_answer_long_polls)
     return app

@@ -26,6 +26,10 @@ OBSERVE_REQUEST: web.AppKey[ObserveRequest] = web.AppKey("observe_request")
 ROUTES = web.AppKey("routes", list)
 BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
 CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
+#: Local port -> listener ("worker", "operator", "health"), set when the ports are bound.
+LISTENER_PORTS: web.AppKey[dict[int, str]] = web.AppKey("listener_ports")
+#: id() of each aiohttp route -> the listeners that serve it.
+ROUTE_LISTENERS: web.AppKey[dict[int, tuple[str, ...]]] = web.AppKey("route_listeners")
 
 # Per request.
 REQUEST_ID = web.RequestKey("request_id", str)

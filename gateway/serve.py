@@ -21,6 +21,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
+import ssl
 import sys
 import time
 from typing import Any
@@ -28,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.keys import LISTENER_PORTS
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
 from gateway.startup import Listeners, StartupError, bind, tls_contexts, tls_paths
@@ -47,11 +50,17 @@ async def start(settings: GatewaySettings, *, reuse_port: bool = False,
     worker_tls, operator_tls = tls_contexts(settings)
     if listeners is None:
         listeners = bind(settings, reuse_port=reuse_port)
-    runner = web.AppRunner(create_app(settings), access_log=None, handle_signals=False,
+    app = create_app(settings)
+    app[LISTENER_PORTS] = listeners.by_port()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
                            shutdown_timeout=settings.shutdown_timeout_seconds)
     try:
         await runner.setup()
-        for sock, context in ((listeners.worker, worker_tls), (listeners.operator, operator_tls)):
+        sites: list[tuple[socket.socket, ssl.SSLContext | None]] = [
+            (listeners.worker, worker_tls), (listeners.operator, operator_tls)]
+        if listeners.health is not None:
+            sites.append((listeners.health, None))  # plain HTTP: /healthz and /readyz only
+        for sock, context in sites:
             await web.SockSite(runner, sock, ssl_context=context, backlog=1024).start()
     except BaseException:
         await runner.cleanup()
@@ -66,7 +75,8 @@ async def _serve_forever(settings: GatewaySettings, reuse_port: bool) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner, ports = await start(settings, reuse_port=reuse_port)
-    log.info("gateway listening", extra={"host": settings.host, "worker_port": ports[0], "operator_port": ports[1]})
+    log.info("gateway listening", extra={"host": settings.host, "worker_port": ports[0], "operator_port": ports[1],
+                                         "health_port": settings.health_port})
     await stop.wait()
     started = time.monotonic()
     log.info("gateway stopping: no new connections, waiting long-polls answered, in-flight requests finishing",

@@ -20,6 +20,9 @@ class GatewaySettings(BaseSettings):
     worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
     operator_port: int = Field(8444, ge=0, le=65535,
                                description="HTTPS port of the operator API (bearer API keys; no client certificate)")
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="plain-HTTP port serving only /healthz and /readyz, for load-balancer "
+                                          "probes that cannot present a client certificate (off unless set)")
     pki_dir: Path | None = Field(None, description="directory made by `leasehold pki init` (ca.pem, server.pem…)")
     ca_file: Path | None = Field(None, description="CA bundle that signs worker certificates (overrides pki_dir)")
     cert_file: Path | None = Field(None, description="server certificate (overrides pki_dir)")

@@ -77,17 +77,27 @@ def tls_contexts(settings: GatewaySettings) -> tuple[ssl.SSLContext, ssl.SSLCont
 
 @dataclass
 class Listeners:
-    """The bound, listening sockets of the two ports."""
+    """The bound, listening sockets: worker, operator and (optional) health port."""
 
     worker: socket.socket
     operator: socket.socket
+    health: socket.socket | None = None
 
     @property
     def ports(self) -> tuple[int, int]:
         return int(self.worker.getsockname()[1]), int(self.operator.getsockname()[1])
 
+    def by_port(self) -> dict[int, str]:
+        """Local port -> listener name."""
+        found = {int(self.worker.getsockname()[1]): "worker", int(self.operator.getsockname()[1]): "operator"}
+        if self.health is not None:
+            found[int(self.health.getsockname()[1])] = "health"
+        return found
+
     def close(self) -> None:
-        for sock in (self.worker, self.operator):
+        for sock in (self.worker, self.operator, self.health):
+            if sock is None:
+                continue
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -113,14 +123,20 @@ def _listen(host: str, port: int, what: str, *, reuse_port: bool) -> socket.sock
 
 
 def bind(settings: GatewaySettings, *, reuse_port: bool = False) -> Listeners:
-    """Bind and listen on the worker and operator ports (a port in use is a :class:`StartupError`)."""
-    worker = _listen(settings.host, settings.worker_port, "worker", reuse_port=reuse_port)
+    """Bind and listen on the worker, operator and health ports (a port in use is a
+    :class:`StartupError`, and nothing stays bound)."""
+    bound: list[socket.socket] = []
+    wanted = [(settings.worker_port, "worker"), (settings.operator_port, "operator")]
+    if settings.health_port is not None:
+        wanted.append((settings.health_port, "health"))
     try:
-        operator = _listen(settings.host, settings.operator_port, "operator", reuse_port=reuse_port)
+        for port, what in wanted:
+            bound.append(_listen(settings.host, port, what, reuse_port=reuse_port))
     except StartupError:
-        worker.close()
+        for sock in bound:
+            sock.close()
         raise
-    return Listeners(worker, operator)
+    return Listeners(bound[0], bound[1], bound[2] if len(bound) > 2 else None)
 
 
 async def check_database(url: str) -> str | None:

@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
-from gateway.keys import OBSERVE_REQUEST, REQUEST_ID, WORKER_FINGERPRINT
+from gateway.keys import LISTENER_PORTS, OBSERVE_REQUEST, REQUEST_ID, ROUTE_LISTENERS, WORKER_FINGERPRINT
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -45,6 +45,21 @@ class Route:
     tags: tuple[str, ...] = ()
     query: type[BaseModel] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The listeners that serve it (see :func:`listeners_of`); empty: decided by ``auth``.
+    listeners: tuple[Listener, ...] = ()
+
+
+#: The Gateway's listeners: the worker port (mTLS), the operator port (server TLS, API keys) and
+#: the optional plain-HTTP health port.
+Listener = Literal["worker", "operator", "health"]
+
+
+def listeners_of(route: Route) -> tuple[Listener, ...]:
+    """Where a route is served: worker routes on the worker port, operator routes on the operator
+    port, a service route where it says (by default the operator port)."""
+    if route.listeners:
+        return route.listeners
+    return ("worker",) if route.auth == "worker" else ("operator",)
 
 
 class RouteTable(list[Route]):
@@ -54,12 +69,13 @@ class RouteTable(list[Route]):
               request: type[BaseModel] | None = None, response: type[BaseModel] | None = None,
               statuses: tuple[int, ...] = (), tags: tuple[str, ...] = (),
               query: type[BaseModel] | None = None,
-              links: dict[str, dict[str, Any]] | None = None) -> Callable[[Handler], Handler]:
+              links: dict[str, dict[str, Any]] | None = None,
+              listeners: tuple[Listener, ...] = ()) -> Callable[[Handler], Handler]:
         """``links``: OpenAPI links of the success response (name -> link object, naming its target
         by ``operationId``: the handler's name, ``_``, the lower-case method)."""
         def register(handler: Handler) -> Handler:
             self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query,
-                              {"links": links} if links else {}))
+                              {"links": links} if links else {}, listeners))
             return handler
         return register
 
@@ -173,6 +189,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.exception("unhandled error", extra={"request_id": request.get(REQUEST_ID)})
         return problem(500, "Internal Server Error", "an unexpected error occurred; it has been logged",
                        code="internal", request_id=request.get(REQUEST_ID))
+
+
+@web.middleware
+async def listener_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A route answers only on its listeners (:func:`listeners_of`); elsewhere it does not exist
+    (404). The listener is the local port the connection arrived on."""
+    ports = request.app.get(LISTENER_PORTS)
+    allowed = request.app.get(ROUTE_LISTENERS, {}).get(id(request.match_info.route))
+    if ports and allowed is not None:
+        local = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        listener = ports.get(local[1]) if local else None
+        if listener is not None and listener not in allowed:
+            raise web.HTTPNotFound(text=f"not served on the {listener} port")
+    return await handler(request)
 
 
 @web.middleware

@@ -1,4 +1,6 @@
-"""Service endpoints on both listeners: liveness, readiness, metrics and the OpenAPI document."""
+"""Service endpoints: liveness and readiness on every listener (the plain-HTTP health port
+included), the OpenAPI document on the worker and operator ports, metrics on the operator port
+only."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import os
 from aiohttp import web
 
 from domain.errors import Unavailable
-from gateway.api.http import RouteTable, ok
+from gateway.api.http import Listener, RouteTable, ok
 from gateway.api.openapi import build_openapi
 from gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
 from gateway.schema import schema_status
@@ -16,13 +18,17 @@ from gateway.schema import schema_status
 routes = RouteTable()
 
 
-@routes.route("GET", "/healthz", summary="Liveness: the process is up", auth="none", tags=("service",))
+PROBES: tuple[Listener, ...] = ("worker", "operator", "health")
+
+
+@routes.route("GET", "/healthz", summary="Liveness: the process is up", auth="none", tags=("service",),
+              listeners=PROBES)
 async def healthz(request: web.Request) -> web.StreamResponse:
     return ok({"status": "ok", "pid": os.getpid()})
 
 
 @routes.route("GET", "/readyz", summary="Readiness: the database answers at the expected schema revision",
-              auth="none", statuses=(200, 503), tags=("service",))
+              auth="none", statuses=(200, 503), tags=("service",), listeners=PROBES)
 async def readyz(request: web.Request) -> web.StreamResponse:
     try:
         async with asyncio.timeout(2):
@@ -42,11 +48,13 @@ def _redis_state(app: web.Application) -> str:
     return "off" if hints is None else "connected" if hints.connected else "unavailable"
 
 
-@routes.route("GET", "/metrics", summary="Prometheus metrics of this process", auth="none", tags=("service",))
+@routes.route("GET", "/metrics", summary="Prometheus metrics of this process (operator port)", auth="none",
+              tags=("service",))
 async def metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
 
 
-@routes.route("GET", "/openapi.json", summary="This API's OpenAPI 3.1 document", auth="none", tags=("service",))
+@routes.route("GET", "/openapi.json", summary="This API's OpenAPI 3.1 document", auth="none", tags=("service",),
+              listeners=("worker", "operator"))
 async def openapi(request: web.Request) -> web.StreamResponse:
     return ok(build_openapi(request.app[ROUTES]))
