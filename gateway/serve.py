@@ -7,6 +7,9 @@ own port with server-side TLS only (operators authenticate with bearer API keys)
 database is reached and its schema revision checked (:mod:`gateway.startup`); any failure is one
 line on stderr and exit code 1, within seconds, with nothing left running.
 
+**Several processes** (``--processes N``): :class:`Supervisor` runs N serving processes on the
+same ports (SO_REUSEPORT) and restarts one that dies.
+
 **Stopping.** On SIGTERM or SIGINT the Gateway stops accepting connections, answers every
 waiting acquire long-poll at once (204, the worker asks again elsewhere), lets in-flight
 requests finish for up to ``shutdown_timeout_seconds`` (default 10; cancelled after that), stops
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -33,7 +37,7 @@ from gateway.app import create_app
 from gateway.keys import LISTENER_PORTS
 from gateway.logs import configure_logging
 from gateway.settings import GatewaySettings
-from gateway.startup import Listeners, StartupError, bind, tls_contexts, tls_paths
+from gateway.startup import Listeners, StartupError, bind, check_database, tls_contexts, tls_paths
 
 __all__ = ["EXIT_STARTUP", "StartupError", "serve", "start", "tls_paths"]
 
@@ -110,25 +114,100 @@ def serve(settings: GatewaySettings) -> int:
     try:
         tls_contexts(settings)
         bind(settings, reuse_port=True).close()
+        asyncio.run(check_database(settings.resolved_database_url()))
     except StartupError as exc:
         print(f"leasehold: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_STARTUP
-    ctx = multiprocessing.get_context("spawn")
-    children = [ctx.Process(target=_child, args=(settings.model_dump_json(),), name=f"gateway-{i}")
-                for i in range(settings.processes)]
-    for child in children:
-        child.start()
+    return Supervisor(settings).run()
 
-    def forward(signum: int, _frame: Any) -> None:
-        for child in children:
-            if child.pid is not None and child.is_alive():
+
+#: A child that exits with :data:`EXIT_STARTUP` this soon after it started could not start:
+#: restarting it would fail the same way, so the supervisor stops.
+STARTUP_SECONDS = 30.0
+#: More restarts than this within :data:`RESTART_WINDOW_SECONDS`: give up (exit 1).
+MAX_RESTARTS = 5
+RESTART_WINDOW_SECONDS = 60.0
+
+
+class Supervisor:
+    """``--processes N``: N serving processes (SO_REUSEPORT), each restarted when it dies.
+
+    A child that exits while the Gateway is not stopping (killed, crashed) is logged and
+    replaced; one that could not start, or more than :data:`MAX_RESTARTS` restarts within
+    :data:`RESTART_WINDOW_SECONDS`, stops them all and the supervisor exits 1. SIGTERM/SIGINT is
+    passed to every child; the supervisor waits for them, logs ``stopped`` and exits 0 when all
+    stopped cleanly, else 1.
+    """
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.ctx = multiprocessing.get_context("spawn")
+        self.children: list[Any] = []
+        self.started: list[float] = []
+        self.restarts: list[float] = []
+        self.stopping = False
+
+    def _spawn(self, slot: int) -> Any:
+        child = self.ctx.Process(target=_child, args=(self.settings.model_dump_json(),), name=f"gateway-{slot}")
+        child.start()
+        return child
+
+    def _signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+        self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        for child in self.children:
+            if child.pid is not None and child.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = []
-    for child in children:
-        child.join()
-        codes.append(child.exitcode or 0)
-    return max(codes)
+    def _give_up(self, message: str, **fields: Any) -> int:
+        log.error(message, extra=fields)
+        print(f"leasehold: error: {message}", file=sys.stderr, flush=True)
+        self.stopping = True
+        self._forward(signal.SIGTERM)
+        for child in self.children:
+            child.join(self.settings.shutdown_timeout_seconds + 5)
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+        return EXIT_STARTUP
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._signal)
+        signal.signal(signal.SIGINT, self._signal)
+        for slot in range(self.settings.processes):
+            self.children.append(self._spawn(slot))
+            self.started.append(time.monotonic())
+        log.info("gateway supervisor started", extra={"children": [c.pid for c in self.children]})
+        while True:
+            running = [c.sentinel for c in self.children if c.exitcode is None]
+            if not running:
+                break
+            multiprocessing.connection.wait(running, timeout=1.0)
+            if self.stopping:
+                continue
+            for slot, child in enumerate(self.children):
+                if child.exitcode is None:
+                    continue
+                now = time.monotonic()
+                how = f"signal {-child.exitcode}" if child.exitcode < 0 else f"exit code {child.exitcode}"
+                if child.exitcode == EXIT_STARTUP and now - self.started[slot] < STARTUP_SECONDS:
+                    return self._give_up(f"gateway process {child.pid} could not start ({how}); stopping all",
+                                         pid=child.pid, exitcode=child.exitcode)
+                self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
+                if len(self.restarts) > MAX_RESTARTS:
+                    return self._give_up(f"gateway processes died {len(self.restarts)} times within "
+                                         f"{RESTART_WINDOW_SECONDS:.0f} s (last: pid {child.pid}, {how}); "
+                                         "stopping all", pid=child.pid, exitcode=child.exitcode)
+                replacement = self._spawn(slot)
+                log.warning("gateway process died; restarted", extra={
+                    "dead_pid": child.pid, "how": how, "new_pid": replacement.pid, "slot": slot})
+                self.children[slot] = replacement
+                self.started[slot] = now
+                if self.stopping:  # SIGTERM arrived while it was being spawned: it was not told
+                    self._forward(signal.SIGTERM)
+        codes = [c.exitcode for c in self.children]
+        log.info("stopped", extra={"exit_codes": codes})
+        return 0 if all(code == 0 for code in codes) else 1

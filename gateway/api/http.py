@@ -19,7 +19,15 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
-from gateway.keys import LISTENER_PORTS, OBSERVE_REQUEST, REQUEST_ID, ROUTE_LISTENERS, WORKER_FINGERPRINT
+from gateway.keys import (
+    LISTENER_PORTS,
+    OBSERVE_REQUEST,
+    OPERATOR,
+    REQUEST_ID,
+    ROUTE_LISTENERS,
+    WORKER_FINGERPRINT,
+)
+from worker.logs import LOG_CONTEXT
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -212,15 +220,22 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
     if len(request_id) > 100:
         request_id = uuid.uuid4().hex
     request[REQUEST_ID] = request_id
+    context: dict[str, Any] = {"request_id": request_id}
+    token = LOG_CONTEXT.set(context)  # every line logged while handling it carries the request id
     started = time.perf_counter()
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    finally:
+        LOG_CONTEXT.reset(token)
     elapsed = time.perf_counter() - started
     response.headers["X-Request-Id"] = request_id
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     observe = request.app.get(OBSERVE_REQUEST)
     if observe is not None:
         observe(request.method, route, response.status, elapsed)
+    operator = request.get(OPERATOR)
     log.info("request", extra={"request_id": request_id, "method": request.method, "route": route,
                                "status": response.status, "duration_ms": round(elapsed * 1000, 2),
-                               "worker": request.get(WORKER_FINGERPRINT)})
+                               "worker": request.get(WORKER_FINGERPRINT),
+                               "operator_key_id": str(operator.key_id) if operator is not None else None})
     return response
