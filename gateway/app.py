@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
+from psycopg_pool import AsyncConnectionPool
 
 from gateway.api import operator as operator_api
 from gateway.api import service as service_api
@@ -45,6 +46,7 @@ from gateway.keys import (
     SETTINGS,
 )
 from gateway.metrics import Metrics
+from gateway.schema import expected_revision
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
 from gateway.startup import check_database
@@ -84,6 +86,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(lambda: 1 if notifier.connected.is_set() else 0)
     Gauge("leasehold_long_polls_waiting", "Acquire long-polls waiting for a wake-up",
           registry=metrics.registry).set_function(lambda: notifier.waiting)
+    for stat, what in (("pool_size", "connections open"), ("pool_available", "connections idle in the pool"),
+                       ("requests_waiting", "requests waiting for a connection")):
+        Gauge(f"leasehold_db_pool_{stat.removeprefix('pool_')}", f"Database pool: {what}",
+              registry=metrics.registry).set_function(_pool_stat(pool, stat))
     if hints is not None:
         hints.start()
     if settings.admin_api_key:
@@ -94,7 +100,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     loops = [
         asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds, metrics.swept.inc),
                             name="leasehold-sweeper"),
-        asyncio.create_task(sampler.run(db, metrics), name="leasehold-sampler"),
+        asyncio.create_task(sampler.run(db, metrics, settings.metrics_sample_seconds), name="leasehold-sampler"),
     ]
     if settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
@@ -116,12 +122,25 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await pool.close()
 
 
+def _pool_stat(pool: AsyncConnectionPool, name: str) -> Callable[[], float]:
+    return lambda: float(pool.get_stats().get(name, 0))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("leasehold")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def create_app(settings: GatewaySettings) -> web.Application:
     """The Gateway as an aiohttp application (serve it with :mod:`gateway.serve`)."""
     app = web.Application(middlewares=[request_log_middleware, error_middleware, listener_middleware],
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
-    app[METRICS] = Metrics()
+    app[METRICS] = Metrics(version=_version(), schema_revision=expected_revision())
     app[OBSERVE_REQUEST] = app[METRICS].observe_request
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
     app[CERTIFICATES] = KnownCertificates()

@@ -1,34 +1,81 @@
-"""Prometheus metrics of one Gateway process (``/metrics``)."""
+"""Prometheus metrics of one Gateway process (``/metrics`` on the operator port).
+
+Request latency (``leasehold_http_request_duration_seconds``) leaves out the acquire long-polls,
+whose duration is mostly waiting: those are ``leasehold_acquire_duration_seconds``. The gauges
+that need the database (queue depth, oldest pending age, live leases) are sampled by
+:mod:`gateway.background.sampler`, never on a request's path.
+"""
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+#: The acquire route: long-polls, measured apart from the other requests.
+ACQUIRE_ROUTE = "/v1/tasks/acquire"
+
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, version: str = "unknown", schema_revision: str | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("leasehold_http_requests_total", "HTTP requests", ["method", "route", "status"],
                                 registry=self.registry)
-        self.latency = Histogram("leasehold_http_request_duration_seconds", "HTTP request latency",
-                                 ["route"], registry=self.registry,
+        self.latency = Histogram("leasehold_http_request_duration_seconds",
+                                 "HTTP request latency (acquire long-polls excluded)", ["route"],
+                                 registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.acquire = Histogram("leasehold_acquire_duration_seconds",
+                                 "Acquire requests, long-poll wait included, by outcome (leased, empty, refused)",
+                                 ["outcome"], registry=self.registry,
+                                 buckets=(0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60))
         self.transitions = Counter("leasehold_lifecycle_transitions_total", "Events appended, by type",
                                    ["event"], registry=self.registry)
+        self.lease_expiries = Counter("leasehold_lease_expiries_total",
+                                      "Leases that expired (the worker stopped renewing)", registry=self.registry)
+        self.rejections = Counter("leasehold_rejections_total",
+                                  "Requests refused with a 4xx problem, by its code (stale lease, conflict, "
+                                  "validation, forbidden, rate limited…)", ["reason"], registry=self.registry)
         self.live_leases = Gauge("leasehold_live_leases", "Attempts holding a live lease (sampled)",
                                  registry=self.registry)
+        self.queue_depth = Gauge("leasehold_queue_depth", "Unfinished tasks by organisation and state (sampled)",
+                                 ["organization", "state"], registry=self.registry)
+        self.oldest_pending = Gauge("leasehold_oldest_pending_age_seconds",
+                                    "Age of the oldest pending task, by organisation (sampled)", ["organization"],
+                                    registry=self.registry)
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
+        Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
+              ["version", "schema_revision", "python"], registry=self.registry).labels(
+            version, schema_revision or "none", platform.python_version()).set(1)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        if route == ACQUIRE_ROUTE:
+            outcome = "leased" if status == 200 else "empty" if status == 204 else "refused"
+            self.acquire.labels(outcome).observe(seconds)
+        else:
+            self.latency.labels(route).observe(seconds)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
 
     def count_events(self, events: Sequence[object]) -> None:
         for event in events:
-            self.transitions.labels(type(event).__name__).inc()
+            name = type(event).__name__
+            self.transitions.labels(name).inc()
+            if name == "LeaseExpired":
+                self.lease_expiries.inc()
+
+    def set_queue(self, rows: Sequence[Sequence[object]]) -> None:
+        """Replace the queue gauges with one sample: ``(organisation, state, tasks, oldest pending s)``."""
+        self.queue_depth.clear()
+        self.oldest_pending.clear()
+        for organization, state, tasks, oldest in rows:
+            self.queue_depth.labels(str(organization), str(state)).set(float(tasks))  # type: ignore[arg-type]
+            if oldest is not None:
+                self.oldest_pending.labels(str(organization)).set(float(oldest))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -39,6 +39,9 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = Field(None, description="Redis URL for wake-up hints between Gateway processes "
                                                     "(optional; without it, or while it is down, LISTEN/NOTIFY "
                                                     "and the poll wake workers)")
+    metrics_sample_seconds: float = Field(5.0, gt=0, le=600,
+                                          description="how often the database gauges of /metrics (queue depth, "
+                                                      "oldest pending age, live leases) are sampled")
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
     checkpoint_interval_seconds: float = Field(
         300.0, ge=0, description="how often to seal the stream heads (replay checkpoint); 0 disables")

@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ValidationError
 from domain.errors import InvalidRequest, LeaseholdError
 from gateway.keys import (
     LISTENER_PORTS,
+    METRICS,
     OBSERVE_REQUEST,
     OPERATOR,
     REQUEST_ID,
@@ -165,20 +166,30 @@ def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
 
 
+def _rejected(request: web.Request, reason: str) -> None:
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.rejected(reason)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure becomes problem+json; a 500 is logged with its request id, never leaked."""
     try:
         return await handler(request)
     except LeaseholdError as exc:
+        if 400 <= exc.status < 500:
+            _rejected(request, exc.code)
         retry_after = exc.details.get("retry_after")
         return problem(exc.status, _STATUS_TITLES.get(exc.status, "Error"), exc.message, code=exc.code,
                        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
                        **{k: v for k, v in exc.details.items() if v is not None})
     except ValidationError as exc:
+        _rejected(request, "validation")
         return problem(422, "Unprocessable Content", "the request does not match its schema",
                        code="validation", errors=_validation_errors(exc))
     except BadRequest as exc:
+        _rejected(request, "bad-request")
         return problem(400, "Bad Request", exc.detail, code="bad-request", **exc.extensions)
     except web.HTTPException as exc:
         if exc.status < 400:

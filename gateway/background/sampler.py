@@ -10,10 +10,18 @@ from persistence.transaction import Database
 
 
 async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:
-    """Sample the live leases every ``every`` seconds, forever (an outage skips a sample)."""
+    """Sample the live leases, the queue depth by organisation and state and the oldest pending
+    age every ``every`` seconds, forever (an outage skips a sample)."""
     while True:
         with contextlib.suppress(Exception):
-            async with db.read() as reader:
-                row = await reader.one("attempts_live_count", {})
-            metrics.live_leases.set(row[0] if row else 0)
+            await sample(db, metrics)
         await asyncio.sleep(every)
+
+
+async def sample(db: Database, metrics: Metrics) -> None:
+    """Take one sample of the database gauges."""
+    async with db.read() as reader:
+        row = await reader.one("attempts_live_count", {})
+        queue = await reader.all("queue_depth_sample", {})
+    metrics.live_leases.set(row[0] if row else 0)
+    metrics.set_queue(queue)

@@ -123,3 +123,12 @@ SELECT t.organization_id FROM worker_tasks t WHERE t.id = %(task_id)s
 SELECT t.id FROM worker_tasks t
 WHERE t.scan_job_id = ANY(%(job_ids)s::uuid[]) OR t.scan_id = %(scan_id)s
 ORDER BY t.created_at, t.id
+
+-- name: queue_depth_sample
+-- Unfinished tasks by organisation and state, with the age of the oldest pending one (a sampled
+-- gauge, not a hot path; finished tasks are left out, so its cost follows the backlog).
+SELECT organization_id, state, count(*) AS tasks,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')) AS oldest_pending_seconds
+FROM worker_tasks
+WHERE state IN ('pending', 'leased', 'running', 'retry_wait', 'cancelling')
+GROUP BY organization_id, state
