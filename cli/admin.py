@@ -13,7 +13,7 @@ import asyncio
 import sys
 from uuid import UUID
 
-from cli.dburl import add_database_options, resolve_database_url
+from cli.dburl import add_database_options, check_reachable, resolve_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
 from gateway.commands.registry import IssuedKey
@@ -49,6 +49,7 @@ def _create_key(args: argparse.Namespace) -> int:
                                EXIT_USAGE) from exc
     name = args.name or (f"organisation {organization}" if organization else "administrator")
     url = resolve_database_url(args.database_url, embedded=args.embedded)
+    check_reachable(url)
     issued = asyncio.run(_issue(url, organization, name))
     scope = f"organisation {issued.organization_id}" if issued.organization_id else "administrator"
     print(f"created API key {issued.id} ({scope}, name {issued.name!r}); it is shown only once:",

@@ -15,7 +15,8 @@ import sys
 
 from cli.main import EXIT_USAGE, CommandError
 
-__all__ = ["DATABASE_ENV", "add_database_options", "announce", "configured_url", "resolve_database_url"]
+__all__ = ["DATABASE_ENV", "add_database_options", "announce", "check_reachable", "configured_url",
+           "resolve_database_url"]
 
 #: Environment variables read, in order, when ``--database-url`` is not given.
 DATABASE_ENV = ("LEASEHOLD_DATABASE_URL", "DATABASE_URL")
@@ -64,6 +65,21 @@ def resolve_database_url(explicit: str | None = None, *, embedded: bool = False,
     if not quiet:
         announce(url)
     return url
+
+
+def check_reachable(url: str, timeout: int = 10) -> None:
+    """One plain connection, so that an unreachable database is one clear line at once rather
+    than a pool's retries."""
+    import psycopg
+
+    from persistence.urls import database_label
+
+    try:
+        with psycopg.connect(url, connect_timeout=timeout):
+            pass
+    except psycopg.Error as exc:
+        raise CommandError(f"cannot connect to the database at {database_label(url)}: "
+                           f"{' '.join(str(exc).split())}") from exc
 
 
 def announce(url: str) -> None:

@@ -92,9 +92,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
               registry=metrics.registry).set_function(_pool_stat(pool, stat))
     if hints is not None:
         hints.start()
-    if settings.admin_api_key:
+    bootstrap_key = settings.bootstrap_key()
+    if bootstrap_key:
         try:
-            await services.registry.store_bootstrap_key(settings.admin_api_key)
+            await services.registry.store_bootstrap_key(bootstrap_key)
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
     loops = [

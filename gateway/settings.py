@@ -49,13 +49,25 @@ class GatewaySettings(BaseSettings):
         1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
                                       description="how long a cancelling task waits for the worker's ack")
-    admin_api_key: str | None = Field(None, description="bootstrap administrator API key (stored hashed)")
+    admin_api_key: str | None = Field(None, description="bootstrap administrator API key (stored hashed); from "
+                                                        "LEASEHOLD_ADMIN_API_KEY only, never a flag")
+    admin_api_key_file: Path | None = Field(None, description="file holding the bootstrap administrator API key "
+                                                              "(instead of LEASEHOLD_ADMIN_API_KEY)")
     rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
     rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
     shutdown_timeout_seconds: float = Field(
         10.0, ge=0, le=300, description="on SIGTERM, how long in-flight requests may take to finish before they are "
                                         "cancelled (waiting long-polls are answered at once)")
     log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
+
+    def bootstrap_key(self) -> str | None:
+        """The bootstrap administrator key: ``admin_api_key``, else the first line of
+        ``admin_api_key_file`` (an unreadable file raises ``OSError``)."""
+        if self.admin_api_key:
+            return self.admin_api_key
+        if self.admin_api_key_file is not None:
+            return self.admin_api_key_file.read_text().strip() or None
+        return None
 
     def resolved_database_url(self) -> str:
         """The database to use; the command line resolves "none given" before the Gateway starts."""

@@ -56,9 +56,23 @@ def operator_ssl_context(paths: PkiPaths) -> ssl.SSLContext:
     return ctx
 
 
+def check_secrets(settings: GatewaySettings) -> None:
+    """The bootstrap key file, when given, must be readable and not empty."""
+    path = settings.admin_api_key_file
+    if path is None:
+        return
+    try:
+        key = settings.bootstrap_key()
+    except OSError as exc:
+        raise StartupError(f"cannot read --admin-api-key-file {path}: {exc.strerror or exc}") from exc
+    if not key:
+        raise StartupError(f"--admin-api-key-file {path} is empty")
+
+
 def tls_contexts(settings: GatewaySettings) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """The worker (mTLS) and operator (server TLS) contexts, or a :class:`StartupError` naming
     the file at fault."""
+    check_secrets(settings)
     paths = tls_paths(settings)
     for path in (paths.server_cert, paths.server_key, paths.ca_cert):
         if not path.is_file():

@@ -117,3 +117,10 @@ def test_no_tls_material(database_url: str) -> None:
     code, stderr, _ = serve("--database-url", database_url, *ports())
     assert code == 1
     assert "--pki-dir" in error_line(stderr)
+
+
+def test_unreadable_admin_key_file(database_url: str, pki: PkiPaths, tmp_path: Path) -> None:
+    code, stderr, _ = serve("--database-url", database_url, "--pki-dir", str(pki.directory),
+                            "--admin-api-key-file", str(tmp_path / "missing"), *ports())
+    assert code == 1
+    assert "cannot read --admin-api-key-file" in error_line(stderr)
