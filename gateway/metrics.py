@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+#: The unfinished task states the queue gauges report.
+QUEUE_STATES = ("pending", "leased", "running", "retry_wait", "cancelling")
 #: The acquire route: long-polls, measured apart from the other requests.
 ACQUIRE_ROUTE = "/v1/tasks/acquire"
 
@@ -39,11 +41,18 @@ class Metrics:
                                   "validation, forbidden, rate limited…)", ["reason"], registry=self.registry)
         self.live_leases = Gauge("leasehold_live_leases", "Attempts holding a live lease (sampled)",
                                  registry=self.registry)
-        self.queue_depth = Gauge("leasehold_queue_depth", "Unfinished tasks by organisation and state (sampled)",
-                                 ["organization", "state"], registry=self.registry)
-        self.oldest_pending = Gauge("leasehold_oldest_pending_age_seconds",
+        self.queue_state = Gauge("leasehold_queue_depth", "Unfinished tasks by state (sampled)", ["state"],
+                                 registry=self.registry)
+        self.oldest_pending_all = Gauge("leasehold_oldest_pending_age_seconds",
+                                        "Age of the oldest pending task (sampled)", registry=self.registry)
+        #: Series that name organisations: served only to an administrator key (see :meth:`render`).
+        self.by_organization = CollectorRegistry()
+        self.queue_depth = Gauge("leasehold_organization_queue_depth",
+                                 "Unfinished tasks by organisation and state (sampled)", ["organization", "state"],
+                                 registry=self.by_organization)
+        self.oldest_pending = Gauge("leasehold_organization_oldest_pending_age_seconds",
                                     "Age of the oldest pending task, by organisation (sampled)", ["organization"],
-                                    registry=self.registry)
+                                    registry=self.by_organization)
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
@@ -72,10 +81,20 @@ class Metrics:
         """Replace the queue gauges with one sample: ``(organisation, state, tasks, oldest pending s)``."""
         self.queue_depth.clear()
         self.oldest_pending.clear()
+        by_state: dict[str, float] = dict.fromkeys(QUEUE_STATES, 0.0)
+        oldest_of_all = 0.0
         for organization, state, tasks, oldest in rows:
             self.queue_depth.labels(str(organization), str(state)).set(float(tasks))  # type: ignore[arg-type]
+            by_state[str(state)] = by_state.get(str(state), 0.0) + float(tasks)  # type: ignore[arg-type]
             if oldest is not None:
                 self.oldest_pending.labels(str(organization)).set(float(oldest))  # type: ignore[arg-type]
+                oldest_of_all = max(oldest_of_all, float(oldest))  # type: ignore[arg-type]
+        for state, tasks in by_state.items():
+            self.queue_state.labels(state).set(tasks)
+        self.oldest_pending_all.set(oldest_of_all)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, by_organization: bool = False) -> bytes:
+        """The metrics; ``by_organization`` (an administrator asks) adds the per-organisation series,
+        which name organisations and so are not for everyone who can reach the port."""
+        text = generate_latest(self.registry)
+        return text + generate_latest(self.by_organization) if by_organization else text

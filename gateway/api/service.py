@@ -5,13 +5,15 @@ only."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 from aiohttp import web
 
-from domain.errors import Unavailable
+from domain.errors import LeaseholdError, Unavailable
 from gateway.api.http import Listener, RouteTable, ok
 from gateway.api.openapi import build_openapi
+from gateway.auth import operator_identity
 from gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
 from gateway.schema import schema_status
 
@@ -51,7 +53,14 @@ def _redis_state(app: web.Application) -> str:
 @routes.route("GET", "/metrics", summary="Prometheus metrics of this process (operator port)", auth="none",
               tags=("service",))
 async def metrics(request: web.Request) -> web.StreamResponse:
-    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+    # Anyone who reaches the operator port may scrape; the series that name organisations only
+    # go to an administrator key (a bearer token in the scrape configuration).
+    admin = False
+    if request.headers.get("Authorization"):
+        with contextlib.suppress(LeaseholdError):
+            admin = (await operator_identity(request)).is_admin
+    return web.Response(body=request.app[METRICS].render(by_organization=admin), content_type="text/plain",
+                        charset="utf-8")
 
 
 @routes.route("GET", "/openapi.json", summary="This API's OpenAPI 3.1 document", auth="none", tags=("service",),

@@ -4,19 +4,27 @@ rejections by reason, build info, pool stats; acquire long-polls apart from requ
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.tls import PkiPaths
 from migrations import runner as migrate
-from support.gateway import RunningGateway, running_gateway, service_get
+from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
 
 
-async def samples(gw: RunningGateway) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    reply = await service_get(gw.pki, gw.operator_url + "/metrics")
+async def samples(gw: RunningGateway, key: str | None = ADMIN_KEY) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` as {(name, labels): value}; with the administrator key by default."""
+    ctx = ssl.create_default_context(cafile=str(gw.pki.ca_cert))
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session, \
+            session.get(gw.operator_url + "/metrics", headers=headers) as r:
+        assert r.status == 200
+        text = await r.text()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(str(reply.body)) for s in family.samples}
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 async def test_gateway_metrics(database_url: str, pki: PkiPaths) -> None:
@@ -37,12 +45,22 @@ async def test_gateway_metrics(database_url: str, pki: PkiPaths) -> None:
         deadline = time.monotonic() + 10
         while True:
             found = await samples(gw)
-            if found.get(("leasehold_queue_depth", (("organization", org), ("state", "pending")))) == 2:
+            if found.get(("leasehold_organization_queue_depth", (("organization", org), ("state", "pending")))) == 2:
                 break
             assert time.monotonic() < deadline, "queue depth never sampled"
             await asyncio.sleep(0.05)
-    assert found[("leasehold_queue_depth", (("organization", org), ("state", "leased")))] == 1
-    assert found[("leasehold_oldest_pending_age_seconds", (("organization", org),))] >= 0
+        public = await samples(gw, key=None)
+        an_organisation = await samples(gw, key=(await gw.operator(
+            "POST", f"/v1/organizations/{org}/api-keys", {"name": "metrics"})).body["key"])
+    assert found[("leasehold_organization_queue_depth", (("organization", org), ("state", "leased")))] == 1
+    assert found[("leasehold_organization_oldest_pending_age_seconds", (("organization", org),))] >= 0
+    # Without the administrator key: the totals by state, no series that names an organisation.
+    assert public[("leasehold_queue_depth", (("state", "pending"),))] == 2
+    assert public[("leasehold_queue_depth", (("state", "leased"),))] == 1
+    assert public[("leasehold_oldest_pending_age_seconds", ())] >= 0
+    for seen in (public, an_organisation):
+        assert not [k for k in seen if k[0].startswith("leasehold_organization_")]
+        assert not [k for k in seen if org in str(k)]
     assert found[("leasehold_live_leases", ())] == 1
     # Long-polls are measured apart: one leased, one empty; none in the request latency.
     assert found[("leasehold_acquire_duration_seconds_count", (("outcome", "leased"),))] == 1
