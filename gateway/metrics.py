@@ -8,10 +8,24 @@ that need the database (queue depth, oldest pending age, live leases) are sample
 
 from __future__ import annotations
 
+import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+#: Set by the ``--processes`` supervisor for its children: counters and histograms then live in
+#: files there, summed over every process (alive or dead) by whichever process answers.
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Families that name organisations (only for an administrator key).
+ORGANIZATION_PREFIX = "leasehold_organization_"
+#: The gauges kept in files with ``--processes`` (sampled from the database, or constant); every
+#: other gauge describes the answering process itself and comes from its memory.
+SHARED_GAUGES = frozenset({"leasehold_live_leases", "leasehold_queue_depth", "leasehold_oldest_pending_age_seconds",
+                           "leasehold_build_info", "leasehold_organization_queue_depth",
+                           "leasehold_organization_oldest_pending_age_seconds"})
 
 #: The unfinished task states the queue gauges report.
 QUEUE_STATES = ("pending", "leased", "running", "retry_wait", "cancelling")
@@ -40,23 +54,26 @@ class Metrics:
                                   "Requests refused with a 4xx problem, by its code (stale lease, conflict, "
                                   "validation, forbidden, rate limited…)", ["reason"], registry=self.registry)
         self.live_leases = Gauge("leasehold_live_leases", "Attempts holding a live lease (sampled)",
-                                 registry=self.registry)
+                                 registry=self.registry, multiprocess_mode="mostrecent")
         self.queue_state = Gauge("leasehold_queue_depth", "Unfinished tasks by state (sampled)", ["state"],
-                                 registry=self.registry)
+                                 registry=self.registry, multiprocess_mode="mostrecent")
         self.oldest_pending_all = Gauge("leasehold_oldest_pending_age_seconds",
-                                        "Age of the oldest pending task (sampled)", registry=self.registry)
+                                        "Age of the oldest pending task (sampled)", registry=self.registry,
+                                        multiprocess_mode="mostrecent")
         #: Series that name organisations: served only to an administrator key (see :meth:`render`).
         self.by_organization = CollectorRegistry()
         self.queue_depth = Gauge("leasehold_organization_queue_depth",
                                  "Unfinished tasks by organisation and state (sampled)", ["organization", "state"],
-                                 registry=self.by_organization)
+                                 registry=self.by_organization, multiprocess_mode="mostrecent")
         self.oldest_pending = Gauge("leasehold_organization_oldest_pending_age_seconds",
                                     "Age of the oldest pending task, by organisation (sampled)", ["organization"],
-                                    registry=self.by_organization)
+                                    registry=self.by_organization, multiprocess_mode="mostrecent")
+        self._queue_series: set[tuple[str, str]] = set()
+        self._oldest_series: set[str] = set()
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
-              ["version", "schema_revision", "python"], registry=self.registry).labels(
+              ["version", "schema_revision", "python"], registry=self.registry, multiprocess_mode="max").labels(
             version, schema_revision or "none", platform.python_version()).set(1)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -79,8 +96,14 @@ class Metrics:
 
     def set_queue(self, rows: Sequence[Sequence[object]]) -> None:
         """Replace the queue gauges with one sample: ``(organisation, state, tasks, oldest pending s)``."""
-        self.queue_depth.clear()
-        self.oldest_pending.clear()
+        # Series of the last sample that this one lacks drop to 0 (clearing labels does not work
+        # with --processes, where the values live in files).
+        for series in self._queue_series:
+            self.queue_depth.labels(*series).set(0)
+        for previous in self._oldest_series:
+            self.oldest_pending.labels(previous).set(0)
+        self._queue_series = {(str(o), str(state)) for o, state, _, _ in rows}
+        self._oldest_series = {str(o) for o, _, _, oldest in rows if oldest is not None}
         by_state: dict[str, float] = dict.fromkeys(QUEUE_STATES, 0.0)
         oldest_of_all = 0.0
         for organization, state, tasks, oldest in rows:
@@ -96,5 +119,30 @@ class Metrics:
     def render(self, *, by_organization: bool = False) -> bytes:
         """The metrics; ``by_organization`` (an administrator asks) adds the per-organisation series,
         which name organisations and so are not for everyone who can reach the port."""
+        directory = os.environ.get(MULTIPROCESS_ENV)
+        if directory:
+            return generate_latest(_Aggregated(directory, self.registry, by_organization=by_organization))
         text = generate_latest(self.registry)
         return text + generate_latest(self.by_organization) if by_organization else text
+
+
+class _Aggregated(Collector):
+    """With ``--processes``: the families kept in files, summed (counters, histograms) or most
+    recent (sampled gauges) over every process; then the gauges of this process's own state
+    (LISTEN connection, waiting long-polls, pool) that only it can know."""
+
+    def __init__(self, directory: str, local: CollectorRegistry, *, by_organization: bool) -> None:
+        self.directory, self.local, self.by_organization = directory, local, by_organization
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        for family in MultiProcessCollector(None, path=self.directory).collect():
+            if family.name.startswith(ORGANIZATION_PREFIX) and not self.by_organization:
+                continue
+            if family.type == "gauge" and family.name not in SHARED_GAUGES:
+                continue  # a per-process gauge: this process's own value follows
+            yield family
+        for family in self.local.collect():
+            if family.type == "gauge" and family.name not in SHARED_GAUGES:
+                yield family

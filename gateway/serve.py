@@ -24,10 +24,12 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import ssl
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -36,6 +38,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.keys import LISTENER_PORTS
 from gateway.logs import configure_logging
+from gateway.metrics import MULTIPROCESS_ENV
 from gateway.settings import GatewaySettings
 from gateway.startup import Listeners, StartupError, bind, check_database, tls_contexts, tls_paths
 
@@ -175,6 +178,16 @@ class Supervisor:
         return EXIT_STARTUP
 
     def run(self) -> int:
+        # The children keep their counters in files here, so that /metrics sums them all.
+        metrics_dir = tempfile.mkdtemp(prefix="leasehold-metrics-")
+        os.environ[MULTIPROCESS_ENV] = metrics_dir
+        try:
+            return self._run()
+        finally:
+            os.environ.pop(MULTIPROCESS_ENV, None)
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def _run(self) -> int:
         signal.signal(signal.SIGTERM, self._signal)
         signal.signal(signal.SIGINT, self._signal)
         for slot in range(self.settings.processes):

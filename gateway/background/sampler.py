@@ -21,7 +21,7 @@ async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:
 async def sample(db: Database, metrics: Metrics) -> None:
     """Take one sample of the database gauges."""
     async with db.read() as reader:
-        row = await reader.one("attempts_live_count", {})
         queue = await reader.all("queue_depth_sample", {})
+        row = await reader.one("attempts_live_count", {})
     metrics.live_leases.set(row[0] if row else 0)
     metrics.set_queue(queue)

@@ -1,6 +1,7 @@
 """``leasehold gateway serve --processes 2``: two processes share the ports (SO_REUSEPORT); the
-supervisor restarts one that is killed, says so, and stops them all on SIGTERM (exit 0). When the
-processes cannot start it exits 1 at once with the cause."""
+supervisor restarts one that is killed, says so, and stops them all on SIGTERM (exit 0); /metrics
+sums the counters of every process, a killed one's included. When the processes cannot start it
+exits 1 at once with the cause."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ANSWERED: list[int] = []  # /healthz answers of the test, for the summed counter
+
+
 async def pids_serving(ctx: ssl.SSLContext, port: int, want: int, within: float) -> set[int]:
     """The pids answering /healthz on ``port``, asked over fresh connections until ``want`` are seen."""
     pids: set[int] = set()
@@ -36,6 +40,7 @@ async def pids_serving(ctx: ssl.SSLContext, port: int, want: int, within: float)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, force_close=True)) as s, \
                     s.get(f"https://localhost:{port}/healthz") as r:
                 pids.add((await r.json())["pid"])
+                ANSWERED.append(r.status)
         except aiohttp.ClientConnectorError:
             await asyncio.sleep(0.2)
     return pids
@@ -44,6 +49,7 @@ async def pids_serving(ctx: ssl.SSLContext, port: int, want: int, within: float)
 async def test_two_processes_serve_one_port_and_a_killed_one_is_restarted(
         database_url: str, pki: Any, tmp_path: Path) -> None:
     worker_port, operator_port = free_port(), free_port()
+    ANSWERED.clear()
     env = {**os.environ, "LEASEHOLD_LOG_LEVEL": "INFO"}
     log_path = tmp_path / "gateway.log"
     with log_path.open("wb") as log:
@@ -59,6 +65,15 @@ async def test_two_processes_serve_one_port_and_a_killed_one_is_restarted(
         os.kill(victim, signal.SIGKILL)
         survivors = await pids_serving(ctx, operator_port, 2, 30)
         assert len(survivors) == 2 and victim not in survivors  # a new process took its place
+        # /metrics sums every process, the killed one included, whichever process answers.
+        counted = set()
+        for _ in range(6):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, force_close=True)) as s, \
+                    s.get(f"https://localhost:{operator_port}/metrics") as r:
+                text = await r.text()
+            counted |= {float(line.split()[-1]) for line in text.splitlines()
+                        if line.startswith('leasehold_http_requests_total{method="GET",route="/healthz",status="200"}')}
+        assert counted == {float(len(ANSWERED))}, (counted, len(ANSWERED))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
