@@ -67,6 +67,7 @@ async def test_sigterm_answers_every_waiting_long_poll_and_exits_within_two_seco
             for session in view.sessions:
                 await session.close()
         await gateway.stop()
+    print(f"graceful_stop long_polls={LONG_POLLS} exit_seconds={exited:.3f} statuses={sorted({r.status for r in replies})}")
     assert code == 0, gateway.log_tail()
     assert exited < 2.0, f"exit took {exited:.2f} s"
     assert [r.status for r in replies] == [204] * LONG_POLLS
