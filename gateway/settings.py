@@ -56,7 +56,7 @@ class GatewaySettings(BaseSettings):
     rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
     rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
     shutdown_timeout_seconds: float = Field(
-        10.0, ge=0, le=300, description="on SIGTERM, how long in-flight requests may take to finish before they are "
+        10.0, gt=0, le=300, description="on SIGTERM, how long in-flight requests may take to finish before they are "
                                         "cancelled (waiting long-polls are answered at once)")
     log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
 

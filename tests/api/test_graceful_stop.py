@@ -73,3 +73,42 @@ async def test_sigterm_answers_every_waiting_long_poll_and_exits_within_two_seco
     assert [r.status for r in replies] == [204] * LONG_POLLS
     messages = [orjson.loads(line)["msg"] for line in gateway.log_tail(100_000).splitlines() if line.startswith("{")]
     assert "stopped" in messages
+
+
+async def test_sigterm_lets_a_request_in_flight_finish(database_url: str, pki: PkiPaths, services: Services,
+                                                       tmp_path: Path) -> None:
+    """A renew blocked on the task's row lock when SIGTERM arrives is finished (200, committed),
+    not cut; only then does the Gateway exit."""
+    gateway = GatewayProcess(database_url, pki, tmp_path / "gateway.log")
+    await gateway.start()
+    view: RunningGateway | None = None
+    try:
+        org = await services.registry.create_organization(f"org-{uuid.uuid4().hex[:12]}")
+        scan = await services.scans.create_scan(org, {"targets": ["127.0.0.1"]})
+        view = gateway.client(services, org, scan)
+        worker = await view.worker()
+        task = await view.task()
+        lease = (await worker.acquire()).body["lease"]
+        async with services.db.pool.connection() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute("SELECT 1 FROM worker_tasks WHERE id = %s FOR UPDATE", (task,))
+            renew = asyncio.create_task(worker.write(lease, "renew"))
+
+            async def blocked() -> bool:
+                return await view.count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                        "AND datname = current_database()") >= 1  # type: ignore[union-attr]
+            await until(blocked, 10, "the renew waiting for the row lock")
+            assert gateway.proc is not None
+            gateway.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)  # the stop is under way while the renew still waits
+            assert gateway.proc.returncode is None and not renew.done()
+            await conn.execute("COMMIT")
+        reply = await asyncio.wait_for(renew, 10)
+        code = await asyncio.wait_for(gateway.proc.wait(), 10)
+    finally:
+        if view is not None:
+            for session in view.sessions:
+                await session.close()
+        await gateway.stop()
+    assert reply.status == 200, reply.body
+    assert code == 0
