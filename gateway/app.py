@@ -10,7 +10,6 @@ document is generated from as well.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -54,6 +53,9 @@ from persistence.connection import create_pool
 from persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
+
+#: How long stopping waits for the background loops once they are cancelled.
+LOOP_STOP_SECONDS = 5.0
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -114,9 +116,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     finally:
         for task in loops:
             task.cancel()
-        for task in loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Bounded: a loop that does not stop must not keep the process from exiting.
+        _, stuck = await asyncio.wait(loops, timeout=LOOP_STOP_SECONDS)
+        if stuck:
+            log.warning("background loops did not stop in time", extra={"loops": [t.get_name() for t in stuck]})
         if hints is not None:
             await hints.stop()
         await notifier.stop()

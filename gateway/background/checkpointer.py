@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gateway.background.loops import stop_if_cancelled
 from persistence.checkpoints import write_checkpoint
 from persistence.transaction import Database
 
@@ -23,5 +24,6 @@ async def run(db: Database, every: float) -> None:
             log.info("checkpoint", extra={"checkpoint": checkpoint.id, "seal": checkpoint.seal.hex()})
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            stop_if_cancelled(exc)
             log.exception("checkpoint failed; retrying at the next interval")

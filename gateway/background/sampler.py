@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
+from gateway.background.loops import stop_if_cancelled
 from gateway.metrics import Metrics
 from persistence.transaction import Database
 
@@ -13,8 +13,10 @@ async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:
     """Sample the live leases, the queue depth by organisation and state and the oldest pending
     age every ``every`` seconds, forever (an outage skips a sample)."""
     while True:
-        with contextlib.suppress(Exception):
+        try:
             await sample(db, metrics)
+        except Exception as exc:  # an outage skips a sample; a cancellation stops the loop
+            stop_if_cancelled(exc)
         await asyncio.sleep(every)
 
 
