@@ -8,7 +8,7 @@ waits until B's ``/metrics`` shows it waiting, creates a task through A (``POST
 answer to the acquire's answer. Paths:
 
 * ``notify``: PostgreSQL LISTEN/NOTIFY (no Redis);
-* ``redis_hint``: B does not LISTEN (``--listen false``); only the Redis hint can wake it
+* ``redis_hint``: B does not LISTEN (``--no-listen``); only the Redis hint can wake it
   (A and B both have ``--redis-url``). Runs when ``--redis-url`` is given, or when a private
   ``redis-server`` can be started (``--no-redis`` skips it).
 
@@ -60,7 +60,11 @@ class Gateway:
                "--pki-dir", str(pki.directory), "--worker-port", str(self.worker_port),
                "--operator-port", str(self.operator_port), "--log-level", "WARNING"]
         for name, value in settings.items():
-            cmd += ["--" + name.replace("_", "-"), str(value)]
+            flag = name.replace("_", "-")
+            if str(value).lower() in ("true", "false"):  # on/off settings are flag pairs
+                cmd.append(f"--{flag}" if str(value).lower() == "true" else f"--no-{flag}")
+            else:
+                cmd += ["--" + flag, str(value)]
         env = {**os.environ, "LEASEHOLD_ADMIN_API_KEY": admin_key}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.ctx = ssl.create_default_context(cafile=str(pki.ca_cert))

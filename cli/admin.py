@@ -15,7 +15,7 @@ organisation's fair-share state as JSON.
 A new key (create, rotate) is printed once, alone on stdout (``KEY=$(leasehold admin create-key
 …)``); its id and scope go to stderr. Only its sha256 is stored. Without ``--organization`` it is
 an administrator key. The database is ``--database-url``, else ``$LEASEHOLD_DATABASE_URL``, else
-``$DATABASE_URL``, else the embedded server (as for ``leasehold gateway serve``).
+``$DATABASE_URL`` (``--embedded``: the embedded development server), as for every command.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from uuid import UUID
 import orjson
 
 from cli.arguments import iso_time
-from cli.embedded import configured_database_url
+from cli.dburl import add_database_options, check_reachable, resolve_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
 from domain.targets import DEFAULT_DENIED_DOMAINS, DEFAULT_DENIED_NETWORKS, TargetPolicy, parse_policy
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--name", default=None, help="a label for the key (default: derived from the scope)")
     create.add_argument("--expires-at", type=iso_time, metavar="TIME",
                         help="when the key stops working (ISO 8601, UTC without an offset; default: never)")
-    create.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(create)
     create.set_defaults(func=_create_key)
     policy = commands.add_parser(
         "target-policy", help="show or replace an organisation's target policy",
@@ -74,25 +74,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     policy.add_argument("--deny", action="append", default=[], metavar="ENTRY",
                         help="a denied network, address or domain (repeatable)")
     policy.add_argument("--clear", action="store_true", help="restore the default policy (no entries)")
-    policy.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(policy)
     policy.set_defaults(func=_target_policy)
 
     listing = commands.add_parser("list-keys", help="list the API keys (never the keys themselves)")
     listing.add_argument("--organization", metavar="ORG_ID", help="only this organisation's keys")
     listing.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    listing.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(listing)
     listing.set_defaults(func=_list_keys)
 
     revoke = commands.add_parser("revoke-key", help="revoke an API key (its next request answers 401)")
     revoke.add_argument("key_id", metavar="KEY_ID")
-    revoke.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(revoke)
     revoke.set_defaults(func=_revoke_key)
 
     rotate = commands.add_parser("rotate-key",
                                  help="replace an API key by a new one (same name and scope) and print it once")
     rotate.add_argument("key_id", metavar="KEY_ID")
     rotate.add_argument("--expires-at", type=iso_time, metavar="TIME", help="when the new key stops working")
-    rotate.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(rotate)
     rotate.set_defaults(func=_rotate_key)
 
 
@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cap.add_argument("--max-live-attempts", type=int, metavar="N",
                      help="most attempts of the organisation live at once across the fleet, 1-1000000")
     cap.add_argument("--no-cap", action="store_true", help="remove the cap of live attempts")
-    share.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(share)
     share.set_defaults(func=_fair_share)
 
 
@@ -128,7 +128,7 @@ def _organization(args: argparse.Namespace) -> UUID | None:
 def _create_key(args: argparse.Namespace) -> int:
     organization = _organization(args)
     name = args.name or (f"organisation {organization}" if organization else "administrator")
-    issued = asyncio.run(_with_registry(args.database_url, lambda r: r.create_api_key(
+    issued = asyncio.run(_with_registry(_database(args), lambda r: r.create_api_key(
         organization_id=organization, name=name, expires_at=args.expires_at)))
     _print_issued("created", issued)
     return EXIT_OK
@@ -155,7 +155,7 @@ def _list_keys(args: argparse.Namespace) -> int:
 
     columns = ("id", "name", "organization_id", "created_at", "expires_at", "revoked_at", "last_used_at",
                "bootstrap", "replaced_by")
-    for row in asyncio.run(_with_registry(args.database_url, page)):
+    for row in asyncio.run(_with_registry(_database(args), page)):
         values = {c: (v.isoformat() if isinstance(v, datetime) else str(v) if isinstance(v, UUID) else v)
                   for c, v in zip(columns, row, strict=True)}
         if args.json:
@@ -170,21 +170,27 @@ def _list_keys(args: argparse.Namespace) -> int:
 
 def _revoke_key(args: argparse.Namespace) -> int:
     key_id = _uuid(args.key_id, "KEY_ID")
-    asyncio.run(_with_registry(args.database_url, lambda r: r.revoke_api_key(key_id)))
+    asyncio.run(_with_registry(_database(args), lambda r: r.revoke_api_key(key_id)))
     print(f"revoked API key {key_id}", file=sys.stderr)
     return EXIT_OK
 
 
 def _rotate_key(args: argparse.Namespace) -> int:
     key_id = _uuid(args.key_id, "KEY_ID")
-    issued = asyncio.run(_with_registry(args.database_url, lambda r: r.rotate_api_key(
+    issued = asyncio.run(_with_registry(_database(args), lambda r: r.rotate_api_key(
         key_id, expires_at=args.expires_at)))
     _print_issued(f"revoked {key_id}; its replacement is", issued)
     return EXIT_OK
 
 
-async def _with_registry(database_url: str | None, action: Callable[[Registry], Awaitable[T]]) -> T:
-    url = configured_database_url(database_url)
+def _database(args: argparse.Namespace) -> str:
+    """The database this command works on (the one setting of every command), checked reachable."""
+    url = resolve_database_url(args.database_url, embedded=args.embedded)
+    check_reachable(url)
+    return url
+
+
+async def _with_registry(url: str, action: Callable[[Registry], Awaitable[T]]) -> T:
     pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:
@@ -204,7 +210,7 @@ def _target_policy(args: argparse.Namespace) -> int:
     if args.clear and (args.allow or args.deny):
         raise CommandError("--clear takes no --allow or --deny", EXIT_USAGE)
     change = args.clear or bool(args.allow or args.deny)
-    policy = asyncio.run(_policy(args.database_url, organization, args.allow, args.deny, change))
+    policy = asyncio.run(_policy(_database(args), organization, args.allow, args.deny, change))
     print(f"target policy of organisation {organization}{' (replaced)' if change else ''}:")
     print("allow: " + (" ".join(policy.allow) or "(none)"))
     print("deny: " + (" ".join(policy.deny) or "(none)"))
@@ -212,9 +218,9 @@ def _target_policy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _policy(database_url: str | None, organization: UUID, allow: list[str], deny: list[str],
+async def _policy(url: str, organization: UUID, allow: list[str], deny: list[str],
                   change: bool) -> TargetPolicy:
-    pool = create_pool(configured_database_url(database_url), min_size=1, max_size=1)
+    pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:
         registry = build_services(Database(pool)).registry
@@ -234,7 +240,7 @@ def _fair_share(args: argparse.Namespace) -> int:
         raise CommandError(f"ORG_ID must be an organisation id (a UUID), not {args.organization!r}",
                            EXIT_USAGE) from exc
     change = args.weight is not None or args.max_live_attempts is not None or args.no_cap
-    state = asyncio.run(_share(args.database_url, organization, args.weight, args.max_live_attempts,
+    state = asyncio.run(_share(_database(args), organization, args.weight, args.max_live_attempts,
                                args.no_cap, change))
     print(json.dumps({"organization_id": str(state.organization_id), "weight": state.weight,
                       "max_live_attempts": state.max_live_attempts, "live_attempts": state.live,
@@ -244,9 +250,8 @@ def _fair_share(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _share(database_url: str | None, organization: UUID, weight: int | None, cap: int | None,
+async def _share(url: str, organization: UUID, weight: int | None, cap: int | None,
                  no_cap: bool, change: bool) -> FairShareState:
-    url = configured_database_url(database_url)
     pool = create_pool(url, min_size=1, max_size=1)
     await pool.open()
     try:

@@ -1,8 +1,18 @@
 """Database administration subcommands: ``leasehold migrate`` and ``leasehold db ...``.
 
-* ``leasehold migrate [--database-url URL] [--revision REV]`` upgrades the schema (default: to
-  head) on ``--database-url``, else ``$DATABASE_URL``, else the embedded server, and prints the
-  revision reached.
+* ``leasehold migrate [ACTION]`` on the database of ``--database-url``, else
+  ``$LEASEHOLD_DATABASE_URL``, else ``$DATABASE_URL`` (``--embedded``: the embedded server):
+
+  - ``upgrade`` (the default) ``[--revision REV]``: upgrade to REV (default head). A REV older
+    than the database's revision is refused: downgrading drops what later revisions added, so it
+    is its own action.
+  - ``downgrade --revision REV``: run the downgrade migrations down to REV (``base``: nothing).
+  - ``status``: the revision found and the one this leasehold expects; ``check``: exit 0 only
+    when they are equal (a deploy gate).
+  - ``history``: every revision, oldest first, marked where the database is when one is set.
+  - ``upgrade --sql`` / ``downgrade --sql``: print the SQL instead of running it (Alembic's offline
+    mode, no database contacted; ``--from REV`` is where it starts, default base/head).
+
 * ``leasehold db create-app-role [--name NAME] [--password-file FILE]`` creates the Gateway's
   login role (a member of ``leasehold_app`` only) and prints the URL to run the Gateway with.
 * ``leasehold db start|stop|status|url [--data-dir DIR]`` manages the embedded PostgreSQL server
@@ -22,10 +32,12 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from alembic.util import CommandError as AlembicCommandError
 
-from cli.embedded import EmbeddedPostgres, configured_database_url, redact_url
+from cli.dburl import add_database_options, configured_url, resolve_database_url
+from cli.embedded import EmbeddedPostgres, redact_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from migrations import runner as migrate
 from persistence.roles import APP_ROLE, DEFAULT_LOGIN, create_app_login
+from persistence.urls import database_label
 
 
 def with_credentials(url: str, user: str, password: str) -> str:
@@ -36,17 +48,29 @@ def with_credentials(url: str, user: str, password: str) -> str:
 
 __all__ = ["register"]
 
+_ACTIONS = ("upgrade", "downgrade", "status", "check", "history")
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``migrate`` and ``db`` commands to the ``leasehold`` CLI."""
     migrate = subparsers.add_parser(
         "migrate",
         help="upgrade the database schema (alembic)",
-        description="Upgrade the schema to --revision (default: head) and print the revision reached. "
-        "The database is --database-url, else $DATABASE_URL, else the embedded server.",
+        description="Upgrade (default), downgrade, or show the schema revision of the database: --database-url, "
+                    "else $LEASEHOLD_DATABASE_URL, else $DATABASE_URL (--embedded: the embedded development "
+                    "server). status prints the revision found and the one expected; check exits 1 unless they "
+                    "are equal; history lists the revisions. An --revision older than the database's is refused "
+                    "by upgrade: use downgrade.",
     )
-    migrate.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: $DATABASE_URL)")
-    migrate.add_argument("--revision", metavar="REV", default="head", help="target revision (default: head)")
+    migrate.add_argument("action", nargs="?", choices=_ACTIONS, default="upgrade",
+                         help="what to do (default: upgrade)")
+    add_database_options(migrate)
+    migrate.add_argument("--revision", metavar="REV",
+                         help="target revision: upgrade's defaults to head; downgrade needs one (base: empty)")
+    migrate.add_argument("--sql", action="store_true",
+                         help="print the SQL of the upgrade or downgrade instead of running it (no database)")
+    migrate.add_argument("--from", dest="from_revision", metavar="REV",
+                         help="with --sql: the revision to start from (upgrade: base, downgrade: head)")
     migrate.set_defaults(func=_migrate)
 
     common = argparse.ArgumentParser(add_help=False)
@@ -74,8 +98,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Create (or reset the password of) a login role that is a member of leasehold_app and "
                     "nothing else, and print the database URL the Gateway should use with it. Run it as a role "
                     "that may create roles (the one that ran `leasehold migrate`).")
-    role.add_argument("--database-url", metavar="URL", help="postgresql:// URL of an administrative role "
-                                                            "(default: as `leasehold migrate`)")
+    add_database_options(role)
     role.add_argument("--name", default=DEFAULT_LOGIN, help=f"login role name (default: {DEFAULT_LOGIN})")
     role.add_argument("--password-file", type=Path, metavar="FILE",
                       help="read the password from FILE (default: a new random password)")
@@ -98,22 +121,104 @@ def _ping(url: str) -> None:
     except psycopg.ProgrammingError as exc:  # malformed conninfo / URL
         raise CommandError(f"invalid database URL {redact_url(url)}: {exc}", EXIT_USAGE) from exc
     except psycopg.Error as exc:
-        raise CommandError(f"cannot connect to database at {redact_url(url)}: {str(exc).strip()}") from exc
+        raise CommandError(f"cannot connect to database at {database_label(url)}: {str(exc).strip()}") from exc
 
 
-def _migrate(args: argparse.Namespace) -> int:
-    url = configured_database_url(args.database_url)
+def _database(args: argparse.Namespace) -> str:
+    url = resolve_database_url(args.database_url, embedded=args.embedded)
     if not url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
         raise CommandError(f"invalid database URL {redact_url(url)}: expected postgresql://...", EXIT_USAGE)
     _ping(url)
+    return url
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    if args.sql:
+        return _print_sql(args)
+    if args.from_revision is not None:
+        raise CommandError("--from goes with --sql", EXIT_USAGE)
+    if args.action == "history":
+        return _history(args)
+    if args.action == "downgrade" and args.revision is None:
+        raise CommandError("downgrade needs --revision REV (base: remove the whole schema)", EXIT_USAGE)
+    if args.action in ("status", "check") and args.revision is not None:
+        raise CommandError(f"--revision does not go with {args.action}", EXIT_USAGE)
+    url = _database(args)
+    label = database_label(url)
+    head = migrate.head()
     try:
-        reached = migrate.upgrade(url, args.revision)
+        found = migrate.current(url)
+        if args.action == "status":
+            print(f"{label}: at revision {found or 'base (never migrated)'}; this leasehold expects {head}: "
+                  f"{_verdict(found, head)}")
+            return EXIT_OK
+        if args.action == "check":
+            verdict = _verdict(found, head)
+            if found != head:
+                raise CommandError(f"{label}: at revision {found or 'base (never migrated)'}, expected {head}: "
+                                   f"{verdict}")
+            print(f"{label}: at revision {found} (head)")
+            return EXIT_OK
+        target = args.revision or "head"
+        if args.action == "upgrade":
+            _refuse_backwards(label, found, target)
+            reached = migrate.upgrade(url, target)
+        else:
+            reached = migrate.downgrade(url, target)
+            print(f"{label}: downgraded from {found or 'base'} to {reached or 'base'}", file=sys.stderr)
     except AlembicCommandError as exc:
         raise CommandError(f"migration failed: {exc}") from exc
-    head = migrate.head()
-    label = reached or "base"
     suffix = " (head)" if reached is not None and reached == head else ""
-    print(f"{redact_url(url)}: at revision {label}{suffix}")
+    print(f"{label}: at revision {reached or 'base'}{suffix}")
+    return EXIT_OK
+
+
+def _verdict(found: str | None, head: str | None) -> str:
+    known = migrate.revisions()
+    if found == head:
+        return "up to date"
+    if found is None:
+        return f"not migrated ({len(known)} migrations to run: leasehold migrate)"
+    if found not in known:
+        return "unknown revision (written by another version of leasehold?)"
+    pending = len(known) - 1 - known.index(found)
+    return f"{pending} migration{'s' if pending != 1 else ''} pending (leasehold migrate)"
+
+
+def _refuse_backwards(label: str, found: str | None, target: str) -> None:
+    """``upgrade --revision`` to a revision older than the database's would silently do nothing."""
+    known = migrate.revisions()
+    if target in ("head", "heads") or found is None or found not in known or target not in known:
+        return
+    if known.index(target) < known.index(found):
+        raise CommandError(f"{label} is at revision {found}, which is newer than {target}: upgrade never goes "
+                           f"back; `leasehold migrate downgrade --revision {target}` runs the downgrade "
+                           "migrations (they drop what the later revisions added)")
+
+
+def _history(args: argparse.Namespace) -> int:
+    found = None
+    if args.embedded or configured_url(args.database_url) is not None:
+        found = migrate.current(_database(args))
+    head = migrate.head()
+    for revision, _, summary in migrate.history():
+        marks = [m for m, on in (("head", revision == head), ("current", revision == found)) if on]
+        print(f"{revision:<24} {summary}" + (f"  ({', '.join(marks)})" if marks else ""))
+    return EXIT_OK
+
+
+def _print_sql(args: argparse.Namespace) -> int:
+    if args.action not in ("upgrade", "downgrade"):
+        raise CommandError("--sql goes with upgrade or downgrade", EXIT_USAGE)
+    try:
+        if args.action == "upgrade":
+            migrate.upgrade_sql(args.revision or "head", start=args.from_revision)
+        else:
+            if args.revision is None:
+                raise CommandError("downgrade needs --revision REV", EXIT_USAGE)
+            migrate.downgrade_sql(args.from_revision or "head", args.revision)
+    except AlembicCommandError as exc:
+        raise CommandError(f"cannot write the SQL: {exc}") from exc
     return EXIT_OK
 
 
@@ -121,8 +226,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _create_app_role(args: argparse.Namespace) -> int:
-    url = configured_database_url(args.database_url)
-    _ping(url)
+    url = _database(args)
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.name):
         raise CommandError(f"--name must be a lower-case identifier, not {args.name!r}", EXIT_USAGE)
     if args.password_file is not None:

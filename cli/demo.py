@@ -1,7 +1,8 @@
 """``leasehold demo`` (``make demo``): the whole system on one machine, in under a minute.
 
-It starts (or reuses) the embedded PostgreSQL unless ``DATABASE_URL`` is set, recreates the
-database ``leasehold_demo`` on it (with ``DATABASE_URL`` it uses that database as it is), makes
+It starts (or reuses) the embedded PostgreSQL unless ``LEASEHOLD_DATABASE_URL`` or ``DATABASE_URL``
+is set, recreates the database ``leasehold_demo`` on it (with either set it uses that database as
+it is), makes
 a development PKI, starts a Gateway and two real worker processes, starts a small HTTPS server
 on 127.0.0.1 so the scan finds something, and runs a scan of 127.0.0.1. One worker is killed
 (SIGKILL) in the middle of a task: its lease expires and the other worker retries the task.
@@ -30,8 +31,9 @@ import psycopg
 from psycopg import sql
 
 from cli.database import with_credentials
+from cli.dburl import configured_url
 from cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
-from cli.embedded import database_url, with_database
+from cli.embedded import embedded_database_url, with_database
 from domain.events import ProfileStep
 from domain.targets import parse_policy
 from gateway.keys import SERVICES
@@ -43,6 +45,7 @@ from persistence.connection import connect
 from persistence.roles import DEFAULT_LOGIN, create_app_login
 from persistence.snapshot import snapshot
 from persistence.tables import load_tables
+from persistence.urls import database_label
 from projections.compare import diff
 from replay.fold import fold
 
@@ -80,12 +83,12 @@ async def https_target(directory: Path) -> tuple[asyncio.Server, int]:
 
 
 def prepare_database() -> str:
-    explicit = os.environ.get("DATABASE_URL")
+    explicit = configured_url()
     if explicit:
-        say("using DATABASE_URL as it is")
+        say(f"using {database_label(explicit)} as it is (from LEASEHOLD_DATABASE_URL or DATABASE_URL)")
         url = explicit
     else:
-        server = database_url()
+        server = embedded_database_url()
         say("embedded PostgreSQL is up (data in .leasehold/pgdata); recreating database leasehold_demo")
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("leasehold_demo")))

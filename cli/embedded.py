@@ -53,6 +53,7 @@ __all__ = [
     "PostmasterStatus",
     "database_url",
     "default_data_dir",
+    "embedded_database_url",
     "project_root",
     "redact_url",
     "with_database",
@@ -668,6 +669,12 @@ def database_url(env_var: str = "DATABASE_URL", *, stop_at_exit: bool = True) ->
     value = os.environ.get(env_var)
     if value:
         return value
+    return embedded_database_url(stop_at_exit=stop_at_exit)
+
+
+def embedded_database_url(*, stop_at_exit: bool = True) -> str:
+    """Start (or reuse) the embedded server of the default data directory; its URL (database
+    ``postgres``). Commands call this only when asked (``--embedded``, ``leasehold demo``)."""
     data_dir = default_data_dir()
     with _default_lock:
         server = _default_servers.get(data_dir)
@@ -675,10 +682,3 @@ def database_url(env_var: str = "DATABASE_URL", *, stop_at_exit: bool = True) ->
             server = _default_servers[data_dir] = EmbeddedPostgres(data_dir, stop_at_exit=stop_at_exit)
     server.start()
     return server.url()
-
-
-def configured_database_url(explicit: str | None = None) -> str:
-    """The database a command works on, the same way for every command: ``explicit`` (its
-    ``--database-url``), else ``$LEASEHOLD_DATABASE_URL``, else ``$DATABASE_URL``, else the
-    embedded server."""
-    return explicit or os.environ.get("LEASEHOLD_DATABASE_URL") or database_url()

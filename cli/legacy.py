@@ -37,7 +37,8 @@ import redis.asyncio as redis
 from psycopg import AsyncConnection, OperationalError
 from psycopg_pool import PoolTimeout
 
-from cli.embedded import configured_database_url, redact_url
+from cli.dburl import add_database_options, resolve_database_url
+from cli.embedded import redact_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import Conflict, LeaseholdError, Unavailable
 from domain.legacy import InvalidMessage, parse_message
@@ -66,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "QUEUE:processing holds the message being handled.")
     drain_parser.add_argument("--redis-url", required=True, metavar="URL", help="redis:// URL of the legacy queue")
     drain_parser.add_argument("--queue", required=True, metavar="NAME", help="the Redis list the legacy API pushes to")
-    drain_parser.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(drain_parser)
     drain_parser.add_argument("--dry-run", action="store_true",
                               help="report what would happen; change nothing in Redis or PostgreSQL")
     drain_parser.add_argument("--limit", type=int, metavar="N", help="handle at most N messages, then stop")
@@ -100,13 +101,13 @@ class Lists:
 
 
 async def _run(args: argparse.Namespace) -> None:
+    url = resolve_database_url(args.database_url, embedded=args.embedded)
     client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=10, socket_timeout=30)
     try:
         try:
             await client.ping()
         except redis.RedisError as exc:
             raise CommandError(f"cannot reach Redis at {redact_url(args.redis_url)}: {exc}") from exc
-        url = configured_database_url(args.database_url)
         try:  # one plain connection first: a refusal is reported at once, not after the pool's retries
             await (await AsyncConnection.connect(url, connect_timeout=10)).close()
         except OperationalError as exc:

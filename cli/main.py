@@ -14,7 +14,8 @@ where the ``server`` extra is missing prints one line saying so.
 
 Exit codes: 0 success, 1 failure (unreachable database, failed migration, missing ``server``
 extra, ...), 2 usage error. Handlers report expected failures by raising :class:`CommandError`;
-database driver errors that escape a handler are reported the same way, without a traceback.
+database driver errors, file errors and anything unexpected that escapes a handler are reported
+the same way, in one line without a traceback (``-vv`` shows the traceback of an unexpected one).
 """
 
 from __future__ import annotations
@@ -128,7 +129,22 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
                 # No options of its own: while choosing the command, everything after it is left
                 # for the real parser (see main()).
                 subparsers.add_parser(name, help=help_text, add_help=False)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command's ``--help`` opens with a description: its one-line help where it was
+    given no longer one."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {choice.dest: choice.help for choice in action._choices_actions}
+        for name, sub in action.choices.items():
+            if sub.description is None and helps.get(name):
+                text = str(helps[name])
+                sub.description = text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
+            _describe(sub)
 
 
 def _import_command_module(entry: CommandModule, command: str) -> Any:
@@ -198,9 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except Exception as exc:
         message = _database_error_message(exc)
+        if message is None and isinstance(exc, OSError) and exc.strerror:
+            message = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
         if message is None:
-            raise
-        print(f"leasehold: error: {message}", file=sys.stderr)
+            if args.verbose >= 2:
+                raise
+            message = f"unexpected {type(exc).__name__}: {exc} (run with -vv for the traceback)"
+        print(f"leasehold: error: {' '.join(message.split())}", file=sys.stderr)
         return EXIT_FAILURE
 
 

@@ -9,9 +9,13 @@
     leasehold replay export (TASK_ID | --scan SCAN_ID) OUT [--signing-key KEY]
     leasehold replay verify-bundle OUT [--public-key KEY]
 
-Every action takes ``--database-url`` (default ``$DATABASE_URL``, else the embedded server),
-``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all good, 1 a finding
-(differences, broken chains, a bad bundle) or a failure, 2 a usage error.
+Every action but ``verify-bundle`` works on the database of ``--database-url``, else
+``$LEASEHOLD_DATABASE_URL``, else ``$DATABASE_URL`` (``--embedded``: the embedded development
+server; nothing set: a usage error), named on stderr, and refuses one that was never migrated.
+``verify`` and ``verify-chain`` of a log without events say ``EMPTY`` and exit 1: nothing was
+verified. Every action takes ``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all
+good, 1 a finding (differences, broken chains, a bad bundle, nothing to verify) or a failure, 2
+a usage error.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from typing import Any
 from uuid import UUID
 
 from cli.arguments import iso_time
-from cli.embedded import configured_database_url
+from cli.dburl import add_database_options, resolve_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import write_checkpoint
 from persistence.codec import DecodeError
 from persistence.connection import connect
+from persistence.queries import QUERIES
 from persistence.seals import SealKeyError, load_private_key, load_public_key
 from persistence.snapshot import snapshot
+from persistence.urls import database_label
 from projections.memory import ProjectionError
 from replay import render
 from replay.asof import scan_as_of, task_as_of
@@ -52,10 +58,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Audit tools over the event log. Reads run in one REPEATABLE READ snapshot, so they are "
                     "safe while the Gateway is running.")
     actions = replay.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: $DATABASE_URL)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    common.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    offline = argparse.ArgumentParser(add_help=False)
+    offline.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    offline.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    common = argparse.ArgumentParser(add_help=False, parents=[offline])
+    add_database_options(common)
 
     def subject(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
@@ -102,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="sign manifest.json with this seal private key (PEM); writes manifest.sig")
     p.set_defaults(func=_run(_export))
 
-    p = actions.add_parser("verify-bundle", parents=[common],
+    p = actions.add_parser("verify-bundle", parents=[offline],
                            help="verify an audit bundle offline (no database; exit 1 on any mismatch)")
     p.add_argument("out", type=Path, metavar="OUT")
     p.add_argument("--public-key", type=Path, metavar="KEY",
@@ -127,7 +134,7 @@ def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
 
 
 def _url(args: argparse.Namespace) -> str:
-    return configured_database_url(args.database_url)
+    return resolve_database_url(args.database_url, embedded=args.embedded)
 
 
 def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
@@ -148,7 +155,21 @@ def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> C
 
 
 async def _connect(args: argparse.Namespace) -> Any:
-    return await connect(_url(args), application_name="leasehold-replay")
+    """A connection to the audited database, which must be a migrated leasehold database."""
+    if getattr(args, "_url", None) is None:
+        args._url = _url(args)
+    conn = await connect(args._url, application_name="leasehold-replay")
+    try:
+        cur = await conn.execute(QUERIES["schema_migrated"])
+        row = await cur.fetchone()
+    except BaseException:
+        await conn.close()
+        raise
+    if not (row and row[0]):
+        await conn.close()
+        raise CommandError(f"{database_label(args._url)} is not a leasehold database (never migrated): "
+                           "nothing to audit; check --database-url / LEASEHOLD_DATABASE_URL")
+    return conn
 
 
 async def _estimated_events(conn: Any) -> int | None:
@@ -211,9 +232,11 @@ async def _verify(args: argparse.Namespace) -> int:
         total = await _estimated_events(conn)
         with render.progress_bar("verify", total, not args.no_progress) as update:
             result = await verify_projections(conn, schema=args.schema, progress=update)
+    ok = result.ok and result.events > 0  # an empty log verifies nothing: never "OK"
     if args.json:
         render.print_json({
-            "ok": result.ok, "events": result.events, "rows": result.rows, "seconds": round(result.seconds, 3),
+            "ok": ok, "empty": result.events == 0, "events": result.events, "rows": result.rows,
+            "seconds": round(result.seconds, 3),
             "differences": [{"table": d.table, "key": [str(k) for k in d.key], "kind": d.kind,
                              "columns": {c: [render._jsonable(a), render._jsonable(b)]
                                          for c, (a, b) in d.columns.items()}}
@@ -221,10 +244,11 @@ async def _verify(args: argparse.Namespace) -> int:
     else:
         _out(*(str(d) for d in result.differences))
         rows = sum(result.rows.values())
-        verdict = "OK" if result.ok else _n(len(result.differences), "difference").upper()
+        verdict = ("OK" if ok else "EMPTY" if result.ok else _n(len(result.differences), "difference").upper())
         _out(f"{verdict}: {result.events} events rebuilt and compared with {rows} live rows"
-             f" in {result.seconds:.2f}s")
-    return EXIT_OK if result.ok else EXIT_FAILURE
+             f" in {result.seconds:.2f}s" + (" (the log holds no events: nothing was verified)"
+                                            if result.events == 0 else ""))
+    return EXIT_OK if ok else EXIT_FAILURE
 
 
 async def _as_of(args: argparse.Namespace) -> int:
@@ -268,6 +292,7 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         with render.progress_bar("verify-chain", total, not args.no_progress) as update:
             report = await verify_log(conn, progress=update, digests=digests)
     latest = report.latest
+    ok = report.ok and report.events > 0  # an empty log verifies nothing: never "OK"
     newest = digests.newest if digests is not None else None
     digest_json = None if digests is None else {
         "records": digests.records,
@@ -277,7 +302,7 @@ async def _verify_chain(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json({
             "digests": digest_json,
-            "ok": report.ok, "streams": report.streams, "events": report.events,
+            "ok": ok, "empty": report.events == 0, "streams": report.streams, "events": report.events,
             "checkpoints": len(report.checkpoints), "seconds": round(report.seconds, 3),
             "latest_checkpoint": None if latest is None else {
                 "id": latest.id, "created_at": latest.created_at.isoformat(), "seal": latest.seal.hex(),
@@ -289,13 +314,14 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         _out(*(str(p) for p in report.problems))
         sealed = (f"; latest checkpoint {latest.id} at {latest.created_at.isoformat()} seals {latest.head_count}"
                   f" streams, seal {latest.seal.hex()}" if latest else "; no checkpoint yet (run: replay checkpoint)")
-        verdict = "OK" if report.ok else _n(len(report.problems), "problem").upper()
+        verdict = "OK" if ok else "EMPTY" if report.ok else _n(len(report.problems), "problem").upper()
         _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')},"
              f" {_n(len(report.checkpoints), 'checkpoint')}"
-             f" checked in {report.seconds:.2f}s{sealed}")
+             f" checked in {report.seconds:.2f}s{sealed}"
+             + (" (the log holds no events: nothing was verified)" if report.events == 0 else ""))
         if digests is not None:
             _out(_digest_summary(digests.records, newest, report.unsealed))
-    return EXIT_OK if report.ok else EXIT_FAILURE
+    return EXIT_OK if ok else EXIT_FAILURE
 
 
 def _digest_summary(records: int, newest: dict[str, Any] | None, unsealed: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from cli.embedded import configured_database_url
+from cli.dburl import add_database_options, check_reachable, resolve_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from persistence.connection import connect
 from persistence.seals import Sealer, SealKeyError, generate_keypair, load_private_key, open_sink
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--signing-key", type=Path, metavar="KEY",
                    help="seal private key (default: $LEASEHOLD_SEAL_KEY_FILE)")
     p.add_argument("--digest-dir", type=Path, metavar="DIR", help="digest sink (default: $LEASEHOLD_DIGEST_DIR)")
-    p.add_argument("--database-url", metavar="URL", help="postgresql:// URL (default: as the Gateway)")
+    add_database_options(p)
     p.add_argument("--json", action="store_true", help="print the published record as JSON")
     p.set_defaults(func=_now)
 
@@ -76,7 +76,9 @@ def _now(args: argparse.Namespace) -> int:
         sealer = Sealer(load_private_key(key_path), open_sink(sink_path))
     except SealKeyError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
-    record = asyncio.run(_seal(configured_database_url(args.database_url), sealer))
+    url = resolve_database_url(args.database_url, embedded=args.embedded)
+    check_reachable(url)
+    record = asyncio.run(_seal(url, sealer))
     if args.json:
         print(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode())
     else:

@@ -10,18 +10,24 @@ document is generated from as well.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
+from psycopg_pool import AsyncConnectionPool
 
 from gateway.api import operator as operator_api
 from gateway.api import service as service_api
 from gateway.api import worker as worker_api
-from gateway.api.http import Route, error_middleware, request_log_middleware
+from gateway.api.http import (
+    Route,
+    error_middleware,
+    listener_middleware,
+    listeners_of,
+    request_log_middleware,
+)
 from gateway.background import checkpointer, sampler, scheduler, sweeper
 from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
@@ -33,14 +39,17 @@ from gateway.keys import (
     METRICS,
     NOTIFIER,
     OBSERVE_REQUEST,
+    ROUTE_LISTENERS,
     ROUTES,
     SEALER,
     SERVICES,
     SETTINGS,
 )
 from gateway.metrics import Metrics
+from gateway.schema import expected_revision
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
+from gateway.startup import check_database
 from persistence.connection import create_pool
 from persistence.roles import privilege_warnings
 from persistence.seals import Sealer, load_private_key, open_sink
@@ -48,10 +57,15 @@ from persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
 
+#: How long stopping waits for the background loops once they are cancelled.
+LOOP_STOP_SECONDS = 5.0
+
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     url = settings.resolved_database_url()
+    # Unreachable, or at another schema revision than this Gateway's: refuse to start (one line).
+    await check_database(url)
     notifier = Notifier(url)
     hints = None
     if settings.redis_url:
@@ -79,6 +93,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
           registry=metrics.registry).set_function(lambda: 1 if notifier.connected.is_set() else 0)
     Gauge("leasehold_long_polls_waiting", "Acquire long-polls waiting for a wake-up",
           registry=metrics.registry).set_function(lambda: notifier.waiting)
+    for stat, what in (("pool_size", "connections open"), ("pool_available", "connections idle in the pool"),
+                       ("requests_waiting", "requests waiting for a connection")):
+        Gauge(f"leasehold_db_pool_{stat.removeprefix('pool_')}", f"Database pool: {what}",
+              registry=metrics.registry).set_function(_pool_stat(pool, stat))
     if hints is not None:
         hints.start()
     try:
@@ -88,16 +106,17 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                             warning, extra={"database_role": "privileged"})
     except Exception:  # the database may not be up yet; the Gateway still starts
         log.exception("could not check the database role's privileges")
-    if settings.admin_api_key:
+    bootstrap_key = settings.bootstrap_key()
+    if bootstrap_key:
         try:
-            if not await services.registry.store_bootstrap_key(settings.admin_api_key):
-                log.error("LEASEHOLD_ADMIN_API_KEY was revoked before and stays revoked; start with a new key")
+            if not await services.registry.store_bootstrap_key(bootstrap_key):
+                log.error("the bootstrap administrator key was revoked before and stays revoked; start with a new key")
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
     loops = [
         asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds, metrics.swept.inc),
                             name="leasehold-sweeper"),
-        asyncio.create_task(sampler.run(db, metrics), name="leasehold-sampler"),
+        asyncio.create_task(sampler.run(db, metrics, settings.metrics_sample_seconds), name="leasehold-sampler"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:
@@ -114,21 +133,35 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     finally:
         for task in loops:
             task.cancel()
-        for task in loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Bounded: a loop that does not stop must not keep the process from exiting.
+        _, stuck = await asyncio.wait(loops, timeout=LOOP_STOP_SECONDS)
+        if stuck:
+            log.warning("background loops did not stop in time", extra={"loops": [t.get_name() for t in stuck]})
         if hints is not None:
             await hints.stop()
         await notifier.stop()
         await pool.close()
 
 
+def _pool_stat(pool: AsyncConnectionPool, name: str) -> Callable[[], float]:
+    return lambda: float(pool.get_stats().get(name, 0))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("leasehold")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def create_app(settings: GatewaySettings) -> web.Application:
     """The Gateway as an aiohttp application (serve it with :mod:`gateway.serve`)."""
-    app = web.Application(middlewares=[request_log_middleware, error_middleware],
+    app = web.Application(middlewares=[request_log_middleware, error_middleware, listener_middleware],
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
-    app[METRICS] = Metrics()
+    app[METRICS] = Metrics(version=_version(), schema_revision=expected_revision())
     app[OBSERVE_REQUEST] = app[METRICS].observe_request
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
     app[CERTIFICATES] = KnownCertificates()
@@ -137,7 +170,17 @@ def create_app(settings: GatewaySettings) -> web.Application:
         app[SEALER] = Sealer(load_private_key(settings.seal_key_file), open_sink(settings.digest_dir))
     routes: list[Route] = [*service_api.routes, *worker_api.routes, *operator_api.routes]
     app[ROUTES] = routes
+    served: dict[int, tuple[str, ...]] = {}
     for route in routes:
-        app.router.add_route(route.method, route.path, route.handler)
+        served[id(app.router.add_route(route.method, route.path, route.handler))] = listeners_of(route)
+    app[ROUTE_LISTENERS] = served
     app.cleanup_ctx.append(_resources)
+    app.on_shutdown.append(_answer_long_polls)
     return app
+
+
+async def _answer_long_polls(app: web.Application) -> None:
+    """Stopping: every waiting acquire long-poll answers 204 now, rather than at its deadline."""
+    notifier = app.get(NOTIFIER)
+    if notifier is not None:
+        notifier.close()

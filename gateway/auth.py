@@ -17,6 +17,7 @@ from domain.errors import Forbidden, LeaseholdError
 from gateway.identity import Operator, WorkerIdentity
 from gateway.keys import BUCKETS, CERTIFICATES, OPERATOR, SERVICES, WORKER, WORKER_FINGERPRINT
 from gateway.tls import peer_fingerprint
+from worker.logs import LOG_CONTEXT
 
 
 class Unauthorized(LeaseholdError):
@@ -75,4 +76,7 @@ async def operator_identity(request: web.Request) -> Operator:
         raise Unauthorized("unknown or revoked API key")
     operator = Operator(key_id=found.id, name=found.name, organization_id=found.organization_id)
     request[OPERATOR] = operator
+    context = LOG_CONTEXT.get()
+    if context is not None:  # the request's log lines from here on name the key
+        context["operator_key_id"] = str(operator.key_id)
     return operator

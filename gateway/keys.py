@@ -30,6 +30,10 @@ CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
 SEALER = web.AppKey("sealer", Sealer)
 #: The connection guards of the listeners (worker, operator), once serving (gateway.serve.start).
 GUARDS = web.AppKey("connection_guards", list)
+#: Local port -> listener ("worker", "operator", "health"), set when the ports are bound.
+LISTENER_PORTS: web.AppKey[dict[int, str]] = web.AppKey("listener_ports")
+#: id() of each aiohttp route -> the listeners that serve it.
+ROUTE_LISTENERS: web.AppKey[dict[int, tuple[str, ...]]] = web.AppKey("route_listeners")
 
 # Per request.
 REQUEST_ID = web.RequestKey("request_id", str)

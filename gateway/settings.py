@@ -15,11 +15,14 @@ class GatewaySettings(BaseSettings):
 
     database_url: str | None = Field(
         None, validation_alias=AliasChoices("database_url", "LEASEHOLD_DATABASE_URL", "DATABASE_URL"),
-        description="PostgreSQL URL (also read from DATABASE_URL); default: the embedded server")
+        description="PostgreSQL URL, postgresql://USER@HOST:PORT/DB (also read from DATABASE_URL); required")
     host: str = Field("127.0.0.1", description="address to listen on")
     worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
     operator_port: int = Field(8444, ge=0, le=65535,
                                description="HTTPS port of the operator API (bearer API keys; no client certificate)")
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="plain-HTTP port serving only /healthz and /readyz, for load-balancer "
+                                          "probes that cannot present a client certificate (off unless set)")
     pki_dir: Path | None = Field(None, description="directory made by `leasehold pki init` (ca.pem, server.pem…)")
     ca_file: Path | None = Field(None, description="CA bundle that signs worker certificates (overrides pki_dir)")
     cert_file: Path | None = Field(None, description="server certificate (overrides pki_dir)")
@@ -48,6 +51,9 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = Field(None, description="Redis URL for wake-up hints between Gateway processes "
                                                     "(optional; without it, or while it is down, LISTEN/NOTIFY "
                                                     "and the poll wake workers)")
+    metrics_sample_seconds: float = Field(5.0, gt=0, le=600,
+                                          description="how often the database gauges of /metrics (queue depth, "
+                                                      "oldest pending age, live leases) are sampled")
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
     fair_shares: bool = Field(True, description="serve a shared worker's organisations by fair shares at equal "
                                                 "priority; off: the oldest task of any organisation first "
@@ -66,9 +72,15 @@ class GatewaySettings(BaseSettings):
         1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
                                       description="how long a cancelling task waits for the worker's ack")
-    admin_api_key: str | None = Field(None, description="bootstrap administrator API key (stored hashed)")
+    admin_api_key: str | None = Field(None, description="bootstrap administrator API key (stored hashed); from "
+                                                        "LEASEHOLD_ADMIN_API_KEY only, never a flag")
+    admin_api_key_file: Path | None = Field(None, description="file holding the bootstrap administrator API key "
+                                                              "(instead of LEASEHOLD_ADMIN_API_KEY)")
     rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
     rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
+    shutdown_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="on SIGTERM, how long in-flight requests may take to finish before they are "
+                                        "cancelled (waiting long-polls are answered at once)")
     log_level: str = Field("INFO", description="log level (JSON logs on stderr)")
 
     @model_validator(mode="after")
@@ -76,6 +88,15 @@ class GatewaySettings(BaseSettings):
         if (self.seal_key_file is None) != (self.digest_dir is None):
             raise ValueError("seal_key_file and digest_dir go together: set both to publish signed seals")
         return self
+
+    def bootstrap_key(self) -> str | None:
+        """The bootstrap administrator key: ``admin_api_key``, else the first line of
+        ``admin_api_key_file`` (an unreadable file raises ``OSError``)."""
+        if self.admin_api_key:
+            return self.admin_api_key
+        if self.admin_api_key_file is not None:
+            return self.admin_api_key_file.read_text().strip() or None
+        return None
 
     def resolved_database_url(self) -> str:
         """The database to use; the command line resolves "none given" before the Gateway starts."""

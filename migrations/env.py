@@ -1,4 +1,4 @@
-"""Alembic environment for leasehold (online mode only).
+"""Alembic environment for leasehold: online, and offline (``--sql``: the SQL printed, not run).
 
 The database URL is taken, in order, from: ``config.attributes["url"]`` (set by
 :func:`migrations.runner.make_config`), ``alembic -x url=...``, ``sqlalchemy.url`` in the ini
@@ -63,6 +63,16 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
+def run_migrations_offline() -> None:
+    """Print the SQL of the migrations instead of running it (``leasehold migrate --sql``): one
+    transaction per revision, as online; no database is contacted."""
+    context.configure(url="postgresql+psycopg://", literal_binds=True, dialect_opts={"paramstyle": "named"},
+                      transaction_per_migration=True, target_metadata=None)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
 if context.is_offline_mode():
-    raise SystemExit("leasehold migrations run online only (no --sql mode)")
-run_migrations_online()
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -12,6 +12,7 @@ transaction.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from alembic import command
@@ -27,11 +28,14 @@ __all__ = [
     "MIGRATION_LOCK_KEY",
     "current",
     "downgrade",
+    "downgrade_sql",
     "head",
+    "history",
     "make_config",
     "revisions",
     "sqlalchemy_url",
     "upgrade",
+    "upgrade_sql",
 ]
 
 #: Directory of the installed ``migrations`` package (holds ``env.py`` and ``versions/``).
@@ -78,6 +82,34 @@ def downgrade(url: str, revision: str) -> str | None:
     """
     command.downgrade(make_config(url), revision)
     return current(url)
+
+
+def upgrade_sql(revision: str = "head", *, start: str | None = None, output: Any = None) -> None:
+    """Write the SQL of upgrading from ``start`` (default: base) to ``revision`` to ``output``
+    (default: stdout), without a database (Alembic's offline mode)."""
+    config = make_config()
+    if output is not None:
+        config.output_buffer = output
+    command.upgrade(config, f"{start}:{revision}" if start else revision, sql=True)
+
+
+def downgrade_sql(start: str, revision: str, *, output: Any = None) -> None:
+    """Write the SQL of downgrading from ``start`` to ``revision`` to ``output`` (offline)."""
+    config = make_config()
+    if output is not None:
+        config.output_buffer = output
+    command.downgrade(config, f"{start}:{revision}", sql=True)
+
+
+def history() -> list[tuple[str, str | None, str]]:
+    """``(revision, down_revision, first line of its docstring)`` of every revision, base first."""
+    script = ScriptDirectory.from_config(make_config())
+    found = []
+    for rev in reversed(list(script.walk_revisions())):
+        doc = (rev.doc or "").strip().splitlines()
+        down = rev.down_revision if isinstance(rev.down_revision, str | None) else ",".join(rev.down_revision)
+        found.append((rev.revision, down, doc[0] if doc else ""))
+    return found
 
 
 def revisions() -> list[str]:

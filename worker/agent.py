@@ -103,6 +103,12 @@ class Agent:
             "gateway": self.settings.gateway, "max_concurrency": self.settings.max_concurrency,
             "task_types": ",".join(self.resolver.offered()),
             "plugins_dir": str(self.settings.plugins_dir) if self.settings.plugins_dir else None})
+        health = None
+        if self.settings.health_port is not None:
+            from worker.health import HealthServer
+
+            health = HealthServer(self.status, self.settings.health_port)
+            log.info("health and metrics", extra={"url": f"http://127.0.0.1:{await health.start()}"})
         try:
             async with GatewayClient(self.settings) as client:
                 acquirer = asyncio.create_task(self._acquire_loop(client))
@@ -118,6 +124,8 @@ class Agent:
                         await task
                 await self._drain()
         finally:
+            if health is not None:
+                await health.stop()
             if handle_signals:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)

@@ -1,21 +1,31 @@
-"""The worker's logs on stderr: human-readable lines, or one JSON object per line (``--log-format
-json``). Extra fields given with ``log.info("msg", extra={...})`` appear as ``key=value`` or as
-JSON keys. Lease tokens are never logged: no request body is ever logged, lease tokens are
-``SecretStr`` objects, and fields named like secrets are redacted by both formatters anyway.
+"""Logs on stderr: human-readable lines, or one JSON object per line — the worker's
+``--log-format json`` and the Gateway's only format, with this one :class:`JsonFormatter`.
+
+A JSON line is ``{"ts", "level", "logger", "msg", "pid", ...}``: ``ts`` in UTC, ISO 8601 with
+milliseconds (``2026-05-04T10:11:12.345Z``), then the fields of :data:`LOG_CONTEXT` (the Gateway
+puts the request id and the operator key id there while it handles a request), then the
+``extra={...}`` fields of the call. Lease tokens and keys are never logged: no request body is
+ever logged, lease tokens are ``SecretStr`` objects, and fields named like secrets are redacted
+by both formatters anyway.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "extra_fields"]
+__all__ = ["LOG_CONTEXT", "JsonFormatter", "TextFormatter", "configure_logging", "extra_fields", "utc_timestamp"]
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
-_SECRET_KEYS = frozenset({"lease_token", "token", "authorization", "password", "key_password"})
+_SECRET_KEYS = frozenset({"lease_token", "token", "authorization", "password", "key_password", "api_key"})
+#: Fields every log line of the current task carries (the Gateway: request id, operator key id).
+LOG_CONTEXT: ContextVar[dict[str, Any] | None] = ContextVar("leasehold_log_context", default=None)
 REDACTED = "[redacted]"
 
 
@@ -26,12 +36,18 @@ def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
             if key not in _STANDARD and not key.startswith("_")}
 
 
+def utc_timestamp(created: float) -> str:
+    """``2026-05-04T10:11:12.345Z``: UTC, ISO 8601, milliseconds."""
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 class JsonFormatter(logging.Formatter):
-    """``{"ts", "level", "logger", "msg", ...extra}`` per line."""
+    """``{"ts", "level", "logger", "msg", "pid", ...context, ...extra}`` per line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-                                 "logger": record.name, "msg": record.getMessage(), **extra_fields(record)}
+        entry: dict[str, Any] = {"ts": utc_timestamp(record.created), "level": record.levelname,
+                                 "logger": record.name, "msg": record.getMessage(), "pid": record.process or os.getpid(),
+                                 **(LOG_CONTEXT.get() or {}), **extra_fields(record)}
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()

@@ -67,6 +67,9 @@ class WorkerSettings(BaseSettings):
     backoff_initial_seconds: float = Field(0.5, gt=0, le=60, description="first retry delay when the Gateway "
                                                                          "is unreachable (doubles, full jitter)")
     backoff_max_seconds: float = Field(30.0, gt=0, le=3600, description="longest retry delay")
+    health_port: int | None = Field(None, ge=0, le=65535,
+                                    description="local port (127.0.0.1, plain HTTP) serving /healthz and /metrics "
+                                                "of this agent; off unless set")
     log_format: Literal["text", "json"] = Field(
         "text", description="text: human-readable (a live status table when stderr is a terminal); "
                             "json: one JSON object per line")

@@ -21,7 +21,17 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 
 from domain.errors import InvalidRequest, LeaseholdError
 from domain.limits import check_body, check_field
-from gateway.keys import OBSERVE_REQUEST, OPERATOR, REQUEST_ID, SETTINGS, WORKER_FINGERPRINT
+from gateway.keys import (
+    LISTENER_PORTS,
+    METRICS,
+    OBSERVE_REQUEST,
+    OPERATOR,
+    REQUEST_ID,
+    ROUTE_LISTENERS,
+    SETTINGS,
+    WORKER_FINGERPRINT,
+)
+from worker.logs import LOG_CONTEXT
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -47,6 +57,21 @@ class Route:
     tags: tuple[str, ...] = ()
     query: type[BaseModel] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The listeners that serve it (see :func:`listeners_of`); empty: decided by ``auth``.
+    listeners: tuple[Listener, ...] = ()
+
+
+#: The Gateway's listeners: the worker port (mTLS), the operator port (server TLS, API keys) and
+#: the optional plain-HTTP health port.
+Listener = Literal["worker", "operator", "health"]
+
+
+def listeners_of(route: Route) -> tuple[Listener, ...]:
+    """Where a route is served: worker routes on the worker port, operator routes on the operator
+    port, a service route where it says (by default the operator port)."""
+    if route.listeners:
+        return route.listeners
+    return ("worker",) if route.auth == "worker" else ("operator",)
 
 
 class RouteTable(list[Route]):
@@ -56,12 +81,13 @@ class RouteTable(list[Route]):
               request: type[BaseModel] | None = None, response: type[BaseModel] | None = None,
               statuses: tuple[int, ...] = (), tags: tuple[str, ...] = (),
               query: type[BaseModel] | None = None,
-              links: dict[str, dict[str, Any]] | None = None) -> Callable[[Handler], Handler]:
+              links: dict[str, dict[str, Any]] | None = None,
+              listeners: tuple[Listener, ...] = ()) -> Callable[[Handler], Handler]:
         """``links``: OpenAPI links of the success response (name -> link object, naming its target
         by ``operationId``: the handler's name, ``_``, the lower-case method)."""
         def register(handler: Handler) -> Handler:
             self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query,
-                              {"links": links} if links else {}))
+                              {"links": links} if links else {}, listeners))
             return handler
         return register
 
@@ -165,20 +191,30 @@ def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
 
 
+def _rejected(request: web.Request, reason: str) -> None:
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.rejected(reason)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure becomes problem+json; a 500 is logged with its request id, never leaked."""
     try:
         return await handler(request)
     except LeaseholdError as exc:
+        if 400 <= exc.status < 500:
+            _rejected(request, exc.code)
         retry_after = exc.details.get("retry_after")
         return problem(exc.status, _STATUS_TITLES.get(exc.status, "Error"), exc.message, code=exc.code,
                        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
                        **{k: v for k, v in exc.details.items() if v is not None})
     except ValidationError as exc:
+        _rejected(request, "validation")
         return problem(422, "Unprocessable Content", "the request does not match its schema",
                        code="validation", errors=_validation_errors(exc))
     except BadRequest as exc:
+        _rejected(request, "bad-request")
         return problem(400, "Bad Request", exc.detail, code="bad-request", **exc.extensions)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -206,14 +242,33 @@ def _key_id(request: web.Request) -> str | None:
 
 
 @web.middleware
+async def listener_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A route answers only on its listeners (:func:`listeners_of`); elsewhere it does not exist
+    (404). The listener is the local port the connection arrived on."""
+    ports = request.app.get(LISTENER_PORTS)
+    allowed = request.app.get(ROUTE_LISTENERS, {}).get(id(request.match_info.route))
+    if ports and allowed is not None:
+        local = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        listener = ports.get(local[1]) if local else None
+        if listener is not None and listener not in allowed:
+            raise web.HTTPNotFound(text=f"not served on the {listener} port")
+    return await handler(request)
+
+
+@web.middleware
 async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id in and out, and one structured log line per request (no bodies: no tokens)."""
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     if len(request_id) > 100:
         request_id = uuid.uuid4().hex
     request[REQUEST_ID] = request_id
+    context: dict[str, Any] = {"request_id": request_id}
+    token = LOG_CONTEXT.set(context)  # every line logged while handling it carries the request id
     started = time.perf_counter()
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    finally:
+        LOG_CONTEXT.reset(token)
     elapsed = time.perf_counter() - started
     response.headers["X-Request-Id"] = request_id
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
@@ -222,5 +277,5 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
         observe(request.method, route, response.status, elapsed)
     log.info("request", extra={"request_id": request_id, "method": request.method, "route": route,
                                "status": response.status, "duration_ms": round(elapsed * 1000, 2),
-                               "worker": request.get(WORKER_FINGERPRINT), "api_key": _key_id(request)})
+                               "worker": request.get(WORKER_FINGERPRINT), "operator_key_id": _key_id(request)})
     return response

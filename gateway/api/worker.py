@@ -109,13 +109,16 @@ async def acquire(request: web.Request) -> web.StreamResponse:
                 worker.id, [(t, a) for t, a in polled.cancel_requested if a not in known and a in polled.undelivered],
                 channel="long-poll", actor=worker.actor)
             return web.Response(body=polled.answer, content_type="application/json", headers=warning)
+        notifier = request.app[NOTIFIER]
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or notifier.closed:  # closed: the Gateway is stopping
             return web.Response(status=204, headers=warning)
         if topics is None:
             topics = await _topics(request, worker.id)
         # Woken by NOTIFY within milliseconds; the poll interval bounds a missed notification.
-        await request.app[NOTIFIER].wait(topics, min(remaining, settings.poll_interval_seconds))
+        await notifier.wait(topics, min(remaining, settings.poll_interval_seconds))
+        if notifier.closed:
+            return web.Response(status=204)
         if request.transport is None or request.transport.is_closing():
             raise asyncio.CancelledError  # the worker went away; stop polling for it
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gateway.background.loops import stop_if_cancelled
 from persistence.checkpoints import write_checkpoint
 from persistence.seals import Sealer
 from persistence.transaction import Database
@@ -30,5 +31,6 @@ async def run(db: Database, every: float, sealer: Sealer | None = None) -> None:
                     log.info("checkpoint", extra={"checkpoint": checkpoint.id, "seal": checkpoint.seal.hex()})
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            stop_if_cancelled(exc)
             log.exception("checkpoint failed; retrying at the next interval")

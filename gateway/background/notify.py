@@ -33,6 +33,8 @@ class Notifier:
         self.received = 0
         #: Long-polls waiting right now.
         self.waiting = 0
+        #: Set when the Gateway stops: waiters are woken and long-polls answer at once.
+        self.closed = False
         #: Times the listening connection came back after being lost.
         self.reconnects = 0
         #: Called (and awaited) each time the listening connection is back after a loss: the
@@ -96,8 +98,16 @@ class Notifier:
             for event in events:
                 event.set()
 
+    def close(self) -> None:
+        """The Gateway is stopping: wake every waiter; later waits return at once."""
+        self.closed = True
+        self._wake_all()
+
     async def wait(self, topics: list[str], seconds: float) -> bool:
-        """Wait until one of ``topics`` is notified or ``seconds`` pass; True when notified."""
+        """Wait until one of ``topics`` is notified or ``seconds`` pass; True when notified.
+        Returns False at once once :meth:`close` was called."""
+        if self.closed:
+            return False
         event = asyncio.Event()
         for topic in topics:
             self._waiters.setdefault(topic, set()).add(event)

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
+from gateway.background.loops import stop_if_cancelled
 from gateway.metrics import Metrics
 from persistence.transaction import Database
 
 
 async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:
-    """Sample the live leases every ``every`` seconds, forever (an outage skips a sample)."""
+    """Sample the live leases, the queue depth by organisation and state and the oldest pending
+    age every ``every`` seconds, forever (an outage skips a sample)."""
     while True:
-        with contextlib.suppress(Exception):
-            async with db.read() as reader:
-                row = await reader.one("attempts_live_count", {})
-            metrics.live_leases.set(row[0] if row else 0)
+        try:
+            await sample(db, metrics)
+        except Exception as exc:  # an outage skips a sample; a cancellation stops the loop
+            stop_if_cancelled(exc)
         await asyncio.sleep(every)
+
+
+async def sample(db: Database, metrics: Metrics) -> None:
+    """Take one sample of the database gauges."""
+    async with db.read() as reader:
+        queue = await reader.all("queue_depth_sample", {})
+        row = await reader.one("attempts_live_count", {})
+    metrics.live_leases.set(row[0] if row else 0)
+    metrics.set_queue(queue)

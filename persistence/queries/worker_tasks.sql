@@ -155,3 +155,12 @@ GROUP BY t.organization_id, q.now
 -- name: snapshot_now
 -- The time a read-only snapshot is taken at (now(): its transaction's start), as task_queues uses.
 SELECT coalesce(%(now)s::timestamptz, now())
+
+-- name: queue_depth_sample
+-- Unfinished tasks by organisation and state, with the age of the oldest pending one (a sampled
+-- gauge, not a hot path; finished tasks are left out, so its cost follows the backlog).
+SELECT organization_id, state, count(*) AS tasks,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')) AS oldest_pending_seconds
+FROM worker_tasks
+WHERE state IN ('pending', 'leased', 'running', 'retry_wait', 'cancelling')
+GROUP BY organization_id, state

@@ -132,7 +132,7 @@ async def test_the_request_log_names_the_key_id_never_the_key(gateway: RunningGa
     assert await status_with(gateway, key["key"]) == 200
     lines = [r for r in caplog.records if r.getMessage() == "request" and getattr(r, "route", "").startswith(
         "/v1/organizations/")]
-    assert lines and lines[-1].api_key == key["id"]  # type: ignore[attr-defined]
+    assert lines and lines[-1].operator_key_id == key["id"]  # type: ignore[attr-defined]
     assert not [r for r in caplog.records if key["key"] in str(r.__dict__)]
 
 

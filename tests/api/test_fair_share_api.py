@@ -13,7 +13,7 @@ from uuid import uuid4
 
 import aiohttp
 
-from support.gateway import RunningGateway, assert_problem, events_logged, tenant
+from support.gateway import ADMIN_KEY, RunningGateway, assert_problem, events_logged, tenant
 
 
 async def test_an_administrator_sets_weights_and_caps_an_organisation_reads_its_own(gateway: RunningGateway) -> None:
@@ -65,7 +65,8 @@ async def test_a_capped_organisation_over_http_and_its_metrics(gateway: RunningG
 
     ctx = ssl.create_default_context(cafile=str(gateway.pki.ca_cert))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, \
-            s.get(gateway.operator_url + "/metrics") as reply:
+            s.get(gateway.operator_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as reply:
+        # (series that name organisations are served to an administrator key only)
         text = await reply.text()
     assert f'leasehold_organization_leases_total{{organization="{org}"}} 1.0' in text
     assert f'leasehold_organization_wait_seconds_count{{organization="{org}"}} 1.0' in text

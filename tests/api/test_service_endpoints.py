@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from migrations import runner as migrate
 from support.gateway import RunningGateway
 
 
@@ -9,6 +10,18 @@ async def test_health_and_readiness(gateway: RunningGateway) -> None:
     assert (await gateway.operator("GET", "/healthz")).body["status"] == "ok"
     ready = await gateway.operator("GET", "/readyz")
     assert ready.status == 200 and ready.body["status"] == "ready" and ready.body["listening"] is True
+    assert ready.body["schema"] == {"revision": migrate.head(), "expected": migrate.head(), "current": True}
+
+
+async def test_readiness_fails_when_the_schema_moves_underneath(gateway: RunningGateway) -> None:
+    """A migration (here: a downgrade) run under a running Gateway makes it not ready, saying why."""
+    previous = migrate.revisions()[-2]
+    async with gateway.pool.connection() as conn:
+        await conn.execute("UPDATE alembic_version SET version_num = %s", (previous,))
+    ready = await gateway.operator("GET", "/readyz")
+    assert ready.status == 503 and ready.headers["Content-Type"].startswith("application/problem+json")
+    assert ready.body["schema"] == {"revision": previous, "expected": migrate.head(), "current": False}
+    assert f"at revision {previous}" in ready.body["detail"]
 
 
 async def test_openapi_documents_every_route(gateway: RunningGateway) -> None:

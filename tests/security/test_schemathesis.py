@@ -116,10 +116,10 @@ async def test_schemathesis_finds_nothing(database_url: str, pki: PkiPaths, tmp_
         env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
                "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
         runs: list[tuple[str, str, Path, tuple[str, ...], list[str], dict[str, str]]] = [
-            ("worker", gw.worker_url, HERE / "schemathesis.toml", ("worker", "service"),
+            ("worker", gw.worker_url, HERE / "schemathesis.toml", ("worker",),
              ["--request-cert", str(certs / f"{worker.name}.pem"),
               "--request-cert-key", str(certs / f"{worker.name}-key.pem")], {}),
-            ("administrator", gw.operator_url, HERE / "schemathesis.toml", ("operator",),
+            ("administrator", gw.operator_url, HERE / "schemathesis.toml", ("operator", "service"),
              ["--header", f"Authorization: Bearer {ADMIN_KEY}"], {"LEASEHOLD_FUZZ_ORGANIZATION": str(gw.org)}),
             ("organisations", gw.operator_url, peers, ("operator",), [], {}),
         ]

@@ -210,7 +210,11 @@ class GatewayProcess:
                 "--pki-dir", str(self.pki.directory), "--worker-port", str(self.worker_port),
                 "--operator-port", str(self.operator_port)]
         for name, value in values.items():
-            args += ["--" + name.replace("_", "-"), str(value)]
+            flag = name.replace("_", "-")
+            if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+                args.append(f"--{flag}" if str(value).lower() == "true" else f"--no-{flag}")
+            else:
+                args += ["--" + flag, str(value)]
         env = {**os.environ, "LEASEHOLD_ADMIN_API_KEY": ADMIN_KEY}
         log = self._open_log()
         try:
