@@ -142,7 +142,7 @@ async def group_batches(conn: AsyncConnection[Any], lo: UUID, hi: UUID | None, *
     group in uuid order, each group in log order, in batches of ``(originator_id, version, topic,
     state, hash, group)`` (see ``events_by_group`` in ``queries/events.sql``); needs a transaction."""
     params = {"task_created": TASK_CREATED, "lo": lo, "hi": hi}
-    await conn.execute("SET LOCAL jit = off")  # compiling the plan costs more than it saves here
+    await _plan_for_groups(conn)
     async for batch in _batches(conn, "events_by_group", params, batch_size):
         yield batch
 
@@ -151,9 +151,17 @@ async def batches_of_groups(conn: AsyncConnection[Any], groups: list[UUID], stre
                             batch_size: int = 10_000) -> AsyncIterator[list[tuple[Any, ...]]]:
     """The same for a list of groups; ``streams`` are streams known to belong to them."""
     params = {"task_created": TASK_CREATED, "groups": groups, "streams": streams}
-    await conn.execute("SET LOCAL jit = off")
+    await _plan_for_groups(conn)
     async for batch in _batches(conn, "events_of_groups", params, batch_size):
         yield batch
+
+
+async def _plan_for_groups(conn: AsyncConnection[Any]) -> None:
+    """The plan the grouped reads are written for: a nested loop of plain index scans, one per
+    stream. Compiling it (JIT), caching its inner side (no stream is read twice) or bitmap scans
+    (a stream is a few rows) only cost time here."""
+    for setting in ("jit", "enable_memoize", "enable_bitmapscan"):
+        await conn.execute(f"SET LOCAL {setting} = off")
 
 
 async def streams_touched_since(conn: AsyncConnection[Any], transaction_xmin: int,

@@ -8,6 +8,8 @@ tables are those of :data:`projections.rows.PRIMARY_KEYS`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Collection
 from operator import itemgetter
 from typing import Any
@@ -80,8 +82,9 @@ async def commit_without_flush_wait(conn: AsyncConnection[Any]) -> None:
 # --- the live rows of stream groups (bounded verification) ----------------------------------
 
 #: The stream group each projected row belongs to (see ``events_by_group`` in
-#: ``queries/events.sql``), as SQL over the row ``x`` of the table in schema ``s``: a scan's rows
-#: and its tasks' rows belong to the scan, every other row to the stream that writes it.
+#: ``queries/events.sql``), as SQL over the row ``x`` of the table (and ``t``, its task's row,
+#: for the tables that hang off a task): a scan's rows and its tasks' rows belong to the scan,
+#: every other row to the stream that writes it.
 GROUP_OF: dict[str, str] = {
     "organizations": "x.id",
     "workers": "x.id",
@@ -90,17 +93,20 @@ GROUP_OF: dict[str, str] = {
     "scans": "x.id",
     "scan_jobs": "x.scan_id",
     "worker_tasks": "x.scan_id",
-    "worker_task_attempts": "(SELECT t.scan_id FROM {s}.worker_tasks t WHERE t.id = x.task_id)",
-    "worker_result_batches": "(SELECT t.scan_id FROM {s}.worker_tasks t WHERE t.id = x.task_id)",
+    "worker_task_attempts": "t.scan_id",
+    "worker_result_batches": "t.scan_id",
     "scheduled_scans": "x.id",
 }
 
 
 def _group_query(schema: str, table: str, where: str) -> sql.Composed:
-    group = sql.SQL(GROUP_OF[table].replace("{s}", "{schema}")).format(schema=sql.Identifier(schema))
-    return sql.SQL("SELECT * FROM (SELECT {group} AS _group, x.* FROM {schema}.{table} x) g WHERE {where}"
+    join: sql.Composable = sql.SQL("")
+    if GROUP_OF[table].startswith("t."):
+        join = sql.SQL(" LEFT JOIN {}.worker_tasks t ON t.id = x.task_id").format(sql.Identifier(schema))
+    return sql.SQL("SELECT * FROM (SELECT {group} AS _group, x.* FROM {schema}.{table} x{join}) g WHERE {where}"
                    " ORDER BY _group NULLS LAST").format(
-        group=group, schema=sql.Identifier(schema), table=sql.Identifier(table), where=sql.SQL(where))
+        group=sql.SQL(GROUP_OF[table]), schema=sql.Identifier(schema), table=sql.Identifier(table), join=join,
+        where=sql.SQL(where))
 
 
 class GroupRows:
@@ -115,6 +121,7 @@ class GroupRows:
         self._buffer: list[tuple[Any, ...]] = []
         self._at = 0
         self._done = False
+        self._next: asyncio.Future[list[tuple[Any, ...]]] | None = None
 
     async def open_range(self, lo: UUID, hi: UUID | None) -> None:
         """Rows of the groups in ``[lo, hi)``; the last range (``hi`` None) also takes the rows of no
@@ -134,6 +141,7 @@ class GroupRows:
         assert self._cur.description is not None
         self._names = [c.name for c in self._cur.description][1:]
         self._buffer, self._at, self._done = [], 0, False
+        self._next = asyncio.ensure_future(self._cur.fetchmany(self._fetch))
 
     async def until(self, bound: UUID | None) -> dict[tuple[Any, ...], Row]:
         """The next rows, up to the first of group ``bound`` or later (None: all that are left)."""
@@ -143,10 +151,14 @@ class GroupRows:
             if self._at == len(self._buffer):
                 if self._done:
                     return out
-                self._buffer, self._at = await self._cur.fetchmany(self._fetch), 0
+                # The next fetch was requested with the previous one: the server reads it while
+                # the caller folds.
+                assert self._next is not None
+                self._buffer, self._at = await self._next, 0
                 if not self._buffer:
                     self._done = True
                     return out
+                self._next = asyncio.ensure_future(self._cur.fetchmany(self._fetch))
             buffer, at = self._buffer, self._at
             end = len(buffer)
             if bound is not None:
@@ -163,6 +175,11 @@ class GroupRows:
                 return out
 
     async def close(self) -> None:
+        if self._next is not None and not self._next.done():
+            self._next.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._next
+        self._next = None
         if self._cur is not None:
             await self._cur.close()
             self._cur = None

@@ -111,6 +111,7 @@ async def fold_groups(batches: AsyncIterable[list[tuple[Any, ...]]], *, chunk_ev
     after ``chunk_events`` events. ``progress`` gets the events folded so far after each batch."""
     folder = Folder()
     done = 0
+    group: Any = None  # of the last event folded
     carry: list[tuple[Any, ...]] = []
     async for batch in batches:
         rows = carry + batch if carry else batch
@@ -120,7 +121,7 @@ async def fold_groups(batches: AsyncIterable[list[tuple[Any, ...]]], *, chunk_ev
             cut = len(rows)
             while cut and rows[cut - 1][5] == last:  # the last group may go on in the next batch
                 cut -= 1
-            if cut:
+            if cut or (folder.events and group != last):
                 folder.fold(rows[:cut])
                 done += folder.events
                 yield Chunk(folder.take(), last, folder.events)
@@ -130,6 +131,7 @@ async def fold_groups(batches: AsyncIterable[list[tuple[Any, ...]]], *, chunk_ev
                     progress(done)
                 continue
         folder.fold(rows)
+        group = rows[-1][5]
         if progress is not None:
             progress(done + folder.events)
     if carry:

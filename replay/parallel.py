@@ -36,7 +36,7 @@ from projections.rows import PRIMARY_KEYS, TABLE_ORDER
 from replay.fold import CHUNK_EVENTS, Progress, fold_groups
 from replay.gcpause import gc_paused
 
-RANGES_PER_JOB = 4
+RANGES_PER_JOB = 1
 #: Below this many (estimated) events per process, another process costs more than it saves.
 EVENTS_PER_JOB = 100_000
 
@@ -83,10 +83,12 @@ class Part:
 
 
 async def verify_range(conn: AsyncConnection[Any], schema: str, lo: UUID, hi: UUID | None, *,
-                       chunk_events: int = CHUNK_EVENTS, progress: Progress | None = None) -> Part:
+                       chunk_events: int = CHUNK_EVENTS, progress: Progress | None = None,
+                       live_conn: AsyncConnection[Any] | None = None) -> Part:
     """Fold the groups in ``[lo, hi)`` and compare them with their live rows in ``schema``
-    (inside ``conn``'s snapshot)."""
-    live = {table: GroupRows(conn, schema, table) for table in PRIMARY_KEYS}
+    (inside ``conn``'s snapshot; the live rows are read on ``live_conn`` if given, a second
+    connection in the same snapshot, so both streams are read ahead at once)."""
+    live = {table: GroupRows(live_conn or conn, schema, table) for table in PRIMARY_KEYS}
     for rows in live.values():
         await rows.open_range(lo, hi)
     return await _compare(conn, live, group_batches(conn, lo, hi), chunk_events, progress)
@@ -145,7 +147,11 @@ async def over_ranges(conn: AsyncConnection[Any], url: str, task: tuple[Any, ...
     Raises :class:`~projections.memory.ProjectionError` when some events were in no group (a
     stream whose first event is gone)."""
     total = Part()
-    if jobs <= 1:
+    if jobs <= 1 and task[0] == "verify" and url:
+        async with await connect(url, application_name="leasehold-replay") as live, \
+                snapshot(live, shared=await export_snapshot(conn)):
+            total.merge(await _run_task(conn, task, (FIRST, None), progress or (lambda n: None), live))
+    elif jobs <= 1:
         total.merge(await _run_task(conn, task, (FIRST, None), progress or (lambda n: None)))
     else:
         total = await _in_processes(conn, url, task, jobs, progress)
@@ -155,11 +161,12 @@ async def over_ranges(conn: AsyncConnection[Any], url: str, task: tuple[Any, ...
     return total
 
 
-async def _run_task(conn: AsyncConnection[Any], task: tuple[Any, ...], where: Range, progress: Progress) -> Part:
+async def _run_task(conn: AsyncConnection[Any], task: tuple[Any, ...], where: Range, progress: Progress,
+                    live: AsyncConnection[Any] | None = None) -> Part:
     kind = task[0]
     lo, hi = where
     if kind == "verify":
-        return await verify_range(conn, task[1], lo, hi, progress=progress)
+        return await verify_range(conn, task[1], lo, hi, progress=progress, live_conn=live)
     if kind == "load_into":  # in this process, on the caller's target connection and transaction
         return await load_range(conn, TableLoader(task[1], task[2]), lo, hi, progress=progress)
     if kind == "load":
@@ -211,9 +218,10 @@ async def _work(url: str, shared: str, task: tuple[Any, ...], where: Range) -> P
             _counter.value += done - reported
         reported = done
 
-    async with await connect(url, application_name="leasehold-replay") as conn, snapshot(conn, shared=shared):
+    async with await connect(url, application_name="leasehold-replay") as conn, snapshot(conn, shared=shared), \
+            await connect(url, application_name="leasehold-replay") as live, snapshot(live, shared=shared):
         try:
-            return await _run_task(conn, task, where, report)
+            return await _run_task(conn, task, where, report, live if task[0] == "verify" else None)
         except (ProjectionError, ValueError) as exc:
             raise type(exc)(str(exc)) from None  # what crosses back to the parent is its message
         except Exception as exc:  # some driver errors do not survive pickling
