@@ -164,11 +164,11 @@ async def _plan_for_groups(conn: AsyncConnection[Any]) -> None:
         await conn.execute(f"SET LOCAL {setting} = off")
 
 
-async def streams_touched_since(conn: AsyncConnection[Any], transaction_xmin: int,
+async def streams_touched_since(conn: AsyncConnection[Any], checkpoint_id: int, transaction_xmin: int,
                                 *, batch_size: int = 20_000) -> AsyncIterator[list[tuple[UUID, UUID]]]:
-    """``(stream, group)`` of every stream with an event of a transaction from ``transaction_xmin``
-    on, in group order, in batches (a server-side cursor; needs a transaction)."""
-    params = {"task_created": TASK_CREATED, "xmin": str(transaction_xmin)}
+    """``(stream, group)`` of every stream with an event the checkpoint did not seal, in group
+    order, in batches (a server-side cursor; needs a transaction)."""
+    params = {"task_created": TASK_CREATED, "xmin": str(transaction_xmin), "checkpoint": checkpoint_id}
     async for batch in _batches(conn, "streams_touched_since", params, batch_size):
         yield batch
 

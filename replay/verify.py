@@ -6,10 +6,11 @@ events and their projection changes) or not at all: verify can run while the Gat
 load without false alarms. Memory holds one chunk of stream groups at a time
 (:mod:`replay.parallel`).
 
-Incremental verification (``since``, a checkpoint): only the stream groups with an event of a
-transaction from the checkpoint's ``transaction_xmin`` on (found through the
-``events_transaction_idx`` index) are refolded, each from its first event, and compared with
-their live rows; so a daily audit costs about a day's events. Rows of groups the log has not
+Incremental verification (``since``, a checkpoint): only the stream groups with an event the
+checkpoint did not seal (found among the events of transactions from its ``transaction_xmin``
+on, through the ``events_transaction_idx`` index, and held against the heads it sealed) are
+refolded, each from its first event, and compared with their live rows; so a daily audit costs
+about a day's events. Rows of groups the log has not
 touched since then are not read again (the verification that covered the checkpoint did), and
 a touched scan's untouched tasks are found through the projection's ``worker_tasks.scan_id``
 index: a full verification, the default, reads everything.
@@ -83,7 +84,7 @@ async def _touched(conn: AsyncConnection[Any], schema: str, since: Checkpoint, p
         groups.clear()
         streams.clear()
 
-    async for batch in streams_touched_since(conn, since.transaction_xmin):
+    async for batch in streams_touched_since(conn, since.id, since.transaction_xmin):
         for stream, group in batch:
             if not groups or groups[-1] != group:
                 if len(groups) >= GROUPS_PER_CHUNK:

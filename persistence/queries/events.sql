@@ -98,16 +98,21 @@ CROSS JOIN LATERAL (SELECT x.* FROM events x WHERE x.originator_id = s.id OFFSET
 ORDER BY s.grp, e.notification_id
 
 -- name: streams_touched_since
--- The streams with an event from transactions from %(xmin)s on (the events_transaction_idx
--- index), with their group (as in events_by_group), in group order: what an incremental
--- verification from a checkpoint refolds.
-SELECT f.originator_id,
+-- The streams with an event the given checkpoint did not seal, with their group (as in
+-- events_by_group), in group order: what an incremental verification from that checkpoint
+-- refolds. Candidates are the events of transactions from the checkpoint's transaction_xmin on
+-- (the events_transaction_idx index; every older transaction was visible to it); of those, an
+-- event at or below the stream's head sealed by then is not new.
+SELECT c.id,
        coalesce(CASE WHEN f.topic = %(task_created)s THEN substring(encode(f.state, 'escape')
             FROM '"scan_id":"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"')::uuid
             END, f.originator_id) AS grp
-FROM events f
-WHERE f.originator_version = 1
-  AND f.originator_id IN (SELECT t.originator_id FROM events t WHERE t.transaction_id >= %(xmin)s::xid8)
+FROM (SELECT DISTINCT t.originator_id AS id FROM events t
+      WHERE t.transaction_id >= %(xmin)s::xid8
+        AND NOT EXISTS (SELECT 1 FROM checkpoint_heads h
+                        WHERE h.originator_id = t.originator_id AND h.checkpoint_id <= %(checkpoint)s::bigint
+                          AND h.originator_version >= t.originator_version)) c
+JOIN events f ON f.originator_id = c.id AND f.originator_version = 1
 ORDER BY 2, 1
 
 -- name: events_count

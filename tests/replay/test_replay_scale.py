@@ -111,10 +111,18 @@ async def test_parallel_verify_and_rebuild_equal_the_live_projections(world: Wor
 
 async def test_verify_since_a_checkpoint_refolds_only_the_groups_touched_after_it(
         world: World, database_url: str) -> None:
-    await random_workload(world, seed=24, rounds=4)
     url = ("--database-url", database_url)
-    code, cp = await cli_json("replay", "checkpoint", *url)
-    assert code == 0
+    async with await connect(database_url) as blocker, blocker.transaction(force_rollback=True):
+        # A transaction older than every event below, still open at the checkpoint: its
+        # transaction_xmin then lets every event through, and the sealed heads must sort them.
+        cur = await blocker.execute("SELECT pg_current_xact_id()::text::bigint")
+        held = await cur.fetchone()
+        await random_workload(world, seed=24, rounds=4)
+        code, cp = await cli_json("replay", "checkpoint", *url)
+        assert code == 0
+        cur = await blocker.execute("SELECT transaction_xmin::text::bigint FROM checkpoints WHERE id = %s",
+                                    (cp["id"],))
+        assert held is not None and await cur.fetchone() == held
     scan = await world.scans.create_scan(world.org, {"targets": ["10.9.0.0/24"]})
     fresh = await world.task(scan=scan)
     code, full = await cli_json("replay", "verify", *url)
