@@ -37,7 +37,7 @@ from replay.asof import scan_as_of, task_as_of
 from replay.bundle import export_bundle, verify_bundle
 from replay.integrity import verify_log
 from replay.log import NotFound
-from replay.parallel import EVENTS_PER_JOB, cores, default_jobs
+from replay.parallel import EVENTS_PER_JOB, default_jobs
 from replay.rebuild import RebuildError, check_schema_name, rebuild_schema
 from replay.timeline import scan_timeline, task_timeline
 from replay.verify import verify_projections
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     def jobs(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--jobs", type=_positive, metavar="N",
-                            help=f"processes folding the log (default: the cores, {cores()} here, fewer for a"
+                            help=f"processes folding the log (default: the number of cores, fewer for a"
                                  f" log under {EVENTS_PER_JOB:,} events a process)")
 
     def subject(parser: argparse.ArgumentParser) -> None:
