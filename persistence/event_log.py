@@ -21,9 +21,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from psycopg import AsyncConnection
 
-from domain.events import DomainEvent, TaskCreated
+from domain.events import DomainEvent
 from persistence.chain import GENESIS, chain_hash
-from persistence.codec import MAPPER, decode_event, topic_of
+from persistence.codec import MAPPER, decode_event
 from persistence.queries import QUERIES
 
 
@@ -133,15 +133,12 @@ async def event_batches(conn: AsyncConnection[Any], *, batch_size: int = 10_000
         yield batch
 
 
-TASK_CREATED = topic_of(TaskCreated)
-
-
 async def group_batches(conn: AsyncConnection[Any], lo: UUID, hi: UUID | None, *, batch_size: int = 10_000
                         ) -> AsyncIterator[list[tuple[Any, ...]]]:
     """The events of the stream groups in ``[lo, hi)`` (``hi`` None: no upper bound), group by
     group in uuid order, each group in log order, in batches of ``(originator_id, version, topic,
     state, hash, group)`` (see ``events_by_group`` in ``queries/events.sql``); needs a transaction."""
-    params = {"task_created": TASK_CREATED, "lo": lo, "hi": hi}
+    params = {"lo": lo, "hi": hi}
     await _plan_for_groups(conn)
     async for batch in _batches(conn, "events_by_group", params, batch_size):
         yield batch
@@ -150,7 +147,7 @@ async def group_batches(conn: AsyncConnection[Any], lo: UUID, hi: UUID | None, *
 async def batches_of_groups(conn: AsyncConnection[Any], groups: list[UUID], streams: list[UUID], *,
                             batch_size: int = 10_000) -> AsyncIterator[list[tuple[Any, ...]]]:
     """The same for a list of groups; ``streams`` are streams known to belong to them."""
-    params = {"task_created": TASK_CREATED, "groups": groups, "streams": streams}
+    params = {"groups": groups, "streams": streams}
     await _plan_for_groups(conn)
     async for batch in _batches(conn, "events_of_groups", params, batch_size):
         yield batch
@@ -168,7 +165,7 @@ async def streams_touched_since(conn: AsyncConnection[Any], checkpoint_id: int, 
                                 *, batch_size: int = 20_000) -> AsyncIterator[list[tuple[UUID, UUID]]]:
     """``(stream, group)`` of every stream with an event the checkpoint did not seal, in group
     order, in batches (a server-side cursor; needs a transaction)."""
-    params = {"task_created": TASK_CREATED, "xmin": str(transaction_xmin), "checkpoint": checkpoint_id}
+    params = {"xmin": str(transaction_xmin), "checkpoint": checkpoint_id}
     async for batch in _batches(conn, "streams_touched_since", params, batch_size):
         yield batch
 
