@@ -14,6 +14,7 @@ schema bearing that mark can be replaced, and never ``public`` or a system schem
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import time
@@ -112,8 +113,9 @@ async def rebuild_schema(source: AsyncConnection[Any], target: AsyncConnection[A
                 on_load(table, count)
         result.load_seconds = time.perf_counter() - started
     except BaseException:
-        async with target.transaction():
-            await drop_schema(target, staging)
+        with contextlib.suppress(Exception):  # the error that matters is the one being raised
+            async with target.transaction():
+                await drop_schema(target, staging)
         raise
     return result
 
