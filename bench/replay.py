@@ -381,6 +381,13 @@ async def measure(url: str, jobs: int | None, since_checkpoint: int | None) -> d
     if since_checkpoint is not None:
         since, wall, rss = run_command("replay", "verify", "--since", str(since_checkpoint), "--database-url", url,
                                        *job_args)
+        with psycopg.connect(url) as conn:
+            # The events an incremental verify sifts to find what is new: those of transactions from
+            # the checkpoint's transaction_xmin on (held back by any transaction open on the server
+            # when the checkpoint was taken).
+            out["verify_since_candidate_events"] = conn.execute(
+                "SELECT count(*) FROM events WHERE transaction_id >= (SELECT transaction_xmin FROM checkpoints"
+                " WHERE id = %s)", (since_checkpoint,)).fetchone()[0]  # type: ignore[index]
         out["verify_since_events"] = since["events"]
         out["verify_since_differences"] = len(since["differences"])
         out["verify_since_s"] = since["seconds"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -29,7 +28,7 @@ from psycopg import AsyncConnection
 from persistence.connection import connect
 from persistence.event_log import batches_of_groups, count_events, group_batches
 from persistence.snapshot import export_snapshot, snapshot
-from persistence.tables import GroupRows, TableLoader
+from persistence.tables import GroupRows, TableLoader, commit_without_flush_wait
 from projections.compare import Comparison
 from projections.memory import ProjectionError, Tables
 from projections.rows import PRIMARY_KEYS, TABLE_ORDER
@@ -137,9 +136,6 @@ async def load_range(conn: AsyncConnection[Any], loader: TableLoader, lo: UUID, 
 # --- every range, in this process or in several ---------------------------------------------
 
 
-Work = Callable[[AsyncConnection[Any], Range, Progress], Awaitable[Part]]
-
-
 async def over_ranges(conn: AsyncConnection[Any], url: str, task: tuple[Any, ...], *, jobs: int,
                       progress: Progress | None = None) -> Part:
     """Run ``task`` (see :func:`_run_task`) over every uuid range, inside ``conn``'s snapshot (which
@@ -163,6 +159,9 @@ async def over_ranges(conn: AsyncConnection[Any], url: str, task: tuple[Any, ...
 
 async def _run_task(conn: AsyncConnection[Any], task: tuple[Any, ...], where: Range, progress: Progress,
                     live: AsyncConnection[Any] | None = None) -> Part:
+    """One range of one task: ``("verify", schema)``; ``("load", url, schema)``, copying into
+    ``schema`` on a connection of its own (in a worker process); ``("load_into", target, schema)``,
+    copying on the caller's ``target`` connection, in its transaction (in this process)."""
     kind = task[0]
     lo, hi = where
     if kind == "verify":
@@ -170,8 +169,8 @@ async def _run_task(conn: AsyncConnection[Any], task: tuple[Any, ...], where: Ra
     if kind == "load_into":  # in this process, on the caller's target connection and transaction
         return await load_range(conn, TableLoader(task[1], task[2]), lo, hi, progress=progress)
     if kind == "load":
-        async with await connect(task[1]) as target, target.transaction():
-            await target.execute("SET LOCAL synchronous_commit = off")  # derived data, made again after a crash
+        async with await connect(task[1], application_name="leasehold-replay") as target, target.transaction():
+            await commit_without_flush_wait(target)  # derived data, made again after a crash
             return await load_range(conn, TableLoader(target, task[2]), lo, hi, progress=progress)
     raise ValueError(kind)
 
