@@ -1,8 +1,8 @@
 """``leasehold replay …``: the auditor's command line.
 
     leasehold replay timeline (TASK_ID | --scan SCAN_ID)
-    leasehold replay rebuild --schema NAME [--replace]
-    leasehold replay verify
+    leasehold replay rebuild --schema NAME [--replace] [--jobs N]
+    leasehold replay verify [--schema NAME] [--jobs N] [--since CHECKPOINT|SEAL|TIME]
     leasehold replay as-of TIME (TASK_ID | --scan SCAN_ID) [--clock event|recorded]
     leasehold replay verify-chain [--digests PATH --public-key KEY]
     leasehold replay checkpoint
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -30,7 +32,7 @@ from uuid import UUID
 from cli.arguments import iso_time
 from cli.dburl import add_database_options, resolve_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
-from persistence.checkpoints import write_checkpoint
+from persistence.checkpoints import Checkpoint, find_checkpoint, write_checkpoint
 from persistence.codec import DecodeError
 from persistence.connection import connect
 from persistence.queries import QUERIES
@@ -44,6 +46,7 @@ from replay.bundle import export_bundle, verify_bundle
 from replay.digests import load_digests
 from replay.integrity import verify_log
 from replay.log import NotFound
+from replay.parallel import EVENTS_PER_JOB, default_jobs
 from replay.rebuild import RebuildError, check_schema_name, rebuild_schema
 from replay.timeline import scan_timeline, task_timeline
 from replay.verify import verify_projections
@@ -64,6 +67,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     common = argparse.ArgumentParser(add_help=False, parents=[offline])
     add_database_options(common)
 
+    def jobs(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--jobs", type=_positive, metavar="N",
+                            help=f"processes folding the log (default: the number of cores, fewer for a"
+                                 f" log under {EVENTS_PER_JOB:,} events a process)")
+
     def subject(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
         parser.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
@@ -75,12 +83,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = actions.add_parser("rebuild", parents=[common], help="rebuild every projection into a fresh schema")
     p.add_argument("--schema", required=True, metavar="NAME", help="schema to create (never public)")
     p.add_argument("--replace", action="store_true", help="drop and recreate NAME if an earlier rebuild made it")
+    jobs(p)
     p.set_defaults(func=_run(_rebuild))
 
     p = actions.add_parser("verify", parents=[common],
                            help="rebuild in memory and diff against the live projections (exit 1 on any difference)")
     p.add_argument("--schema", default="public", metavar="NAME",
                    help="compare the projections in this schema (default: public, the live ones)")
+    jobs(p)
+    p.add_argument("--since", type=_since, metavar="CHECKPOINT|SEAL|TIME",
+                   help="verify only what the log changed from a checkpoint on: its id, its seal (hex), or a time"
+                        " (the latest checkpoint made at or before it); default: everything")
     p.set_defaults(func=_run(_verify))
 
     p = actions.add_parser("as-of", parents=[common], help="a task or scan as it was at TIME")
@@ -125,6 +138,40 @@ def _uuid(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a UUID: {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+_SEAL = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _since(text: str) -> int | bytes | datetime:
+    """A checkpoint id, a seal (64 hex digits) or an ISO 8601 time."""
+    if text.isdigit():
+        return int(text)
+    if _SEAL.match(text.lower()):
+        return bytes.fromhex(text)
+    try:
+        return _time(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"not a checkpoint id, seal or ISO 8601 time: {text!r}") from None
+
+
+def _time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
@@ -212,7 +259,8 @@ async def _rebuild(args: argparse.Namespace) -> int:
     async with await _connect(args) as source, await _connect(args) as target:
         total = await _estimated_events(source)
         with render.progress_bar("rebuild", total, not args.no_progress) as update:
-            result = await rebuild_schema(source, target, args.schema, replace=args.replace, progress=update)
+            result = await rebuild_schema(source, target, args.schema, replace=args.replace, progress=update,
+                                          jobs=args.jobs or default_jobs(total), url=_url(args))
     seconds = result.fold_seconds + result.load_seconds
     rate = result.events / seconds if seconds else 0.0
     if args.json:
@@ -229,14 +277,23 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 async def _verify(args: argparse.Namespace) -> int:
     async with await _connect(args) as conn:
-        total = await _estimated_events(conn)
+        since = None
+        if args.since is not None:
+            since = await _checkpoint_of(conn, args.since)
+            total = None
+        else:
+            total = await _estimated_events(conn)
         with render.progress_bar("verify", total, not args.no_progress) as update:
-            result = await verify_projections(conn, schema=args.schema, progress=update)
-    ok = result.ok and result.events > 0  # an empty log verifies nothing: never "OK"
+            result = await verify_projections(conn, schema=args.schema, progress=update, since=since,
+                                              jobs=args.jobs or default_jobs(total), url=_url(args))
+    # An empty log verifies nothing: never "OK" (from a checkpoint on, nothing new is fine).
+    empty = result.events == 0 and result.since is None
+    ok = result.ok and not empty
     if args.json:
         render.print_json({
-            "ok": ok, "empty": result.events == 0, "events": result.events, "rows": result.rows,
+            "ok": ok, "empty": empty, "events": result.events, "rows": result.rows,
             "seconds": round(result.seconds, 3),
+            "since": _checkpoint_json(result.since), "latest_checkpoint": _checkpoint_json(result.latest),
             "differences": [{"table": d.table, "key": [str(k) for k in d.key], "kind": d.kind,
                              "columns": {c: [render._jsonable(a), render._jsonable(b)]
                                          for c, (a, b) in d.columns.items()}}
@@ -245,10 +302,34 @@ async def _verify(args: argparse.Namespace) -> int:
         _out(*(str(d) for d in result.differences))
         rows = sum(result.rows.values())
         verdict = ("OK" if ok else "EMPTY" if result.ok else _n(len(result.differences), "difference").upper())
-        _out(f"{verdict}: {result.events} events rebuilt and compared with {rows} live rows"
+        scope = "" if result.since is None else f" (since checkpoint {result.since.id})"
+        _out(f"{verdict}: {result.events} events rebuilt and compared with {rows} live rows{scope}"
              f" in {result.seconds:.2f}s" + (" (the log holds no events: nothing was verified)"
-                                            if result.events == 0 else ""))
+                                            if empty else ""))
+        if result.latest is not None:
+            _out(f"verified through checkpoint {result.latest.id} (next: --since {result.latest.seal.hex()})")
     return EXIT_OK if ok else EXIT_FAILURE
+
+
+async def _checkpoint_of(conn: Any, since: int | bytes | datetime) -> Checkpoint:
+    if isinstance(since, int):
+        found = await find_checkpoint(conn, id=since)
+    elif isinstance(since, bytes):
+        found = await find_checkpoint(conn, seal=since)
+    else:
+        found = await find_checkpoint(conn, at_or_before=since)
+    await conn.rollback()
+    if found is None:
+        raise CommandError(f"no checkpoint matches --since {_since_text(since)} (run: leasehold replay checkpoint)")
+    return found
+
+
+def _since_text(since: int | bytes | datetime) -> str:
+    return since.hex() if isinstance(since, bytes) else since.isoformat() if isinstance(since, datetime) else str(since)
+
+
+def _checkpoint_json(cp: Checkpoint | None) -> dict[str, Any] | None:
+    return None if cp is None else {"id": cp.id, "created_at": cp.created_at.isoformat(), "seal": cp.seal.hex()}
 
 
 async def _as_of(args: argparse.Namespace) -> int:

@@ -104,6 +104,24 @@ async def latest_checkpoint(conn: AsyncConnection[Any]) -> Checkpoint | None:
     return None if row is None else checkpoint_from_row(row)
 
 
+async def find_checkpoint(conn: AsyncConnection[Any], *, id: int | None = None, seal: bytes | None = None,
+                          at_or_before: datetime | None = None) -> Checkpoint | None:
+    """The checkpoint with that id, or that seal, or the latest one made at or before a time."""
+    if id is not None:
+        query = sql.SQL("SELECT {} FROM checkpoints WHERE id = %s").format(CHECKPOINT_COLUMNS)
+        params: tuple[Any, ...] = (id,)
+    elif seal is not None:
+        query = sql.SQL("SELECT {} FROM checkpoints WHERE seal = %s").format(CHECKPOINT_COLUMNS)
+        params = (seal,)
+    else:
+        query = sql.SQL("SELECT {} FROM checkpoints WHERE created_at <= %s ORDER BY id DESC LIMIT 1").format(
+            CHECKPOINT_COLUMNS)
+        params = (at_or_before,)
+    cur = await conn.execute(query, params)
+    row = await cur.fetchone()
+    return None if row is None else checkpoint_from_row(row)
+
+
 async def write_checkpoint(conn: AsyncConnection[Any]) -> Checkpoint:
     """Seal the current head of every stream; commits its own transaction on ``conn``.
 

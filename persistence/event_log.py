@@ -129,8 +129,58 @@ async def event_batches(conn: AsyncConnection[Any], *, batch_size: int = 10_000
     requested before the current one is handed out, so the server reads it (on its own CPU)
     while the caller folds this one.
     """
-    async with conn.cursor(name="replay_events", binary=True) as cur:
-        await cur.execute(QUERIES["events_in_log_order"])
+    async for batch in _batches(conn, "events_in_log_order", {}, batch_size):
+        yield batch
+
+
+async def group_batches(conn: AsyncConnection[Any], lo: UUID, hi: UUID | None, *, batch_size: int = 10_000
+                        ) -> AsyncIterator[list[tuple[Any, ...]]]:
+    """The events of the stream groups in ``[lo, hi)`` (``hi`` None: no upper bound), group by
+    group in uuid order, each group in log order, in batches of ``(originator_id, version, topic,
+    state, hash, group)`` (see ``events_by_group`` in ``queries/events.sql``); needs a transaction."""
+    params = {"lo": lo, "hi": hi}
+    await _plan_for_groups(conn)
+    async for batch in _batches(conn, "events_by_group", params, batch_size):
+        yield batch
+
+
+async def batches_of_groups(conn: AsyncConnection[Any], groups: list[UUID], streams: list[UUID], *,
+                            batch_size: int = 10_000) -> AsyncIterator[list[tuple[Any, ...]]]:
+    """The same for a list of groups; ``streams`` are streams known to belong to them."""
+    params = {"groups": groups, "streams": streams}
+    await _plan_for_groups(conn)
+    async for batch in _batches(conn, "events_of_groups", params, batch_size):
+        yield batch
+
+
+async def _plan_for_groups(conn: AsyncConnection[Any]) -> None:
+    """The plan the grouped reads are written for: a nested loop of plain index scans, one per
+    stream. Compiling it (JIT), caching its inner side (no stream is read twice) or bitmap scans
+    (a stream is a few rows) only cost time here."""
+    for setting in ("jit", "enable_memoize", "enable_bitmapscan"):
+        await conn.execute(f"SET LOCAL {setting} = off")
+
+
+async def streams_touched_since(conn: AsyncConnection[Any], checkpoint_id: int, transaction_xmin: int,
+                                *, batch_size: int = 20_000) -> AsyncIterator[list[tuple[UUID, UUID]]]:
+    """``(stream, group)`` of every stream with an event the checkpoint did not seal, in group
+    order, in batches (a server-side cursor; needs a transaction)."""
+    params = {"xmin": str(transaction_xmin), "checkpoint": checkpoint_id}
+    async for batch in _batches(conn, "streams_touched_since", params, batch_size):
+        yield batch
+
+
+async def count_events(conn: AsyncConnection[Any]) -> int:
+    cur = await conn.execute(QUERIES["events_count"])
+    row = await cur.fetchone()
+    assert row is not None, "an aggregate always returns a row"
+    return int(row[0])
+
+
+async def _batches(conn: AsyncConnection[Any], query: str, params: dict[str, Any], batch_size: int
+                   ) -> AsyncIterator[list[tuple[Any, ...]]]:
+    async with conn.cursor(name=f"replay_{query}", binary=True) as cur:
+        await cur.execute(QUERIES[query], params)
         pending = asyncio.ensure_future(cur.fetchmany(batch_size))
         try:
             while rows := await pending:

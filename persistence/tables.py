@@ -8,9 +8,12 @@ tables are those of :data:`projections.rows.PRIMARY_KEYS`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Collection
 from operator import itemgetter
 from typing import Any
+from uuid import UUID
 
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import JsonbBinaryDumper
@@ -55,7 +58,7 @@ async def create_projection_schema(conn: AsyncConnection[Any], schema: str, *, d
     """Create ``schema`` (after dropping it, with everything in it, if ``drop_existing``) holding
     an empty table for every projection, ``LIKE public.<table> INCLUDING DEFAULTS INCLUDING
     CONSTRAINTS``: its checks and NOT NULLs, no foreign keys and no primary key yet
-    (:func:`copy_table` adds it after the load)."""
+    (:func:`add_primary_keys` adds them after the load)."""
     ident = sql.Identifier(schema)
     if drop_existing:
         await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(ident))
@@ -64,33 +67,6 @@ async def create_projection_schema(conn: AsyncConnection[Any], schema: str, *, d
         await conn.execute(sql.SQL(
             "CREATE TABLE {}.{} (LIKE public.{} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(
             ident, sql.Identifier(table), sql.Identifier(table)))
-
-
-async def copy_table(conn: AsyncConnection[Any], schema: str, table: str, rows: Collection[Row]) -> None:
-    """Binary COPY of ``rows`` into ``schema.table`` (the column types come from the new table
-    itself), then its primary key: building the index once, after the load, is cheaper than
-    row by row."""
-    if rows:
-        columns = list(next(iter(rows)))
-        values = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[columns[0]],))
-        # A domain column is copied as its base type (binary COPY dumps by type, and domains
-        # have no dumpers of their own).
-        cur = await conn.execute(
-            "SELECT a.attname, CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END"
-            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_type t ON t.oid = a.atttypid"
-            " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, table))
-        types = dict(await cur.fetchall())
-        statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT BINARY)").format(
-            sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
-        async with conn.cursor() as copy_cur, copy_cur.copy(statement) as copy:
-            copy_cur.adapters.register_dumper(dict, JsonbBinaryDumper)  # jsonb columns hold dicts
-            copy.set_types([types[c] for c in columns])
-            for row in rows:
-                await copy.write_row(values(row))
-    await conn.execute(sql.SQL("ALTER TABLE {}.{} ADD PRIMARY KEY ({})").format(
-        sql.Identifier(schema), sql.Identifier(table),
-        sql.SQL(", ").join(map(sql.Identifier, PRIMARY_KEYS[table]))))
 
 
 async def comment_on_schema(conn: AsyncConnection[Any], schema: str, comment: str) -> None:
@@ -109,3 +85,161 @@ async def fair_share_rows(conn: AsyncConnection[Any]) -> dict[Any, tuple[float, 
     time, leases served, live attempts, total wait in seconds)}``."""
     cur = await conn.execute(QUERIES["org_service_all"])
     return {row[0]: (row[1], row[2], row[3], row[4]) for row in await cur.fetchall()}
+
+# --- the live rows of stream groups (bounded verification) ----------------------------------
+
+#: The stream group each projected row belongs to (see ``events_by_group`` in
+#: ``queries/events.sql``), as SQL over the row ``x`` of the table (and ``t``, its task's row,
+#: for the tables that hang off a task): a scan's rows and its tasks' rows belong to the scan,
+#: every other row to the stream that writes it.
+GROUP_OF: dict[str, str] = {
+    "organizations": "x.id",
+    "workers": "x.id",
+    "organization_workers": "x.worker_id",
+    "stored_profiles": "x.id",
+    "scans": "x.id",
+    "scan_jobs": "x.scan_id",
+    "worker_tasks": "x.scan_id",
+    "worker_task_attempts": "t.scan_id",
+    "worker_result_batches": "t.scan_id",
+    "scheduled_scans": "x.id",
+}
+
+
+def _group_query(schema: str, table: str, where: str) -> sql.Composed:
+    join: sql.Composable = sql.SQL("")
+    if GROUP_OF[table].startswith("t."):
+        join = sql.SQL(" LEFT JOIN {}.worker_tasks t ON t.id = x.task_id").format(sql.Identifier(schema))
+    return sql.SQL("SELECT * FROM (SELECT {group} AS _group, x.* FROM {schema}.{table} x{join}) g WHERE {where}"
+                   " ORDER BY _group NULLS LAST").format(
+        group=sql.SQL(GROUP_OF[table]), schema=sql.Identifier(schema), table=sql.Identifier(table), join=join,
+        where=sql.SQL(where))
+
+
+class GroupRows:
+    """One projection table's rows in stream-group order (a server-side cursor), handed out group
+    range by group range: memory holds what one range of groups has, plus one fetch."""
+
+    def __init__(self, conn: AsyncConnection[Any], schema: str, table: str, *, fetch: int = 5_000) -> None:
+        self._conn, self._schema, self._table, self._fetch = conn, schema, table, fetch
+        self._key = PRIMARY_KEY_OF[table]
+        self._cur: Any = None
+        self._names: list[str] = []
+        self._buffer: list[tuple[Any, ...]] = []
+        self._at = 0
+        self._done = False
+        self._next: asyncio.Future[list[tuple[Any, ...]]] | None = None
+
+    async def open_range(self, lo: UUID, hi: UUID | None) -> None:
+        """Rows of the groups in ``[lo, hi)``; the last range (``hi`` None) also takes the rows of no
+        group (a task's attempt or batch whose task row is missing)."""
+        where = "_group >= %(lo)s AND (%(hi)s::uuid IS NULL OR _group < %(hi)s) OR _group IS NULL AND %(hi)s IS NULL"
+        await self._open(_group_query(self._schema, self._table, where), {"lo": lo, "hi": hi})
+
+    async def open_groups(self, groups: list[UUID]) -> None:
+        """Rows of the listed groups."""
+        await self._open(_group_query(self._schema, self._table, "_group = ANY(%(groups)s::uuid[])"),
+                         {"groups": groups})
+
+    async def _open(self, query: sql.Composed, params: dict[str, Any]) -> None:
+        await self.close()
+        self._cur = self._conn.cursor(name=f"replay_live_{self._table}", binary=True)
+        await self._cur.execute(query, params)
+        assert self._cur.description is not None
+        self._names = [c.name for c in self._cur.description][1:]
+        self._buffer, self._at, self._done = [], 0, False
+        self._next = asyncio.ensure_future(self._cur.fetchmany(self._fetch))
+
+    async def until(self, bound: UUID | None) -> dict[tuple[Any, ...], Row]:
+        """The next rows, up to the first of group ``bound`` or later (None: all that are left)."""
+        out: dict[tuple[Any, ...], Row] = {}
+        names, key = self._names, self._key
+        while True:
+            if self._at == len(self._buffer):
+                if self._done:
+                    return out
+                # The next fetch was requested with the previous one: the server reads it while
+                # the caller folds.
+                assert self._next is not None
+                self._buffer, self._at = await self._next, 0
+                if not self._buffer:
+                    self._done = True
+                    return out
+                self._next = asyncio.ensure_future(self._cur.fetchmany(self._fetch))
+            buffer, at = self._buffer, self._at
+            end = len(buffer)
+            if bound is not None:
+                # Rows of no group sort last and belong to no bounded range.
+                while at < end and buffer[at][0] is not None and buffer[at][0] < bound:
+                    at += 1
+            else:
+                at = end
+            for values in buffer[self._at:at]:
+                row = dict(zip(names, values[1:], strict=True))
+                out[key(row)] = row
+            self._at = at
+            if at < end:
+                return out
+
+    async def close(self) -> None:
+        if self._next is not None and not self._next.done():
+            self._next.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._next
+        self._next = None
+        if self._cur is not None:
+            await self._cur.close()
+            self._cur = None
+
+
+# --- loading a rebuild chunk by chunk --------------------------------------------------------
+
+
+class TableLoader:
+    """Binary COPY of row chunks into the (key-less) tables of a schema made by
+    :func:`create_projection_schema`; :func:`add_primary_keys` once every chunk is in."""
+
+    def __init__(self, conn: AsyncConnection[Any], schema: str) -> None:
+        self._conn, self._schema = conn, schema
+        self._types: dict[str, dict[str, int]] = {}
+
+    async def copy(self, table: str, rows: Collection[Row]) -> None:
+        if not rows:
+            return
+        conn, schema = self._conn, self._schema
+        types = self._types.get(table)
+        if types is None:
+            # A domain column is copied as its base type (binary COPY dumps by type, and domains
+            # have no dumpers of their own).
+            cur = await conn.execute(
+                "SELECT a.attname, CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END"
+                " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_type t ON t.oid = a.atttypid"
+                " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, table))
+            types = self._types[table] = dict(await cur.fetchall())
+        columns = list(next(iter(rows)))
+        values = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[columns[0]],))
+        statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT BINARY)").format(
+            sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+        async with conn.cursor() as copy_cur, copy_cur.copy(statement) as copy:
+            copy_cur.adapters.register_dumper(dict, JsonbBinaryDumper)  # jsonb columns hold dicts
+            copy.set_types([types[c] for c in columns])
+            for row in rows:
+                await copy.write_row(values(row))
+
+
+async def add_primary_keys(conn: AsyncConnection[Any], schema: str) -> None:
+    """The primary key of every projection table of ``schema``: building each index once, after
+    the load, is cheaper than row by row."""
+    for table in TABLE_ORDER:
+        await conn.execute(sql.SQL("ALTER TABLE {}.{} ADD PRIMARY KEY ({})").format(
+            sql.Identifier(schema), sql.Identifier(table),
+            sql.SQL(", ").join(map(sql.Identifier, PRIMARY_KEYS[table]))))
+
+
+async def rename_schema(conn: AsyncConnection[Any], old: str, new: str) -> None:
+    await conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(old), sql.Identifier(new)))
+
+
+async def drop_schema(conn: AsyncConnection[Any], schema: str) -> None:
+    await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -1,8 +1,12 @@
 """``replay rebuild``: every projection rebuilt from the log into a fresh schema.
 
-The log is read and folded (:mod:`replay.fold`) in one read-only ``REPEATABLE READ`` snapshot on
-the ``source`` connection; the result is bulk-loaded with COPY on the ``target`` connection in a
-single transaction, so the schema appears complete or not at all. Tables are created
+The log is read and folded (:mod:`replay.fold`, :mod:`replay.parallel`) in one read-only
+``REPEATABLE READ`` snapshot on the ``source`` connection (shared by every process of a parallel
+rebuild), stream group by stream group; each chunk of groups is bulk-loaded with COPY as soon as
+it is folded, so memory holds one chunk, into a staging schema (``_rebuild_<random>``). One last
+transaction gives the staging tables their primary keys, drops the schema being replaced and
+renames the staging schema: the schema appears complete or not at all (a failed rebuild drops
+its staging schema). Tables are created
 ``LIKE public.<table> INCLUDING DEFAULTS INCLUDING CONSTRAINTS`` (checks and NOT NULL, no foreign
 keys) and get their primary keys after the load. The schema is marked with a comment; only a
 schema bearing that mark can be replaced, and never ``public`` or a system schema.
@@ -10,7 +14,9 @@ schema bearing that mark can be replaced, and never ``public`` or a system schem
 
 from __future__ import annotations
 
+import contextlib
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,15 +28,16 @@ from psycopg import AsyncConnection
 from persistence.event_log import log_end
 from persistence.snapshot import snapshot
 from persistence.tables import (
+    add_primary_keys,
     comment_on_schema,
     commit_without_flush_wait,
-    copy_table,
     create_projection_schema,
+    drop_schema,
+    rename_schema,
     schema_comment,
 )
-from projections.rows import TABLE_ORDER
-from replay.fold import Folded, Progress, fold
-from replay.gcpause import gc_paused
+from replay.fold import Progress
+from replay.parallel import over_ranges
 
 MARK = "leasehold replay rebuild"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -60,39 +67,57 @@ def check_schema_name(schema: str) -> None:
 
 async def rebuild_schema(source: AsyncConnection[Any], target: AsyncConnection[Any], schema: str, *,
                          replace: bool = False, progress: Progress | None = None,
-                         on_load: Callable[[str, int], None] | None = None) -> Rebuilt:
-    """Fold the log on ``source`` and load the projections into ``schema`` on ``target``."""
+                         on_load: Callable[[str, int], None] | None = None, jobs: int = 1,
+                         url: str | None = None) -> Rebuilt:
+    """Fold the log on ``source`` and load the projections into ``schema`` on ``target``;
+    ``jobs`` above 1 folds and loads in that many processes, which connect to ``url``."""
     check_schema_name(schema)
+    if jobs > 1 and url is None:
+        raise ValueError("a parallel rebuild needs the database url")
     async with target.transaction():  # fail before the (long) fold when the answer is already no
         await _check_target(target, schema, replace)
-    async with snapshot(source):
-        taken_at, last_id = await log_end(source)
-        folded = await fold(source, progress=progress)
-    result = Rebuilt(schema, folded.events, fold_seconds=folded.seconds, snapshot_time=taken_at)
-    started = time.perf_counter()
-    with gc_paused():
-        await _load(target, schema, replace, folded, last_id, taken_at, result, on_load)
-    result.load_seconds = time.perf_counter() - started
-    return result
-
-
-async def _load(target: AsyncConnection[Any], schema: str, replace: bool, folded: Folded, last_id: int | None,
-                taken_at: datetime, result: Rebuilt, on_load: Callable[[str, int], None] | None) -> None:
+    # Chunks are copied as they are folded, by every process, into a staging schema of their
+    # own; the staging schema gets its keys and its name in one last transaction.
+    staging = f"_rebuild_{secrets.token_hex(6)}"
     async with target.transaction():
-        # A rebuild is derived data: a crash right after it loses the whole rebuild (never part
-        # of it), and it is simply run again.
-        await commit_without_flush_wait(target)
-        # Checked again inside the transaction that drops it: it may have changed since.
-        await create_projection_schema(target, schema, drop_existing=await _check_target(target, schema, replace))
-        for table in TABLE_ORDER:
-            rows = folded.tables.tables[table]
-            await copy_table(target, schema, table, rows.values())
-            result.rows[table] = len(rows)
-            if on_load is not None:
-                on_load(table, result.rows[table])
-        comment = (f"{MARK}: {folded.events} events up to notification_id {last_id or 0},"
-                   f" snapshot at {taken_at.isoformat()}")
-        await comment_on_schema(target, schema, comment)
+        await create_projection_schema(target, staging, drop_existing=False)
+        await comment_on_schema(target, staging, f"{MARK} (in progress)")
+    try:
+        started = time.perf_counter()
+        async with snapshot(source):
+            taken_at, last_id = await log_end(source)
+            if jobs > 1:
+                part = await over_ranges(source, url or "", ("load", url, staging), jobs=jobs, progress=progress)
+            else:
+                async with target.transaction():
+                    await commit_without_flush_wait(target)
+                    part = await over_ranges(source, "", ("load_into", target, staging), jobs=1,
+                                             progress=progress)
+        fold_seconds = time.perf_counter() - started
+        result = Rebuilt(schema, part.events, dict(part.rows), fold_seconds=fold_seconds, snapshot_time=taken_at)
+        started = time.perf_counter()
+        async with target.transaction():
+            # A rebuild is derived data: a crash right after it loses the whole rebuild (never part
+            # of it), and it is simply run again.
+            await commit_without_flush_wait(target)
+            await add_primary_keys(target, staging)
+            # Checked again inside the transaction that drops it: it may have changed since.
+            if await _check_target(target, schema, replace):
+                await drop_schema(target, schema)
+            await rename_schema(target, staging, schema)
+            comment = (f"{MARK}: {part.events} events up to notification_id {last_id or 0},"
+                       f" snapshot at {taken_at.isoformat()}")
+            await comment_on_schema(target, schema, comment)
+        if on_load is not None:
+            for table, count in result.rows.items():
+                on_load(table, count)
+        result.load_seconds = time.perf_counter() - started
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that matters is the one being raised
+            async with target.transaction():
+                await drop_schema(target, staging)
+        raise
+    return result
 
 
 async def _check_target(conn: AsyncConnection[Any], schema: str, replace: bool) -> bool:

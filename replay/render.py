@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -42,18 +43,55 @@ def _default(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
+#: Without a terminal, a progress line goes to stderr every this many seconds, the first one after
+#: as long: short runs (and the tests) print none.
+PROGRESS_LINE_SECONDS = 10.0
+
+
 @contextmanager
 def progress_bar(description: str, total: int | None, enabled: bool) -> Iterator[Callable[[int], None]]:
-    """A callback ``update(done)`` that drives a transient bar on stderr (a no-op when disabled)."""
-    if not enabled or not sys.stderr.isatty():
+    """A callback ``update(done)`` that shows events done, the rate and an ETA on stderr: a
+    transient bar on a terminal; otherwise, once a run has lasted ``PROGRESS_LINE_SECONDS``,
+    a plain line every as many seconds. A no-op when disabled."""
+    if not enabled:
         yield lambda done: None
         return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+    if not sys.stderr.isatty():
+        yield _progress_lines(description, total)
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
                    console=Console(stderr=True), transient=True)
     with bar:
-        task = bar.add_task(description, total=total)
-        # The total is the planner's estimate: never let the count run past it.
-        yield lambda done: bar.update(task, completed=done, total=max(total or 0, done))
+        task = bar.add_task(description, total=total, rate="")
+        started = time.monotonic()
+
+        def update(done: int) -> None:
+            elapsed = time.monotonic() - started
+            rate = f"{done / elapsed:,.0f} events/s" if elapsed > 0.5 else ""
+            # The total is the planner's estimate: never let the count run past it.
+            bar.update(task, completed=done, total=max(total or 0, done), rate=rate)
+
+        yield update
+
+
+def _progress_lines(description: str, total: int | None) -> Callable[[int], None]:
+    started = time.monotonic()
+    next_line = started + PROGRESS_LINE_SECONDS
+
+    def update(done: int) -> None:
+        nonlocal next_line
+        now = time.monotonic()
+        if now < next_line:
+            return
+        next_line = now + PROGRESS_LINE_SECONDS
+        rate = done / (now - started)
+        line = f"{description}: {done:,} events, {rate:,.0f} events/s"
+        if total and rate > 0 and done < total:
+            line += f", about {(total - done) / rate:,.0f}s left (of ~{total:,})"
+        print(line, file=sys.stderr, flush=True)
+
+    return update
 
 
 def _time(value: datetime | None) -> str:

@@ -75,3 +75,55 @@ FROM events e
 LEFT JOIN unnest(%(oids)s::uuid[], %(versions)s::int8[]) AS h(oid, v) ON h.oid = e.originator_id
 WHERE h.v IS NULL OR e.originator_version > h.v
 ORDER BY e.originator_id, e.originator_version
+
+-- name: events_by_group
+-- The log stream group by stream group, for the bounded and parallel fold of replay (through a
+-- server-side cursor). A task's stream belongs to its scan's group, every other stream is a
+-- group of its own (stream_group(), migration 0016, reads it from the stream's first event,
+-- never from a projection). Those are the only streams that write one row together (a task
+-- updates its scan job and starts its scan), so folding group by group, each in log order, makes
+-- the rows folding the whole log makes. Groups in [lo, hi) (hi NULL: no upper bound) in uuid
+-- order, then notification_id. Streams are found by their first event: one whose first event
+-- is missing is not read (a chain break; the caller counts events to notice).
+SELECT e.originator_id, e.originator_version, e.topic, e.state, e.hash, s.grp
+FROM (SELECT g.id, g.grp FROM (
+        SELECT f.originator_id AS id, stream_group(f.topic, f.state, f.originator_id) AS grp
+        FROM events f WHERE f.originator_version = 1) g
+      WHERE g.grp >= %(lo)s::uuid AND (%(hi)s::uuid IS NULL OR g.grp < %(hi)s::uuid)
+      ORDER BY g.grp) s
+CROSS JOIN LATERAL (SELECT x.* FROM events x WHERE x.originator_id = s.id OFFSET 0) e
+ORDER BY s.grp, e.notification_id
+
+-- name: events_of_groups
+-- The same for a list of groups (an incremental verification): the candidate streams are the
+-- groups themselves, the given streams, and the tasks the projection files under the groups;
+-- each candidate's group is still read from its own first event.
+SELECT e.originator_id, e.originator_version, e.topic, e.state, e.hash, s.grp
+FROM (SELECT f.originator_id AS id, stream_group(f.topic, f.state, f.originator_id) AS grp
+      FROM events f
+      WHERE f.originator_version = 1
+        AND f.originator_id IN (SELECT unnest(%(groups)s::uuid[]) UNION SELECT unnest(%(streams)s::uuid[])
+                                UNION SELECT t.id FROM worker_tasks t WHERE t.scan_id = ANY(%(groups)s::uuid[]))
+        AND stream_group(f.topic, f.state, f.originator_id) = ANY(%(groups)s::uuid[])
+      ORDER BY 2) s
+CROSS JOIN LATERAL (SELECT x.* FROM events x WHERE x.originator_id = s.id OFFSET 0) e
+ORDER BY s.grp, e.notification_id
+
+-- name: streams_touched_since
+-- The streams with an event the given checkpoint did not seal, with their group, in group
+-- order: what an incremental verification from that checkpoint refolds. Candidates are the
+-- events of transactions from the checkpoint's transaction_xmin on (the events_transaction_idx
+-- index; every older transaction was visible to it); of those, an event at or below the
+-- stream's head sealed by then is not new.
+SELECT c.id, stream_group(f.topic, f.state, f.originator_id) AS grp
+FROM (SELECT DISTINCT t.originator_id AS id FROM events t
+      WHERE t.transaction_id >= %(xmin)s::xid8
+        AND NOT EXISTS (SELECT 1 FROM checkpoint_heads h
+                        WHERE h.originator_id = t.originator_id AND h.checkpoint_id <= %(checkpoint)s::bigint
+                          AND h.originator_version >= t.originator_version)) c
+JOIN events f ON f.originator_id = c.id AND f.originator_version = 1
+ORDER BY 2, 1
+
+-- name: events_count
+-- How many events the reading transaction sees.
+SELECT count(*) FROM events
