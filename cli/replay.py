@@ -24,7 +24,7 @@ import argparse
 import asyncio
 import re
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -160,18 +160,10 @@ def _since(text: str) -> int | bytes | datetime:
     if _SEAL.match(text.lower()):
         return bytes.fromhex(text)
     try:
-        return _time(text)
+        return iso_time(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"not a checkpoint id, seal or ISO 8601 time: {text!r}") from None
-
-
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
