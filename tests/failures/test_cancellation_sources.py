@@ -248,7 +248,7 @@ async def test_disabling_a_worker_ends_its_attempt_at_once_its_agent_stops_the_p
 # --- the execution deadline expires ------------------------------------------------------------
 
 
-async def test_the_execution_deadline_stops_the_plugin_and_fails_the_attempt_on_the_record(
+async def test_the_execution_deadline_stops_the_plugin_and_times_the_attempt_out_on_the_record(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path) -> None:
     pid_file = tmp_path / "hang.pid"
     write_plugin(plugins_dir, "hang", f"""
@@ -267,12 +267,11 @@ async def test_the_execution_deadline_stops_the_plugin_and_fails_the_attempt_on_
             kill_group(pid)
         assert agent.process.returncode is None, agent.log_text()
     events = await lifecycle_events(gateway, task_id)
-    assert [kind for kind, _ in events] == ["TaskCreated", "TaskLeased", "TaskStarted", "AttemptFailed"], events
-    failed = events[3][1]
-    # The agent's watchdog stops the plugin just before the deadline and fails the attempt
-    # ("worker"); had its report come too late, the sweeper would have failed it ("deadline").
-    assert failed["outcome"] == "failed_terminal" and failed["reason"] in ("worker", "deadline")
-    assert "deadline" in failed["error"]
+    assert [kind for kind, _ in events] == ["TaskCreated", "TaskLeased", "TaskStarted", "AttemptTimedOut"], events
+    timed_out = events[3][1]
+    # The agent's watchdog stops the plugin at the deadline and writes nothing more; the sweeper
+    # records the timeout (a policy limit, not a failure of the worker, and never retried).
+    assert timed_out["deadline_at"] is not None, timed_out
 
 
 # --- the Gateway shuts down --------------------------------------------------------------------
@@ -330,6 +329,11 @@ async def test_a_gateway_shut_down_under_a_running_task_never_cancels_it_the_lea
             events = [(kind, outcome) for kind, outcome in await cur.fetchall() if kind not in _CHATTER]
     finally:
         await pool.close()
+    # A renewal the agent still retried while the Gateway was down may reach the new Gateway after
+    # the lease lapsed: refused, and recorded as a WriteRejected. It changes nothing.
+    rejected = [kind for kind, _ in events if kind == "WriteRejected"]
+    events = [(kind, outcome) for kind, outcome in events if kind != "WriteRejected"]
+    assert len(rejected) <= 1
     assert [kind for kind, _ in events] == [
         "TaskCreated", "TaskLeased", "TaskStarted", "LeaseExpired", "TaskLeased", "TaskStarted", "TaskCompleted"]
     assert events[3] == ("LeaseExpired", "retry_wait")
