@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode
 from uuid import UUID
 
 from aiohttp import web
@@ -187,8 +188,8 @@ async def scans(request: web.Request, operator: Operator, csrf: str) -> web.Stre
              s.finished_at] for s in found.items]
     more = Html("")
     if found.next_cursor is not None:
-        params = "&".join(f"{k}={v}" for k, v in {**wanted, "cursor": found.next_cursor}.items())
-        more = fmt("<p>{}</p>", _link(f"{ROOT}/scans?{params}", "Next page"))
+        more = fmt("<p>{}</p>", _link(f"{ROOT}/scans?{urlencode({**wanted, 'cursor': found.next_cursor})}",
+                                      "Next page"))
     body = join([filters, table("Scans, newest first", ["Scan", "Organisation", "Status", "Mode", "Created",
                                                         "Finished"], rows), more])
     return page("Scans", body, nav=_nav(operator, csrf))

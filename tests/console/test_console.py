@@ -233,11 +233,13 @@ async def test_cancel_form_cancels_with_the_token_and_refuses_without(gateway: R
         assert refused.status == 403, form
     assert await state_of(gateway, waiting) == "pending"
 
-    done = await browser.post(f"/console/tasks/{waiting}/cancel", {"csrf": page.csrf, "reason": "not needed"})
+    reason = "<script>alert('not needed')</script>"
+    done = await browser.post(f"/console/tasks/{waiting}/cancel", {"csrf": page.csrf, "reason": reason})
     assert done.status == 303 and done.headers["Location"] == f"/console/tasks/{waiting}"
     assert await state_of(gateway, waiting) == "cancelled"
     after = await browser.get(f"/console/tasks/{waiting}")
-    assert "Cancel this task" not in after.text and "not needed" in after.text
+    assert "Cancel this task" not in after.text
+    assert "&lt;script&gt;alert(&#x27;not needed&#x27;)&lt;/script&gt;" in after.text and "<script" not in after.text
 
     worker = await gateway.worker()
     assert (await worker.acquire()).status == 200
@@ -294,6 +296,30 @@ async def test_sign_out_and_revocation_end_the_session(gateway: RunningGateway) 
     key_id = next(k["id"] for k in keys if k["organization_id"] is not None)
     assert (await gateway.operator("POST", f"/v1/api-keys/{key_id}/revoke")).status == 200
     assert (await browser.get("/console")).status == 303
+
+
+async def test_an_expired_session_signs_nobody_in(gateway: RunningGateway) -> None:
+    browser = await signed_in(gateway)
+    assert (await browser.get("/console")).status == 200
+    async with gateway.pool.connection() as conn:
+        await conn.execute("UPDATE console_sessions SET expires_at = now() - interval '1 second'")
+    assert (await browser.get("/console")).headers["Location"] == "/console/sign-in"
+    # The next sign-in clears expired sessions.
+    await signed_in(gateway)
+    assert await gateway.count("SELECT count(*) FROM console_sessions WHERE expires_at <= now()") == 0
+    assert await gateway.count("SELECT count(*) FROM console_sessions") == 1
+
+
+async def test_scans_pages_follow_the_cursor(gateway: RunningGateway) -> None:
+    for _ in range(50):  # 51 scans with the fixture's: two pages
+        await gateway.scans.create_scan(gateway.org, {"targets": ["127.0.0.1"]})
+    browser = await signed_in(gateway)
+    first = await browser.get(f"/console/scans?organization_id={gateway.org}")
+    link = re.search(r'href="(/console/scans\?[^"]+)">Next page', first.text)
+    assert link is not None and len(first.rows("Scans")) == 50
+    second = await browser.get(link.group(1).replace("&amp;", "&"))
+    seen = {r[0] for r in first.rows("Scans")} | {r[0] for r in second.rows("Scans")}
+    assert len(second.rows("Scans")) == 1 and len(seen) == 51 and "Next page" not in second.text
 
 
 async def test_console_is_not_served_on_the_worker_port(gateway: RunningGateway) -> None:
