@@ -16,6 +16,7 @@ from uuid import UUID
 
 import aiohttp
 
+from domain.retry import RetryPolicy
 from support.gateway import ADMIN_KEY, RunningGateway, tenant
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -196,29 +197,38 @@ async def test_scans_filter_by_status_and_organisation(gateway: RunningGateway) 
 
 
 async def test_scan_and_task_pages_show_jobs_attempts_and_timeline(gateway: RunningGateway) -> None:
+    gateway.lifecycle.retry_policy = RetryPolicy(base_seconds=0.05, cap_seconds=0.05)  # retried at once
     task_id = await gateway.task(lease_seconds=1)
     worker = await gateway.worker()
     lease = await worker.acquire()
     assert lease.status == 200 and lease.body["lease"]["task"]["id"] == str(task_id)
-    await wait_for_state(gateway, task_id, ("retry_wait", "pending"))  # the lease expired
+    await wait_for_state(gateway, task_id, ("retry_wait", "pending"))  # the first lease expired
+    deadline = time.monotonic() + 10
+    while (second := await worker.acquire()).status != 200:  # the retry, once its backoff is over
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert second.body["lease"]["task"]["id"] == str(task_id)
     browser = await signed_in(gateway)
 
     scan = await browser.get(f"/console/scans/{gateway.scan}")
     jobs = scan.rows("Jobs in order")
-    assert [r[3] for r in jobs] == [str(task_id)] and jobs[0][4] == await state_of(gateway, task_id)
+    assert [r[3] for r in jobs] == [str(task_id)] and jobs[0][4] == "leased" and jobs[0][5] == "2"
 
     page = await browser.get(f"/console/tasks/{task_id}")
     assert page.status == 200
-    (attempt,) = page.rows("Attempts")
-    assert attempt[0] == "1" and attempt[2] == str(worker.id)
+    attempts = page.rows("Attempts")
     async with gateway.pool.connection() as conn:
-        cur = await conn.execute("SELECT status FROM worker_task_attempts WHERE task_id = %s", (task_id,))
-        assert attempt[1] == (await cur.fetchone())[0]
+        cur = await conn.execute("SELECT attempt_number, status FROM worker_task_attempts WHERE task_id = %s "
+                                 "ORDER BY attempt_number", (task_id,))
+        in_database = [(str(n), status) for n, status in await cur.fetchall()]
+    assert [(a[0], a[1]) for a in attempts] == in_database and len(in_database) == 2
+    assert in_database[0][1] == "expired" and {a[2] for a in attempts} == {str(worker.id)}
     timeline = re.findall(r"<li>(.*?)</li>", page.text.split('id="timeline"')[1])
     events = (await gateway.operator("GET", f"/v1/tasks/{task_id}/events")).body["items"]
-    assert len(timeline) == len(events) >= 3
+    assert len(timeline) == len(events) >= 4
     assert timeline[0].startswith("Task created by") and timeline[1].startswith("Task leased by worker:")
     assert any(s.startswith("Lease expired by") for s in timeline)
+    assert sum(s.startswith("Task leased by") for s in timeline) == 2
 
 
 async def test_cancel_form_cancels_with_the_token_and_refuses_without(gateway: RunningGateway) -> None:
