@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -28,8 +28,13 @@ def _text(value: object) -> str:
     if value is None:
         return "—"
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value.utcoffset() is not None else value.isoformat()
+        return utc(value, "%Y-%m-%d %H:%M:%S UTC")
     return str(value)
+
+
+def utc(moment: datetime, pattern: str) -> str:
+    """``moment`` in UTC, formatted (a time without a zone as it is)."""
+    return (moment.astimezone(UTC) if moment.utcoffset() is not None else moment).strftime(pattern)
 
 
 def table(caption: str, headers: Iterable[str], rows: Iterable[Iterable[object]]) -> Html:

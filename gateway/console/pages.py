@@ -22,7 +22,7 @@ from gateway.api import operator as api
 from gateway.api.http import BadRequest, Handler, RouteTable
 from gateway.api.operator_models import CancelTask, Event, EventsQuery, ScanListQuery
 from gateway.console import sessions
-from gateway.console.markup import Html, fmt, join, page, table
+from gateway.console.markup import Html, fmt, join, page, table, utc
 from gateway.identity import Operator
 from gateway.keys import OPERATOR, SERVICES
 
@@ -231,7 +231,7 @@ def sentence(event: Event) -> str:
     facts = [f"{k.replace('_', ' ')} {event.payload[k]}" for k in _DETAILS if event.payload.get(k) not in (None, "")]
     tail = f" ({'; '.join(facts)})" if facts else ""
     rejected = " The write was rejected and changed nothing." if event.type == "WriteRejected" else ""
-    when = event.occurred_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    when = utc(event.occurred_at, "%Y-%m-%d %H:%M:%S.%f")[:-3]
     return f"{_words(event.type)} by {event.actor} at {when} UTC{tail}.{rejected}"
 
 
@@ -257,7 +257,7 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
     if t.state in CANCELLABLE:
         action = fmt('<form method="post" action="{}/tasks/{}/cancel"><input type="hidden" name="csrf" value="{}">'
                      '<label for="reason">Reason for cancelling</label>'
-                     '<input id="reason" name="reason" maxlength="500" value="cancelled by an operator">'
+                     '<input id="reason" name="reason" maxlength="1000" value="cancelled by an operator">'
                      '<p><button type="submit">Cancel this task</button></p></form>', ROOT, t.id, csrf)
     return page(f"Task {t.id}", join([facts, action, attempts, timeline]), nav=_nav(operator, csrf))
 
