@@ -43,12 +43,6 @@ def _console(method: str, path: str, summary: str) -> Callable[[Handler], Handle
     return routes.route(method, path, summary=summary, auth="none", listeners=("operator",))
 
 
-class CsrfRefused(LeaseholdError):
-    """A form post without the session's CSRF token."""
-    status = 403
-    code = "csrf"
-
-
 def signed_in(handler: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """A page for a signed-in operator: without a live session, a GET goes to the sign-in page
     (303) and a POST is refused (403); a POST must carry the session's CSRF token (403)."""
