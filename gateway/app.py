@@ -31,6 +31,7 @@ from gateway.api.http import (
 from gateway.background import checkpointer, sampler, scheduler, sweeper
 from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
+from gateway.console import pages as console_pages
 from gateway.identity import KnownCertificates, TokenBuckets
 from gateway.keys import (
     BUCKETS,
@@ -171,7 +172,8 @@ def create_app(settings: GatewaySettings) -> web.Application:
     routes: list[Route] = [*service_api.routes, *worker_api.routes, *operator_api.routes]
     app[ROUTES] = routes
     served: dict[int, tuple[str, ...]] = {}
-    for route in routes:
+    # The console's pages are served like the API's routes but are not part of its document.
+    for route in [*routes, *console_pages.routes]:
         served[id(app.router.add_route(route.method, route.path, route.handler))] = listeners_of(route)
     app[ROUTE_LISTENERS] = served
     app.cleanup_ctx.append(_resources)

@@ -189,7 +189,7 @@ async def _worker(request: web.Request, operator: Operator, worker_id: UUID) -> 
     return worker
 
 
-async def _scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
+async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
     async with _services(request).db.read() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
     if row is None or not operator.can_see(row[1]):
@@ -197,14 +197,14 @@ async def _scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan
     return Scan.of(row)
 
 
-async def _see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
+async def see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
     async with _services(request).db.read() as reader:
         row = await reader.one("task_organization", {"task_id": task_id})
     if row is None or not operator.can_see(row[0]):
         raise NotFound("no such task", task_id=str(task_id))
 
 
-async def _task(request: web.Request, operator: Operator, task_id: UUID) -> Task:
+async def read_task(request: web.Request, operator: Operator, task_id: UUID) -> Task:
     """The task with every attempt, read in one snapshot."""
     async with _services(request).db.snapshot() as reader:
         row = await reader.one("task_get", {"task_id": task_id})
@@ -501,13 +501,13 @@ async def create_scan(request: web.Request) -> web.StreamResponse:
         org_id, body.targets, profile=() if isinstance(body.profile, str) else _steps(body.profile),
         profile_name=body.profile if isinstance(body.profile, str) else None,
         legacy_scan_id=body.legacy_scan_id, actor=operator.actor)
-    return ok(await _scan(request, operator, scan_id), status=201)
+    return ok(await read_scan(request, operator, scan_id), status=201)
 
 
 @routes.route("GET", "/v1/scans/{scan_id}", summary="Read a scan", auth="operator", response=Scan, tags=TAGS)
 async def get_scan(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    return ok(await _scan(request, operator, _path_id(request, "scan_id", "scan")))
+    return ok(await read_scan(request, operator, _path_id(request, "scan_id", "scan")))
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/tasks", summary="Queue a job on the scan and create its task",
@@ -516,7 +516,7 @@ async def get_scan(request: web.Request) -> web.StreamResponse:
 async def create_task(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     scan_id = _path_id(request, "scan_id", "scan")
-    await _scan(request, operator, scan_id)
+    await read_scan(request, operator, scan_id)
     body = await read_json(request, CreateTask)
     task = await _services(request).lifecycle.create_task(scan_id, TaskSpec(
         task_type=body.task_type, plugin=body.plugin, required_capabilities=tuple(body.required_capabilities),
@@ -532,7 +532,7 @@ async def create_task(request: web.Request) -> web.StreamResponse:
 async def cancel_scan(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     scan_id = _path_id(request, "scan_id", "scan")
-    await _scan(request, operator, scan_id)
+    await read_scan(request, operator, scan_id)
     body = await read_json(request, CancelScan)
     tasks = await _services(request).scans.cancel_scan(scan_id, reason=body.reason, actor=operator.actor)
     return ok(ScanCancellation(scan_id=scan_id, tasks=[{"id": str(t.id), "state": t.state} for t in tasks]))
@@ -550,7 +550,7 @@ async def _findings(request: web.Request, query_name: str, **params: Any) -> lis
 async def scan_assets(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     scan_id = _path_id(request, "scan_id", "scan")
-    await _scan(request, operator, scan_id)
+    await read_scan(request, operator, scan_id)
     rows = await _findings(request, "scan_assets", scan_id=scan_id)
     return ok(AssetList(items=[Asset.of(r) for r in rows]))
 
@@ -579,7 +579,7 @@ async def organization_threats(request: web.Request) -> web.StreamResponse:
               tags=TAGS)
 async def get_task(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    return ok(await _task(request, operator, _path_id(request, "task_id", "task")))
+    return ok(await read_task(request, operator, _path_id(request, "task_id", "task")))
 
 
 @routes.route("POST", TASK_PATH + "/cancel",
@@ -588,10 +588,10 @@ async def get_task(request: web.Request) -> web.StreamResponse:
 async def cancel_task(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     task_id = _path_id(request, "task_id", "task")
-    await _see_task(request, operator, task_id)
+    await see_task(request, operator, task_id)
     body = await read_json(request, CancelTask)
     await _services(request).lifecycle.request_cancel(task_id, reason=body.reason, actor=operator.actor)
-    return ok(await _task(request, operator, task_id))
+    return ok(await read_task(request, operator, task_id))
 
 
 @routes.route("GET", TASK_PATH + "/events", summary="A task's history for auditors, oldest first",
@@ -599,8 +599,12 @@ async def cancel_task(request: web.Request) -> web.StreamResponse:
 async def task_events(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     task_id = _path_id(request, "task_id", "task")
-    await _see_task(request, operator, task_id)
-    page = read_query(request, EventsQuery)
+    await see_task(request, operator, task_id)
+    return ok(await event_page(request, task_id, read_query(request, EventsQuery)))
+
+
+async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> EventPage:
+    """A page of the task's events, decoded and redacted (the caller checked visibility)."""
     async with _services(request).db.read() as reader:
         rows = await reader.all("events_of_stream", {
             "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
@@ -611,7 +615,7 @@ async def task_events(request: web.Request) -> web.StreamResponse:
                            occurred_at=event.timestamp, actor=event.actor,
                            payload=redact(event.model_dump(mode="json", exclude=_EVENT_POSITION))))
     more = len(rows) > page.limit
-    return ok(EventPage(items=items, next_after_version=items[-1].version if more else None))
+    return EventPage(items=items, next_after_version=items[-1].version if more else None)
 
 
 # --- scheduled scans ---------------------------------------------------------------------------
@@ -883,10 +887,10 @@ async def set_fair_share(request: web.Request) -> web.StreamResponse:
 async def record_legacy_status(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     scan_id = _path_id(request, "scan_id", "scan")
-    await _scan(request, operator, scan_id)
+    await read_scan(request, operator, scan_id)
     body = await read_json(request, LegacyStatus)
     await _services(request).legacy.record_status(scan_id, body.status, actor=operator.actor)
-    return ok(await _scan(request, operator, scan_id))
+    return ok(await read_scan(request, operator, scan_id))
 
 
 # --- finding work: lists, scan detail, counts, retry -------------------------------------------
@@ -916,7 +920,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
                          ) from exc
 
 
-def _scope(operator: Operator, requested: UUID | None) -> UUID | None:
+def scope(operator: Operator, requested: UUID | None) -> UUID | None:
     """The organisation a list or count covers: the one asked for (404 when the key cannot see
     it), else the key's own (None for an administrator: all of them)."""
     if requested is not None:
@@ -927,7 +931,7 @@ def _scope(operator: Operator, requested: UUID | None) -> UUID | None:
 
 def _page_params(operator: Operator, query: ListQuery) -> dict[str, Any]:
     before_at, before_id = decode_cursor(query.cursor) if query.cursor is not None else (None, None)
-    return {"organization_id": _scope(operator, query.organization_id), "created_from": query.created_from,
+    return {"organization_id": scope(operator, query.organization_id), "created_from": query.created_from,
             "created_to": query.created_to, "before_at": before_at, "before_id": before_id,
             "limit": query.limit + 1}
 
@@ -940,12 +944,16 @@ def _next_cursor(items: Sequence[Scan | TaskSummary], limit: int) -> str | None:
               auth="operator", query=ScanListQuery, response=ScanPage, statuses=(400,), tags=TAGS)
 async def list_scans(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    query = read_query(request, ScanListQuery)
+    return ok(await scans_page(request, operator, read_query(request, ScanListQuery)))
+
+
+async def scans_page(request: web.Request, operator: Operator, query: ScanListQuery) -> ScanPage:
+    """One page of the scans ``operator`` may see (404 naming an organisation it cannot)."""
     params = {**_page_params(operator, query), "status": query.status}
     async with _services(request).db.snapshot() as reader:
         await reader.one("custom_plans", {})
         items = [Scan.of(r) for r in await reader.all("scans_page", params)]
-    return ok(ScanPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
+    return ScanPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit))
 
 
 @routes.route("GET", "/v1/scans/{scan_id}/detail",
@@ -953,7 +961,11 @@ async def list_scans(request: web.Request) -> web.StreamResponse:
               response=ScanDetail, tags=TAGS)
 async def get_scan_detail(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    scan_id = _path_id(request, "scan_id", "scan")
+    return ok(await scan_detail(request, operator, _path_id(request, "scan_id", "scan")))
+
+
+async def scan_detail(request: web.Request, operator: Operator, scan_id: UUID) -> ScanDetail:
+    """The scan with its jobs and their tasks, read in one snapshot (404 when not visible)."""
     async with _services(request).db.snapshot() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
         if row is None or not operator.can_see(row[1]):
@@ -961,7 +973,7 @@ async def get_scan_detail(request: web.Request) -> web.StreamResponse:
         jobs = [job(r) for r in await reader.all("scan_jobs_with_tasks",
                                                     {"scan_id": scan_id, "limit": MAX_DETAIL_JOBS})]
         (_, job_count, *_) = await reader.one("scan_jobs_summary", {"scan_id": scan_id}) or (None, 0)
-    return ok(ScanDetail(scan=Scan.of(row), jobs=jobs, job_count=job_count))
+    return ScanDetail(scan=Scan.of(row), jobs=jobs, job_count=job_count)
 
 
 @routes.route("GET", "/v1/tasks",
@@ -988,8 +1000,12 @@ SCAN_STATUSES = ("pending", "running", "success", "failed", "cancelled")
               auth="operator", query=CountsQuery, response=Counts, tags=TAGS)
 async def get_counts(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    query = read_query(request, CountsQuery)
-    params = {"organization_id": _scope(operator, query.organization_id), "now": None}
+    return ok(await counts(request, operator, read_query(request, CountsQuery).organization_id))
+
+
+async def counts(request: web.Request, operator: Operator, organization_id: UUID | None) -> Counts:
+    """Tasks by state, scans by status and the queue per organisation ``operator`` may see."""
+    params = {"organization_id": scope(operator, organization_id), "now": None}
     async with _services(request).db.snapshot() as reader:
         await reader.one("custom_plans", {})
         tasks = await reader.all("task_counts", params)
@@ -1012,9 +1028,9 @@ async def get_counts(request: web.Request) -> web.StreamResponse:
         entry(org)["queue"] = QueueCounts(
             depth=depth, ready=ready, oldest_ready_since=oldest,
             oldest_ready_age_seconds=round((now - oldest).total_seconds(), 3) if oldest is not None else None)
-    return ok(Counts(measured_at=measured_at, organizations=[
+    return Counts(measured_at=measured_at, organizations=[
         OrganizationCounts(organization_id=org, tasks_by_state=e["tasks"], scans_by_status=e["scans"],
-                           queue=e["queue"]) for org, e in sorted(orgs.items(), key=lambda kv: str(kv[0]))]))
+                           queue=e["queue"]) for org, e in sorted(orgs.items(), key=lambda kv: str(kv[0]))])
 
 
 @routes.route("POST", TASK_PATH + "/retry",
@@ -1023,11 +1039,11 @@ async def get_counts(request: web.Request) -> web.StreamResponse:
 async def retry_task(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     task_id = _path_id(request, "task_id", "task")
-    await _see_task(request, operator, task_id)
+    await see_task(request, operator, task_id)
     body = await read_json(request, RetryTask)
     await _services(request).lifecycle.retry(task_id, reason=body.reason, attempts=body.attempts,
                                              actor=operator.actor)
-    return ok(await _task(request, operator, task_id))
+    return ok(await read_task(request, operator, task_id))
 
 
 # --- seals ------------------------------------------------------------------------------------

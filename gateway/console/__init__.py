@@ -1,0 +1,6 @@
+"""The operator console: server-rendered HTML pages on the operator port under ``/console``.
+
+Sign-in exchanges an operator API key for a session (:mod:`gateway.console.sessions`); the pages
+(:mod:`gateway.console.pages`) read through the same functions as the operator API, so a key sees
+in the console exactly what it sees in the API, and the cancel button runs the same command.
+"""

@@ -1,0 +1,73 @@
+"""Small HTML building blocks: every value goes in escaped unless it is already :class:`Html`."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+
+class Html(str):
+    """Markup that is safe as it is (built here, with every value escaped)."""
+
+    __slots__ = ()
+
+
+def fmt(template: str, *values: object) -> Html:
+    """``template`` (trusted markup with ``{}`` slots) with each value escaped, unless already Html."""
+    return Html(template.format(*(v if isinstance(v, Html) else html.escape(_text(v)) for v in values)))
+
+
+def join(parts: Iterable[Html]) -> Html:
+    return Html("".join(parts))
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, datetime):
+        return utc(value, "%Y-%m-%d %H:%M:%S UTC")
+    return str(value)
+
+
+def utc(moment: datetime, pattern: str) -> str:
+    """``moment`` in UTC, formatted (a time without a zone as it is)."""
+    return (moment.astimezone(UTC) if moment.utcoffset() is not None else moment).strftime(pattern)
+
+
+def table(caption: str, headers: Iterable[str], rows: Iterable[Iterable[object]]) -> Html:
+    """A table with a caption and column headers; cells are escaped unless Html."""
+    head = join(fmt('<th scope="col">{}</th>', h) for h in headers)
+    body = join(fmt("<tr>{}</tr>", join(fmt("<td>{}</td>", cell) for cell in row)) for row in rows)
+    return fmt("<table><caption>{}</caption><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", caption, head, body)
+
+
+CSS = Html("""
+body{font-family:system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
+header,main{padding:0 1rem;max-width:72rem;margin:auto}
+header{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;align-items:center;border-bottom:1px solid #ccc}
+nav ul{display:flex;gap:1rem;list-style:none;padding:0}
+table{border-collapse:collapse;width:100%;display:block;overflow-x:auto;margin:1rem 0}
+caption{text-align:left;font-weight:600;padding:.25rem 0}
+th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;white-space:nowrap}
+label{display:block;margin:.5rem 0 .25rem}
+input,select,button{font-size:1rem;padding:.3rem}
+.error{color:#a00}
+ol.timeline li{margin:.25rem 0}
+@media (max-width:40rem){body{font-size:15px}th,td{padding:.2rem .3rem}}
+""")
+
+
+def page(title: str, body: Html, *, nav: Html | None = None, status: int = 200) -> web.Response:
+    """A whole page: header (with the navigation, when signed in) and main."""
+    text = fmt('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+               '<meta name="viewport" content="width=device-width, initial-scale=1">'
+               "<title>{} · leasehold console</title><style>{}</style></head>"
+               "<body><header><p><strong>leasehold console</strong></p>{}</header>"
+               "<main><h1>{}</h1>{}</main></body></html>", title, CSS, nav or Html(""), title, body)
+    return web.Response(text=text, status=status, content_type="text/html", charset="utf-8",
+                        headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                                 "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+                                                            "form-action 'self'; frame-ancestors 'none'"})
