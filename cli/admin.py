@@ -202,15 +202,17 @@ async def _with_registry(url: str, action: Callable[[Registry], Awaitable[T]]) -
 
 
 def _target_policy(args: argparse.Namespace) -> int:
-    try:
-        organization = UUID(args.organization)
-    except ValueError as exc:
-        raise CommandError(f"ORG_ID must be an organisation id (a UUID), not {args.organization!r}",
-                           EXIT_USAGE) from exc
+    organization = _uuid(args.organization, "ORG_ID (an organisation id)")
     if args.clear and (args.allow or args.deny):
         raise CommandError("--clear takes no --allow or --deny", EXIT_USAGE)
     change = args.clear or bool(args.allow or args.deny)
-    policy = asyncio.run(_policy(_database(args), organization, args.allow, args.deny, change))
+
+    async def policy_of(registry: Registry) -> TargetPolicy:
+        if change:
+            await registry.set_target_policy(organization, parse_policy(args.allow, args.deny), actor="cli:admin")
+        return await registry.target_policy(organization)
+
+    policy = asyncio.run(_with_registry(_database(args), policy_of))
     print(f"target policy of organisation {organization}{' (replaced)' if change else ''}:")
     print("allow: " + (" ".join(policy.allow) or "(none)"))
     print("deny: " + (" ".join(policy.deny) or "(none)"))
@@ -218,54 +220,26 @@ def _target_policy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _policy(url: str, organization: UUID, allow: list[str], deny: list[str],
-                  change: bool) -> TargetPolicy:
-    pool = create_pool(url, min_size=1, max_size=1)
-    await pool.open()
-    try:
-        registry = build_services(Database(pool)).registry
-        if change:
-            await registry.set_target_policy(organization, parse_policy(allow, deny), actor="cli:admin")
-        return await registry.target_policy(organization)
-    except LeaseholdError as exc:
-        raise CommandError(exc.message) from exc
-    finally:
-        await pool.close()
-
-
 def _fair_share(args: argparse.Namespace) -> int:
-    try:
-        organization = UUID(args.organization)
-    except ValueError as exc:
-        raise CommandError(f"ORG_ID must be an organisation id (a UUID), not {args.organization!r}",
-                           EXIT_USAGE) from exc
+    organization = _uuid(args.organization, "ORG_ID (an organisation id)")
     change = args.weight is not None or args.max_live_attempts is not None or args.no_cap
-    state = asyncio.run(_share(_database(args), organization, args.weight, args.max_live_attempts,
-                               args.no_cap, change))
+
+    async def share_of(registry: Registry) -> FairShareState:
+        state = await registry.fair_share(organization)
+        if state is None:
+            raise CommandError(f"no such organisation {organization}")
+        if change:
+            cap = args.max_live_attempts
+            state = await registry.set_fair_share(
+                organization, weight=state.weight if args.weight is None else args.weight,
+                max_live_attempts=None if args.no_cap else (state.max_live_attempts if cap is None else cap),
+                actor="cli:admin")
+        return state
+
+    state = asyncio.run(_with_registry(_database(args), share_of))
     print(json.dumps({"organization_id": str(state.organization_id), "weight": state.weight,
                       "max_live_attempts": state.max_live_attempts, "live_attempts": state.live,
                       "leases_served": state.served, "waited_seconds_total": state.waited_seconds,
                       "virtual_time": state.virtual_time,
                       "updated_at": state.updated_at.isoformat() if state.updated_at else None}, indent=2))
     return EXIT_OK
-
-
-async def _share(url: str, organization: UUID, weight: int | None, cap: int | None,
-                 no_cap: bool, change: bool) -> FairShareState:
-    pool = create_pool(url, min_size=1, max_size=1)
-    await pool.open()
-    try:
-        registry = build_services(Database(pool)).registry
-        state = await registry.fair_share(organization)
-        if state is None:
-            raise CommandError(f"no such organisation {organization}")
-        if change:
-            state = await registry.set_fair_share(
-                organization, weight=state.weight if weight is None else weight,
-                max_live_attempts=None if no_cap else (state.max_live_attempts if cap is None else cap),
-                actor="system")
-        return state
-    except LeaseholdError as exc:
-        raise CommandError(exc.message) from exc
-    finally:
-        await pool.close()

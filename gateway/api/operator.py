@@ -166,6 +166,14 @@ async def _organization(request: web.Request, operator: Operator, organization_i
     return Organization.of(row)
 
 
+async def _seen_organization(request: web.Request) -> tuple[Operator, UUID]:
+    """The caller and the organisation of the path, which the caller may see (404 otherwise)."""
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    await _organization(request, operator, org_id)
+    return operator, org_id
+
+
 async def _workers(reader: Reader, operator: Operator, rows: list[Any]) -> list[Worker]:
     params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id}
     assignments: dict[UUID, list[AssignmentView]] = {}
@@ -255,9 +263,7 @@ async def get_organization(request: web.Request) -> web.StreamResponse:
               summary="Create an API key of the organisation (administrator; the key is shown once)",
               auth="operator", request=CreateApiKey, response=ApiKeyCreated, statuses=(201,), tags=TAGS)
 async def create_organization_key(request: web.Request) -> web.StreamResponse:
-    operator = await operator_identity(request)
-    org_id = _path_id(request, "organization_id", "organisation")
-    await _organization(request, operator, org_id)
+    operator, org_id = await _seen_organization(request)
     operator.require_admin()
     body = await read_json(request, CreateApiKey)
     issued = await _services(request).registry.create_api_key(organization_id=org_id, name=body.name,
@@ -812,9 +818,7 @@ async def delete_profile(request: web.Request) -> web.StreamResponse:
                       "(running scans go on) (administrator)",
               auth="operator", request=GatewayExecution, response=Organization, tags=TAGS)
 async def set_organization_gateway_execution(request: web.Request) -> web.StreamResponse:
-    operator = await operator_identity(request)
-    org_id = _path_id(request, "organization_id", "organisation")
-    await _organization(request, operator, org_id)
+    operator, org_id = await _seen_organization(request)
     operator.require_admin()
     body = await read_json(request, GatewayExecution)
     await _services(request).registry.set_gateway_execution(org_id, body.enabled, actor=operator.actor)
@@ -831,9 +835,7 @@ def _target_policy(org_id: UUID, policy: target_rules.TargetPolicy) -> TargetPol
               summary="The organisation's target policy: which scan targets it may aim workers at",
               auth="operator", response=TargetPolicy, tags=TAGS)
 async def get_target_policy(request: web.Request) -> web.StreamResponse:
-    operator = await operator_identity(request)
-    org_id = _path_id(request, "organization_id", "organisation")
-    await _organization(request, operator, org_id)
+    operator, org_id = await _seen_organization(request)
     return ok(_target_policy(org_id, await _services(request).registry.target_policy(org_id)))
 
 
@@ -841,9 +843,7 @@ async def get_target_policy(request: web.Request) -> web.StreamResponse:
               summary="Replace the organisation's target policy (opening a default-denied network: administrator)",
               auth="operator", request=SetTargetPolicy, response=TargetPolicy, statuses=(200, 403), tags=TAGS)
 async def set_target_policy(request: web.Request) -> web.StreamResponse:
-    operator = await operator_identity(request)
-    org_id = _path_id(request, "organization_id", "organisation")
-    await _organization(request, operator, org_id)
+    operator, org_id = await _seen_organization(request)
     body = await read_json(request, SetTargetPolicy)
     policy = target_rules.parse_policy(body.allow, body.deny)
     if policy.opens_default_denied and operator.organization_id is not None:
@@ -871,9 +871,7 @@ async def get_fair_share(request: web.Request) -> web.StreamResponse:
                       "(administrator)",
               auth="operator", request=SetFairShare, response=FairShare, tags=TAGS)
 async def set_fair_share(request: web.Request) -> web.StreamResponse:
-    operator = await operator_identity(request)
-    org_id = _path_id(request, "organization_id", "organisation")
-    await _organization(request, operator, org_id)
+    operator, org_id = await _seen_organization(request)
     operator.require_admin()
     body = await read_json(request, SetFairShare)
     state = await _services(request).registry.set_fair_share(
