@@ -10,13 +10,11 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import ssl
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from gateway.services import build_services
 from gateway.tls import PkiPaths
 from persistence.transaction import Database
 from support.gateway import ADMIN_KEY, GatewayProcess, RunningGateway, WorkerClient, running_gateway
+from support.slow_clients import one as slow_client
 
 TESTS = str(Path(__file__).resolve().parents[1])
 HEADER_TIMEOUT = 2.0
@@ -37,13 +36,6 @@ SLOW_PER_LISTENER = 300
 #: Scheduling slack on a busy shared 2-core machine, on top of the documented timeout (the
 #: Gateway accepts and handshakes 600 connections at once here).
 SLACK = 3.0
-
-
-@dataclass
-class Slow:
-    kind: str
-    opened: float
-    closed: float | None = None
 
 
 @pytest.fixture
@@ -64,48 +56,6 @@ def client_context(pki: PkiPaths, cert: tuple[Path, Path] | None = None) -> ssl.
     if cert is not None:
         ctx.load_cert_chain(str(cert[0]), str(cert[1]))
     return ctx
-
-
-async def slow_client(kind: str, target: int, ctx: ssl.SSLContext, out: list[Slow]) -> None:
-    """One slow connection: ``idle`` (handshake, then nothing), ``drip`` (a header a few bytes at a
-    time, never finished), ``raw`` (TCP only, no TLS handshake). Records when the server closed it."""
-    record = Slow(kind, time.monotonic())
-    out.append(record)
-    writer = None
-    try:
-        # The server's clocks start when it accepts the TCP connection: so does this record's.
-        sock = socket.socket()
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", target))
-        record.opened = time.monotonic()
-        if kind == "raw":
-            reader, writer = await asyncio.open_connection(sock=sock)
-        else:
-            reader, writer = await asyncio.open_connection(sock=sock, ssl=ctx, server_hostname="localhost")
-        if kind == "drip":
-            writer.write(b"POST /v1/tasks/acquire HTTP/1.1\r\nHost: localhost\r\n")
-
-            async def drip() -> None:
-                while True:
-                    await asyncio.sleep(0.2)
-                    writer.write(b"X")  # a header line that never ends
-                    await writer.drain()
-
-            dripping = asyncio.create_task(drip())
-            try:
-                await reader.read()  # until the server closes
-            finally:
-                dripping.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await dripping
-        else:
-            await reader.read()
-    except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        record.closed = time.monotonic()
-        if writer is not None:
-            writer.close()
 
 
 async def timed(coro: object) -> tuple[float, object]:
@@ -191,8 +141,8 @@ def gateway_guards(gateway: RunningGateway) -> list[ConnectionGuard]:
 
 async def test_at_the_cap_slow_connections_are_evicted_for_a_normal_client(database_url: str, pki: PkiPaths) -> None:
     async with running_gateway(database_url, pki, max_connections_per_listener=20, header_timeout_seconds=30) as gw:
-        slow: list[Slow] = []
-        clients = [asyncio.create_task(slow_client("idle", port(gw.operator_url), client_context(pki), slow))
+        closed: list[dict[str, object]] = []  # one entry per slow connection once it is closed
+        clients = [asyncio.create_task(slow_client("idle", port(gw.operator_url), client_context(pki), closed))
                    for _ in range(20)]
         guard = gateway_guards(gw)[1]
         deadline = time.monotonic() + 10
@@ -203,10 +153,10 @@ async def test_at_the_cap_slow_connections_are_evicted_for_a_normal_client(datab
         assert reply.status == 200 and seconds < 1.0  # type: ignore[attr-defined]
         assert guard.evicted == 1 and guard.refused == 0
         deadline = time.monotonic() + 5
-        while not any(s.closed is not None for s in slow):  # the oldest slow one made room
+        while not closed:  # the oldest slow one made room
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
-        assert sum(s.closed is not None for s in slow) == 1
+        assert len(closed) == 1
         for task in clients:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
