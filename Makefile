@@ -6,6 +6,7 @@
 #   make openapi / make cli-help                rewrite the committed contract snapshots from the code
 #   make lint                                   ruff + mypy + import contracts (lint-imports)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
+#   make screenshots                            the console's browser tests, writing docs/console/*.png
 # Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
 
 PYTHON ?= python3
@@ -19,7 +20,7 @@ MUTATION_JOBS ?= 2
 MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations leasehold_client,$(if $(wildcard $(p)/__init__.py),-p $(p)))
 
 .DEFAULT_GOAL := test
-.PHONY: install test test-unit mutation openapi cli-help lint demo
+.PHONY: install test test-unit mutation openapi cli-help lint demo screenshots
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
@@ -68,3 +69,8 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/leasehold demo
+
+# The console's browser tests (headless system Chromium) with a PNG of every page they visit
+# written into docs/console/ (the README shows them).
+screenshots: $(STAMP)
+	LEASEHOLD_CONSOLE_SCREENSHOTS=1 $(VENV_PY) -m pytest tests/browser $(PYTEST_ARGS)

@@ -1,0 +1,95 @@
+"""Drive the console in the system's Chromium (Debian's ``chromium`` package) with Playwright.
+
+No browser is ever downloaded: Playwright only drives the binary at ``/usr/bin/chromium`` (or
+``$LEASEHOLD_CHROMIUM``, or the ``chromium`` on PATH). With ``LEASEHOLD_CONSOLE_SCREENSHOTS=1``
+(``make screenshots``) :meth:`Console.shot` writes a PNG of the page into ``docs/console/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from playwright.async_api import BrowserContext, Page
+
+from support.gateway import ADMIN_KEY, RunningGateway
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "console"
+SCREENSHOTS = os.environ.get("LEASEHOLD_CONSOLE_SCREENSHOTS") == "1"
+LAPTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+#: What Chromium is started with: headless, and nothing that would reach out of this machine.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_binary() -> str | None:
+    """The system's Chromium, or None when this machine has none."""
+    for candidate in (os.environ.get("LEASEHOLD_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class Console:
+    """One browser (a fresh profile) on the Gateway's operator port."""
+
+    def __init__(self, gateway: RunningGateway, context: BrowserContext, page: Page) -> None:
+        self.gateway = gateway
+        self.context = context
+        self.page = page
+        self.base = gateway.operator_url
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    async def goto(self, path: str) -> int:
+        """Open ``path`` (following redirects); the final answer's status."""
+        response = await self.page.goto(self.url(path))
+        assert response is not None
+        return response.status
+
+    async def sign_in(self, key: str = ADMIN_KEY) -> None:
+        """Sign in through the form, as a person would; lands on the overview."""
+        await self.goto("/console/sign-in")
+        await self.page.get_by_label("Operator API key").fill(key)
+        await self.page.get_by_role("button", name="Sign in").click()
+        await self.page.wait_for_url(self.url("/console"))
+
+    async def rows(self, caption: str, page: Page | None = None) -> list[list[str]]:
+        """The body rows (cell texts) of the table whose caption contains ``caption``."""
+        page = page or self.page
+        table = page.locator("table").filter(has=page.locator("caption", has_text=caption))
+        return await table.locator("tbody tr").evaluate_all(
+            "rows => rows.map(r => Array.from(r.cells, c => c.innerText.trim()))")
+
+    async def headers(self, caption: str, page: Page | None = None) -> list[str]:
+        page = page or self.page
+        table = page.locator("table").filter(has=page.locator("caption", has_text=caption))
+        return await table.locator("thead th").evaluate_all("cells => cells.map(c => c.innerText.trim())")
+
+    async def shot(self, name: str, page: Page | None = None) -> None:
+        """``docs/console/<name>.png`` of the whole page, when screenshots are asked for."""
+        if SCREENSHOTS:
+            DOCS.mkdir(parents=True, exist_ok=True)
+            await (page or self.page).screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
+
+    async def reload_until(self, check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
+        """Reload the page until ``check()`` holds (a deadline, not a sleep)."""
+        deadline = time.monotonic() + within
+        while not await check():
+            assert time.monotonic() < deadline, f"still not there after {within} s: {self.page.url}"
+            await self.page.wait_for_timeout(100)
+            await self.page.reload()
+
+    async def session_cookie(self) -> dict[str, Any] | None:
+        for cookie in await self.context.cookies(self.url("/console")):
+            if cookie["name"] == "leasehold_console":
+                return dict(cookie)
+        return None
+
+
