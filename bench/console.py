@@ -6,7 +6,8 @@ Prints plain lines, asserts nothing. Steps:
 1. **Fill.** A scratch database (``--database-name``, dropped and recreated, migrated to head)
    gets ``--organizations`` organisations and three workers each through the real registry, then
    ``--tasks`` tasks in scans of four jobs, bulk-loaded in SQL (``INSERT … SELECT
-   generate_series``) in chunks on two connections, with their jobs, attempts, result batches,
+   generate_series``) in chunks (the old ones on two connections, the recent ones on one, in time
+   order, so their log positions grow with time), with their jobs, attempts, result batches,
    payloads and events: organisations of skewed sizes; the first 90% of the tasks spread over
    30 days and ended (completed, some after an expired lease, failed, cancelled), the last 10%
    over the last three hours in every state (pending, retry_wait, leased, running, cancelling,
@@ -391,10 +392,14 @@ def fill(url: str, tasks: int, organizations: int) -> dict[str, Any]:
     params = {"tag": secrets.token_hex(4), "jobs": JOBS_PER_SCAN, "orgs": orgs, "workers": workers,
               "per_org": WORKERS_PER_ORG, "key_id": str(key_id)}
     chunk = max(JOBS_PER_SCAN, CHUNK // JOBS_PER_SCAN * JOBS_PER_SCAN)
-    chunks = deque((lo, min(lo + chunk, tasks) - 1) for lo in range(0, tasks, chunk))
+    every = [(lo, min(lo + chunk, tasks) - 1) for lo in range(0, tasks, chunk)]
+    # The old tasks on two connections; then the recent ones on one, in time order, so that the
+    # recent events' log positions grow with their times, as a live log's do.
+    old = deque(c for c in every if c[1] < recent)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for future in [pool.submit(_load, url, params, settings, chunks) for _ in range(2)]:
+        for future in [pool.submit(_load, url, params, settings, old) for _ in range(2)]:
             future.result()
+    _load(url, params, settings, deque(c for c in every if c[1] >= recent))
     load_s = time.perf_counter() - started
     made = asyncio.run(real_tasks(url))
     with psycopg.connect(url, autocommit=True) as conn:
