@@ -115,6 +115,9 @@ async def test_overview_counts_equal_the_database(console: Console, gateway: Run
     depth = await gateway.count("SELECT count(*) FROM worker_tasks WHERE organization_id = %s "
                                 "AND state IN ('pending', 'retry_wait')", gateway.org)
     assert int(shown[str(gateway.org)][headers.index("Queue depth")]) == depth == 1
+    chart = console.page.locator("svg#throughput-chart")
+    assert await chart.count() == 1, "the overview has no throughput chart"
+    assert await chart.get_attribute("role") == "img" and await chart.get_attribute("aria-label")
     await console.shot("overview")
 
     phone = await console.context.new_page()
@@ -223,6 +226,25 @@ async def test_cancel_a_running_task_until_it_is_cancelled(console: Console, gat
 
 async def _shows(console: Console, state: str) -> bool:
     return await task_state_shown(console) == state
+
+
+async def test_retry_a_failed_task_from_its_page(console: Console, gateway: RunningGateway) -> None:
+    task_id = await gateway.task()
+    worker = await gateway.worker()
+    lease = (await worker.acquire()).body["lease"]
+    assert (await worker.write(lease, "fail", error="plugin crashed", retryable=False)).status == 200
+    assert await state_of(gateway, task_id) == "failed_terminal"
+    await console.sign_in()
+    await console.goto(f"/console/tasks/{task_id}")
+    assert await task_state_shown(console) == "failed_terminal"
+    retry = console.page.get_by_role("button", name="Retry")
+    assert await retry.count() == 1, "a failed task has no Retry button"
+    await retry.click()
+    await console.page.wait_for_url(console.url(f"/console/tasks/{task_id}"))
+    assert await task_state_shown(console) == "pending" and await state_of(gateway, task_id) == "pending"
+    assert await console.page.get_by_role("button", name="Retry").count() == 0
+    events = (await gateway.operator("GET", f"/v1/tasks/{task_id}/events")).body["items"]
+    assert events[-1]["type"] == "TaskRetried" and events[-1]["actor"].startswith("operator:")
 
 
 async def test_disable_a_worker_after_confirming(console: Console, gateway: RunningGateway) -> None:
