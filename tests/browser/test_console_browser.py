@@ -14,6 +14,7 @@ from uuid import UUID
 
 from aiohttp import web
 
+from domain.results import payload_sha256
 from domain.retry import RetryPolicy
 from support.browser import PHONE, Console
 from support.gateway import RunningGateway, WorkerClient, tenant
@@ -90,6 +91,14 @@ async def test_overview_counts_equal_the_database(console: Console, gateway: Run
     cancelled = await gateway.task()
     await gateway.lifecycle.request_cancel(cancelled, actor="test")
     worker = await gateway.worker()
+    for outcome in ("complete", "fail"):  # one attempt of each kind in the last hour's chart
+        await gateway.task(priority=5)
+        ended = (await worker.acquire()).body["lease"]
+        if outcome == "complete":
+            assert (await worker.final_batch(ended)).status == 200
+        reply = await worker.write(ended, outcome, **({"error": "plugin crashed", "retryable": False}
+                                                      if outcome == "fail" else {}))
+        assert reply.status == 200, reply.body
     leased = (await worker.acquire()).body["lease"]
     assert (await worker.write(leased, "progress")).status == 200  # running
     assert (await worker.acquire()).status == 200  # leased
@@ -111,7 +120,8 @@ async def test_overview_counts_equal_the_database(console: Console, gateway: Run
     for org, counts in in_database.items():
         assert {s: int(shown[org][headers.index(s)]) for s in TASK_STATES} == counts, org
     mine = in_database[str(gateway.org)]
-    assert (mine["pending"], mine["leased"], mine["running"], mine["cancelled"]) == (1, 1, 1, 1)
+    assert (mine["pending"], mine["leased"], mine["running"], mine["completed"], mine["failed_terminal"],
+            mine["cancelled"]) == (1, 1, 1, 1, 1, 1)
     depth = await gateway.count("SELECT count(*) FROM worker_tasks WHERE organization_id = %s "
                                 "AND state IN ('pending', 'retry_wait')", gateway.org)
     assert int(shown[str(gateway.org)][headers.index("Queue depth")]) == depth == 1
@@ -176,10 +186,16 @@ async def test_an_expired_and_retried_task_shows_both_attempts_on_the_time_axis(
     while (retry := await second.acquire()).status != 200:  # the first lease lapses, the task comes back
         assert time.monotonic() < deadline, "the expired task was never offered again"
         await asyncio.sleep(0.05)
-    assert retry.body["lease"]["task"]["id"] == str(task_id)
+    lease = retry.body["lease"]
+    assert lease["task"]["id"] == str(task_id)
+    # The retry runs to its end at once (its lease is as short), carrying its final batch.
+    records = [{"type": "raw", "n": 1}]
+    done = await second.write(lease, "complete", final_batch={
+        "sequence_number": 1, "idempotency_key": "k1", "payload_sha256": payload_sha256(records), "payload": records})
+    assert done.status == 200, done.body
     attempts = await column(gateway, "SELECT attempt_number || ':' || status FROM worker_task_attempts "
                                      "WHERE task_id = %s ORDER BY attempt_number", task_id)
-    assert attempts == ["1:expired", "2:leased"]
+    assert attempts == ["1:expired", "2:succeeded"]
 
     await console.sign_in()
     await console.goto(f"/console/scans/{gateway.scan}")
@@ -276,9 +292,10 @@ async def test_disable_a_worker_after_confirming(console: Console, gateway: Runn
     assert await gateway.count("SELECT enabled FROM workers WHERE id = %s", worker.id) is False
     assert (await worker.acquire()).status == 403
     assert await state_of(gateway, task_id) in ("retry_wait", "pending")
-    topics = await column(gateway, "SELECT topic FROM events WHERE originator_id = %s ORDER BY originator_version",
-                          worker.id)
-    assert topics[-1].endswith("WorkerDisabled"), topics
+    (last,) = await column(gateway, "SELECT topic || ' ' || (convert_from(state, 'UTF8')::jsonb ->> 'enabled') "
+                                    "FROM events WHERE originator_id = %s ORDER BY originator_version DESC LIMIT 1",
+                           worker.id)
+    assert last == "domain.events:WorkerEnabledChanged false", last
     assert await gateway.count("SELECT enabled FROM workers WHERE id = %s", idle.id) is True
     await console.goto("/console/workers")
     assert await page.locator(f'tr[data-worker-id="{idle.id}"] td[data-field="standing"]').inner_text() == "active"
