@@ -7,21 +7,27 @@ No browser is ever downloaded: Playwright only drives the binary at ``/usr/bin/c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from playwright.async_api import BrowserContext, Page
 
-from support.gateway import ADMIN_KEY, RunningGateway
+from support.gateway import ADMIN_KEY, RunningGateway, WorkerClient
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "console"
 SCREENSHOTS = os.environ.get("LEASEHOLD_CONSOLE_SCREENSHOTS") == "1"
 LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
+TASK_STATES = ("pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling",
+               "cancelled")
 #: What Chromium is started with: headless, and nothing that would reach out of this machine.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -93,3 +99,51 @@ class Console:
         return None
 
 
+# --- what the tests read from the database and the page ------------------------------------
+
+
+async def column(gateway: RunningGateway, query: str, *params: Any) -> list[Any]:
+    async with gateway.pool.connection() as conn:
+        cur = await conn.execute(query, params)
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def state_of(gateway: RunningGateway, task_id: UUID) -> str:
+    return str(await gateway.count("SELECT state FROM worker_tasks WHERE id = %s", task_id))
+
+
+async def task_state_shown(console: Console) -> str:
+    (row,) = await console.rows("The task")
+    headers = await console.headers("The task")
+    return row[headers.index("State")]
+
+
+@asynccontextmanager
+async def heartbeat(worker: WorkerClient, lease: dict[str, Any]) -> AsyncIterator[list[str]]:
+    """The worker's side while the test runs: it renews its lease every 100 ms, as an agent does,
+    and when a renewal says the task is cancelled it stops and acknowledges. Yields what it did."""
+    done: list[str] = []
+
+    async def beat() -> None:
+        while True:
+            renewed = await worker.write(lease, "renew")
+            assert renewed.status == 200, renewed.body
+            if renewed.body["cancel_requested"]:
+                acked = await worker.write(lease, "cancel-ack")
+                assert acked.status == 200, acked.body
+                done.append(acked.body["task"]["state"])
+                return
+            await asyncio.sleep(0.1)
+
+    runner = asyncio.create_task(beat())
+    try:
+        yield done
+    finally:
+        if not runner.done():
+            runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+
+async def shows_state(console: Console, state: str) -> bool:
+    return await task_state_shown(console) == state
