@@ -133,10 +133,30 @@ LIMIT %(limit)s
 
 -- name: task_counts
 -- Operator API: tasks by organisation and state (organization_id NULL: every organisation).
-SELECT t.organization_id, t.state, count(*)
-FROM worker_tasks t
-WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
-GROUP BY 1, 2
+-- Never a pass over the table's rows: the tasks of each organisation are counted in the
+-- (organization_id, created_at, id) index alone, those of every state but completed through the
+-- (state, created_at, id) index, and completed is the difference. Completed tasks are the
+-- history, nearly all of the rows (bench/console.py, 100,000 tasks: ~45-90 ms against ~70-220 ms
+-- for a GROUP BY over the rows, on a loaded 2-core machine).
+WITH every AS (
+    SELECT t.organization_id, count(*) AS n
+    FROM worker_tasks t
+    WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+    GROUP BY 1
+), others AS (
+    SELECT t.organization_id, t.state, count(*) AS n
+    FROM worker_tasks t
+    WHERE t.state IN ('pending', 'leased', 'running', 'retry_wait', 'failed_terminal', 'cancelling', 'cancelled')
+      AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+    GROUP BY 1, 2
+)
+SELECT o.organization_id, o.state, o.n FROM others o
+UNION ALL
+SELECT c.organization_id, 'completed', c.n
+FROM (SELECT e.organization_id,
+             (e.n - coalesce((SELECT sum(o.n) FROM others o WHERE o.organization_id = e.organization_id), 0))::bigint AS n
+      FROM every e) c
+WHERE c.n > 0
 
 -- name: task_queues
 -- Operator API: the queue of each organisation (tasks waiting for a lease: pending or
