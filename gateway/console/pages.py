@@ -10,89 +10,36 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlencode
-from uuid import UUID
 
 from aiohttp import web
-from pydantic import ValidationError
 
-from domain.errors import LeaseholdError, NotFound
 from gateway.api import operator as api
-from gateway.api.http import BadRequest, Handler, RouteTable
 from gateway.api.operator_models import CancelTask, Event, EventsQuery, ScanListQuery
 from gateway.console import sessions
 from gateway.console.markup import Html, fmt, join, page, table, utc
+from gateway.console.web import (
+    ROOT,
+    SIGN_IN,
+    UUID_PATTERN,
+    console,
+    error,
+    link,
+    nav,
+    path_id,
+    redirect,
+    signed_in,
+    task_link,
+)
 from gateway.identity import Operator
-from gateway.keys import OPERATOR, SERVICES
+from gateway.keys import SERVICES
 
-routes = RouteTable()
-ROOT = sessions.PATH
-SIGN_IN = ROOT + "/sign-in"
-TASK = ROOT + "/tasks/{task_id:[0-9a-fA-F-]+}"
-SCAN = ROOT + "/scans/{scan_id:[0-9a-fA-F-]+}"
+TASK = ROOT + "/tasks/{task_id:" + UUID_PATTERN + "}"
+SCAN = ROOT + "/scans/{scan_id:" + UUID_PATTERN + "}"
 SCANS_PER_PAGE = 50
 #: States a cancel can still change (the others are final, or already cancelling).
 CANCELLABLE = ("pending", "leased", "running", "retry_wait")
 TERMINAL = ("completed", "failed_terminal", "cancelled")
-
-Page = Callable[[web.Request, Operator, str], Awaitable[web.StreamResponse]]
-
-
-def _console(method: str, path: str, summary: str) -> Callable[[Handler], Handler]:
-    return routes.route(method, path, summary=summary, auth="none", listeners=("operator",))
-
-
-def signed_in(handler: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """A page for a signed-in operator: without a live session, a GET goes to the sign-in page
-    (303) and a POST is refused (403); a POST must carry the session's CSRF token (403)."""
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        found = await sessions.session_operator(request)
-        if found is None:
-            if request.method == "GET":
-                return _redirect(SIGN_IN)
-            return _error(403, "You are not signed in (or your session ended).")
-        operator, token = found
-        request[OPERATOR] = operator
-        csrf = sessions.csrf_token(token)
-        if request.method == "POST":
-            form = await request.post()
-            if not sessions.csrf_matches(csrf, form.get("csrf")):
-                return _error(403, "This form has no valid CSRF token; reload the page and try again.")
-        try:
-            return await handler(request, operator, csrf)
-        except LeaseholdError as exc:
-            return _error(exc.status, exc.message, operator=operator, csrf=csrf)
-        except (ValidationError, BadRequest):
-            return _error(400, "The form or filter is not valid.", operator=operator, csrf=csrf)
-    wrapped.__name__ = handler.__name__
-    return wrapped
-
-
-def _nav(operator: Operator, csrf: str) -> Html:
-    who = "administrator" if operator.is_admin else f"organisation {operator.organization_id}"
-    return fmt('<nav aria-label="Console"><ul><li><a href="{}">Overview</a></li><li><a href="{}/scans">Scans</a>'
-               '</li></ul></nav><p>Signed in as {} ({})</p>'
-               '<form method="post" action="{}/sign-out"><input type="hidden" name="csrf" value="{}">'
-               '<button type="submit">Sign out</button></form>', ROOT, ROOT, operator.name, who, ROOT, csrf)
-
-
-def _error(status: int, message: str, *, operator: Operator | None = None, csrf: str = "") -> web.Response:
-    nav = _nav(operator, csrf) if operator is not None else None
-    return page(f"Error {status}", fmt('<p class="error" role="alert">{}</p>', message), nav=nav, status=status)
-
-
-def _redirect(path: str) -> web.Response:
-    """303 See Other: after a form post, the browser GETs ``path``."""
-    return web.Response(status=303, headers={"Location": path})
-
-
-def _link(path: str, text: object) -> Html:
-    return fmt('<a href="{}">{}</a>', path, text)
-
-
-def _task_link(task_id: UUID | None) -> Html | str:
-    return _link(f"{ROOT}/tasks/{task_id}", task_id) if task_id is not None else "—"
 
 
 # --- sign-in and sign-out ----------------------------------------------------------------------
@@ -109,33 +56,33 @@ def _sign_in_page(csrf: str, message: str = "", status: int = 200) -> web.Respon
     return response
 
 
-@_console("GET", SIGN_IN, "Console sign-in form")
+@console("GET", SIGN_IN, "Console sign-in form")
 async def sign_in_form(request: web.Request) -> web.StreamResponse:
     return _sign_in_page(secrets.token_urlsafe(24))
 
 
-@_console("POST", SIGN_IN, "Console sign-in: an operator API key for a session cookie")
+@console("POST", SIGN_IN, "Console sign-in: an operator API key for a session cookie")
 async def sign_in(request: web.Request) -> web.StreamResponse:
     form = await request.post()
     expected = request.cookies.get(sessions.SIGN_IN_COOKIE, "")
     if not expected or not sessions.csrf_matches(expected, form.get("csrf")):
-        return _error(403, "This form has no valid CSRF token; reload the sign-in page and try again.")
+        return error(403, "This form has no valid CSRF token; reload the sign-in page and try again.")
     key = form.get("key")
     token = await sessions.open_session(request, key.strip()) if isinstance(key, str) and key.strip() else None
     if token is None:
         return _sign_in_page(secrets.token_urlsafe(24), "Unknown, revoked or expired API key.", status=401)
-    response = _redirect(ROOT)
+    response = redirect(ROOT)
     sessions.set_cookie(response, sessions.COOKIE, token, sessions.SESSION_SECONDS)
     response.del_cookie(sessions.SIGN_IN_COOKIE, path=sessions.PATH)
     return response
 
 
-@_console("POST", ROOT + "/sign-out", "Console sign-out: the session ends")
+@console("POST", ROOT + "/sign-out", "Console sign-out: the session ends")
 @signed_in
 async def sign_out(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     token = request.cookies[sessions.COOKIE]
     await sessions.close_session(request, token)
-    response = _redirect(SIGN_IN)
+    response = redirect(SIGN_IN)
     response.del_cookie(sessions.COOKIE, path=sessions.PATH)
     return response
 
@@ -149,11 +96,11 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-@_console("GET", ROOT, "Console overview")
+@console("GET", ROOT, "Console overview")
 @signed_in
 async def overview(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     counts = await api.counts(request, operator, None)
-    rows = [[_link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
+    rows = [[link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
              *(o.tasks_by_state[s] for s in api.TASK_STATES), o.queue.depth, o.queue.ready,
              _age(o.queue.oldest_ready_age_seconds)] for o in counts.organizations]
     body = join([
@@ -161,10 +108,10 @@ async def overview(request: web.Request, operator: Operator, csrf: str) -> web.S
         table("Tasks by state per organisation, and the queue", ["Organisation", *api.TASK_STATES,
               "Queue depth", "Ready now", "Oldest pending"], rows),
     ])
-    return page("Overview", body, nav=_nav(operator, csrf))
+    return page("Overview", body, nav=nav(operator, csrf))
 
 
-@_console("GET", ROOT + "/scans", "Console: scans with filters")
+@console("GET", ROOT + "/scans", "Console: scans with filters")
 @signed_in
 async def scans(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     wanted = {k: v for k in ("status", "organization_id", "cursor") if (v := request.query.get(k, "").strip())}
@@ -178,36 +125,29 @@ async def scans(request: web.Request, operator: Operator, csrf: str) -> web.Stre
                   '<input id="organization_id" name="organization_id" value="{}" size="36">'
                   '<p><button type="submit">Filter</button></p></form>', ROOT, options,
                   query.organization_id or "")
-    rows = [[_link(f"{ROOT}/scans/{s.id}", s.id), s.organization_id, s.status, s.execution_mode, s.created_at,
+    rows = [[link(f"{ROOT}/scans/{s.id}", s.id), s.organization_id, s.status, s.execution_mode, s.created_at,
              s.finished_at] for s in found.items]
     more = Html("")
     if found.next_cursor is not None:
-        more = fmt("<p>{}</p>", _link(f"{ROOT}/scans?{urlencode({**wanted, 'cursor': found.next_cursor})}",
+        more = fmt("<p>{}</p>", link(f"{ROOT}/scans?{urlencode({**wanted, 'cursor': found.next_cursor})}",
                                       "Next page"))
     body = join([filters, table("Scans, newest first", ["Scan", "Organisation", "Status", "Mode", "Created",
                                                         "Finished"], rows), more])
-    return page("Scans", body, nav=_nav(operator, csrf))
+    return page("Scans", body, nav=nav(operator, csrf))
 
 
-def _path_id(request: web.Request, name: str, what: str) -> UUID:
-    try:
-        return UUID(request.match_info[name])
-    except ValueError as exc:
-        raise NotFound(f"no such {what}") from exc
-
-
-@_console("GET", SCAN, "Console: a scan with its jobs and tasks")
+@console("GET", SCAN, "Console: a scan with its jobs and tasks")
 @signed_in
 async def scan(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    detail = await api.scan_detail(request, operator, _path_id(request, "scan_id", "scan"))
+    detail = await api.scan_detail(request, operator, path_id(request, "scan_id", "scan"))
     s = detail.scan
     facts = table("The scan", ["Organisation", "Status", "Mode", "Created", "Finished"],
                   [[s.organization_id, s.status, s.execution_mode, s.created_at, s.finished_at]])
-    rows = [[j.position, j.plugin, j.status, _task_link(j.task.id if j.task else None),
+    rows = [[j.position, j.plugin, j.status, task_link(j.task.id if j.task else None),
              j.task.state if j.task else "—", j.task.attempt_count if j.task else "—"] for j in detail.jobs]
     jobs = table(f"Jobs in order ({len(detail.jobs)} of {detail.job_count})",
                  ["Position", "Plugin", "Job status", "Task", "Task state", "Attempts"], rows)
-    return page(f"Scan {s.id}", join([facts, jobs]), nav=_nav(operator, csrf))
+    return page(f"Scan {s.id}", join([facts, jobs]), nav=nav(operator, csrf))
 
 
 def _words(name: str) -> str:
@@ -229,14 +169,14 @@ def sentence(event: Event) -> str:
     return f"{_words(event.type)} by {event.actor} at {when} UTC{tail}.{rejected}"
 
 
-@_console("GET", TASK, "Console: a task with its attempts and its event timeline")
+@console("GET", TASK, "Console: a task with its attempts and its event timeline")
 @signed_in
 async def task(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    task_id = _path_id(request, "task_id", "task")
+    task_id = path_id(request, "task_id", "task")
     t = await api.read_task(request, operator, task_id)
     events = await api.event_page(request, task_id, EventsQuery())
     facts = table("The task", ["Scan", "Type", "State", "Attempts", "Created", "Finished", "Last error"],
-                  [[_link(f"{ROOT}/scans/{t.scan_id}", t.scan_id), t.task_type, t.state,
+                  [[link(f"{ROOT}/scans/{t.scan_id}", t.scan_id), t.task_type, t.state,
                     f"{t.attempt_count} of {t.max_attempts}", t.created_at, t.finished_at, t.last_error]])
     attempts = table("Attempts, oldest first", ["#", "Status", "Worker", "Leased", "Lease expires", "Deadline",
                                                 "Finished", "Result batches", "Error"],
@@ -253,16 +193,16 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                      '<label for="reason">Reason for cancelling</label>'
                      '<input id="reason" name="reason" maxlength="1000" value="cancelled by an operator">'
                      '<p><button type="submit">Cancel this task</button></p></form>', ROOT, t.id, csrf)
-    return page(f"Task {t.id}", join([facts, action, attempts, timeline]), nav=_nav(operator, csrf))
+    return page(f"Task {t.id}", join([facts, action, attempts, timeline]), nav=nav(operator, csrf))
 
 
-@_console("POST", TASK + "/cancel", "Console: cancel a task (the API's cancel command)")
+@console("POST", TASK + "/cancel", "Console: cancel a task (the API's cancel command)")
 @signed_in
 async def cancel(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    task_id = _path_id(request, "task_id", "task")
+    task_id = path_id(request, "task_id", "task")
     await api.see_task(request, operator, task_id)
     form = await request.post()
     reason = form.get("reason")
     body = CancelTask.model_validate({"reason": reason} if isinstance(reason, str) and reason.strip() else {})
     await request.app[SERVICES].lifecycle.request_cancel(task_id, reason=body.reason, actor=operator.actor)
-    return _redirect(f"{ROOT}/tasks/{task_id}")
+    return redirect(f"{ROOT}/tasks/{task_id}")
