@@ -1071,9 +1071,15 @@ async def retry_task(request: web.Request) -> web.StreamResponse:
     task_id = _path_id(request, "task_id", "task")
     await see_task(request, operator, task_id)
     body = await read_json(request, RetryTask)
+    await retry(request, operator, task_id, body)
+    return ok(await read_task(request, operator, task_id))
+
+
+async def retry(request: web.Request, operator: Operator, task_id: UUID, body: RetryTask) -> None:
+    """Retry a failed_terminal task (the caller checked visibility; 409 in any other state, or
+    when its scan was cancelled)."""
     await _services(request).lifecycle.retry(task_id, reason=body.reason, attempts=body.attempts,
                                              actor=operator.actor)
-    return ok(await read_task(request, operator, task_id))
 
 
 # --- seals ------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from gateway.api import operator as api
-from gateway.api.operator_models import CancelTask, Event, EventsQuery, ScanListQuery
+from gateway.api.operator_models import CancelTask, Event, EventsQuery, RetryTask, ScanListQuery, Task
 from gateway.console import sessions
+from gateway.console.charts import LEGEND, attempt_marks, attempts_axis, attempts_table
 from gateway.console.markup import Html, fmt, join, page, table, utc
 from gateway.console.web import (
     ROOT,
@@ -193,7 +194,24 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                      '<label for="reason">Reason for cancelling</label>'
                      '<input id="reason" name="reason" maxlength="1000" value="cancelled by an operator">'
                      '<p><button type="submit">Cancel this task</button></p></form>', ROOT, t.id, csrf)
-    return page(f"Task {t.id}", join([facts, action, attempts, timeline]), nav=nav(operator, csrf))
+    elif await _retryable(request, operator, t):
+        action = fmt('<form method="post" action="{}/tasks/{}/retry"><input type="hidden" name="csrf" value="{}">'
+                     '<label for="reason">Reason for retrying</label>'
+                     '<input id="reason" name="reason" maxlength="1000" value="{}">'
+                     '<label for="attempts">Fresh attempts (empty: as many as before)</label>'
+                     '<input id="attempts" name="attempts" type="number" min="1" max="100" inputmode="numeric">'
+                     '<p><button type="submit">Retry</button></p></form>', ROOT, t.id, csrf, RetryTask().reason)
+    marks = attempt_marks(t.attempts, events.items)
+    axis = fmt('<section aria-labelledby="axis"><h2 id="axis">Attempts on a time axis</h2>{}{}{}</section>',
+               attempts_axis(marks), LEGEND, attempts_table(marks))
+    return page(f"Task {t.id}", join([facts, action, axis, attempts, timeline]), nav=nav(operator, csrf))
+
+
+async def _retryable(request: web.Request, operator: Operator, t: Task) -> bool:
+    """Whether the API would retry the task: failed_terminal, its scan not cancelled."""
+    if t.state != "failed_terminal":
+        return False
+    return (await api.read_scan(request, operator, t.scan_id)).status != "cancelled"
 
 
 @console("POST", TASK + "/cancel", "Console: cancel a task (the API's cancel command)")
@@ -205,4 +223,18 @@ async def cancel(request: web.Request, operator: Operator, csrf: str) -> web.Str
     reason = form.get("reason")
     body = CancelTask.model_validate({"reason": reason} if isinstance(reason, str) and reason.strip() else {})
     await request.app[SERVICES].lifecycle.request_cancel(task_id, reason=body.reason, actor=operator.actor)
+    return redirect(f"{ROOT}/tasks/{task_id}")
+
+
+@console("POST", TASK + "/retry", "Console: retry a failed task (the API's retry command)")
+@signed_in
+async def retry(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
+    task_id = path_id(request, "task_id", "task")
+    await api.see_task(request, operator, task_id)
+    form = await request.post()
+    fields: dict[str, object] = {k: v.strip() for k in ("reason", "attempts")
+                                 if isinstance(v := form.get(k), str) and v.strip()}
+    if isinstance(attempts := fields.get("attempts"), str) and attempts.isdigit():
+        fields["attempts"] = int(attempts)  # a form sends text; the API's body takes a JSON number
+    await api.retry(request, operator, task_id, RetryTask.model_validate(fields))
     return redirect(f"{ROOT}/tasks/{task_id}")

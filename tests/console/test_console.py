@@ -11,20 +11,8 @@ import time
 from uuid import UUID
 
 from domain.retry import RetryPolicy
-from support.console import Browser, signed_in
+from support.console import Browser, signed_in, state_of, wait_for_state
 from support.gateway import ADMIN_KEY, RunningGateway, tenant
-
-
-async def state_of(gw: RunningGateway, task_id: UUID) -> str:
-    return str(await gw.count("SELECT state FROM worker_tasks WHERE id = %s", task_id))
-
-
-async def wait_for_state(gw: RunningGateway, task_id: UUID, states: tuple[str, ...], within: float = 10) -> str:
-    deadline = time.monotonic() + within
-    while (state := await state_of(gw, task_id)) not in states:
-        assert time.monotonic() < deadline, f"task still {state}"
-        await asyncio.sleep(0.05)
-    return state
 
 
 async def test_sign_in_sets_a_locked_down_session_cookie(gateway: RunningGateway) -> None:

@@ -3,11 +3,14 @@ pages with their CSRF token and their tables' cells."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import ssl
+import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
+from uuid import UUID
 
 import aiohttp
 
@@ -108,3 +111,13 @@ async def signed_in(gw: RunningGateway, key: str = ADMIN_KEY) -> Browser:
     return browser
 
 
+async def state_of(gw: RunningGateway, task_id: UUID) -> str:
+    return str(await gw.count("SELECT state FROM worker_tasks WHERE id = %s", task_id))
+
+
+async def wait_for_state(gw: RunningGateway, task_id: UUID, states: tuple[str, ...], within: float = 10) -> str:
+    deadline = time.monotonic() + within
+    while (state := await state_of(gw, task_id)) not in states:
+        assert time.monotonic() < deadline, f"task still {state}"
+        await asyncio.sleep(0.05)
+    return state
