@@ -152,3 +152,53 @@ def attempts_table(rows: Sequence[AttemptMarks]) -> Html:
                                                               "Lease expiry", "Deadline", "Result batches", "Ended"],
                  [[m.attempt.attempt_number, m.attempt.status, m.attempt.leased_at, times(m.renewals),
                    m.lease_expiry, m.attempt.deadline_at, times(m.batches), m.attempt.finished_at] for m in rows])
+
+
+# --- the overview's throughput -------------------------------------------------------------------
+
+BUCKETS = 12
+BUCKET = timedelta(minutes=5)
+CHART_HEIGHT = 220
+PLOT_TOP, PLOT_BOTTOM, PLOT_LEFT = 16, 184, 48
+
+
+def throughput_chart(since: datetime, completed: Sequence[int], failed: Sequence[int]) -> Html:
+    """``<svg id="throughput-chart">``: completed and failed attempts per 5-minute bucket from ``since``."""
+    peak = max([1, *completed, *failed])
+    slot = (WIDTH - PLOT_LEFT - RIGHT) / BUCKETS
+    bar = slot * 0.38
+
+    def height(value: int) -> float:
+        return round((PLOT_BOTTOM - PLOT_TOP) * value / peak, 1)
+
+    groups = []
+    for i, (done, bad) in enumerate(zip(completed, failed, strict=True)):
+        left = PLOT_LEFT + slot * i + slot * 0.1
+        start = since + BUCKET * i
+        label = f"{utc(start, '%H:%M')}–{utc(start + BUCKET, '%H:%M')}: {done} completed, {bad} failed"
+        groups.append(fmt(
+            '<g class="bucket" data-start="{}" data-completed="{}" data-failed="{}"><title>{}</title>'
+            '<rect class="completed" x="{}" y="{}" width="{}" height="{}" fill="#1a7f37"/>'
+            '<rect class="failed" x="{}" y="{}" width="{}" height="{}" fill="#cf222e"/>{}</g>',
+            start.isoformat(), done, bad, label,
+            round(left, 1), PLOT_BOTTOM - height(done), round(bar, 1), height(done),
+            round(left + bar, 1), PLOT_BOTTOM - height(bad), round(bar, 1), height(bad),
+            fmt('<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>', round(left + bar, 1),
+                PLOT_BOTTOM + 16, utc(start, "%H:%M")) if i % 3 == 0 else Html("")))
+    axes = fmt('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#57606a"/>'
+               '<text x="{}" y="{}" font-size="11" text-anchor="end">{}</text>'
+               '<text x="{}" y="{}" font-size="11" text-anchor="end">0</text>',
+               PLOT_LEFT, PLOT_BOTTOM, WIDTH - RIGHT, PLOT_BOTTOM, PLOT_LEFT - 6, PLOT_TOP + 10, peak,
+               PLOT_LEFT - 6, PLOT_BOTTOM)
+    end = since + BUCKET * BUCKETS
+    label = (f"Completed and failed attempts per 5 minutes from {utc(since, '%H:%M')} to {utc(end, '%H:%M')} UTC: "
+             f"{sum(completed)} completed, {sum(failed)} failed")
+    return fmt('<svg id="throughput-chart" role="img" aria-label="{}" viewBox="0 0 {} {}" width="100%" '
+               'xmlns="http://www.w3.org/2000/svg">{}{}</svg>', label, WIDTH, CHART_HEIGHT, axes, join(groups))
+
+
+def throughput_table(since: datetime, completed: Sequence[int], failed: Sequence[int]) -> Html:
+    """The same data as :func:`throughput_chart`, as a table."""
+    return table("Per 5 minutes over the last hour (UTC)", ["From", "Completed", "Failed"],
+                 [[utc(since + BUCKET * i, "%H:%M"), done, bad]
+                  for i, (done, bad) in enumerate(zip(completed, failed, strict=True))])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import secrets
+from dataclasses import dataclass
+from datetime import datetime
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -17,7 +19,16 @@ from aiohttp import web
 from gateway.api import operator as api
 from gateway.api.operator_models import CancelTask, Event, EventsQuery, RetryTask, ScanListQuery, Task
 from gateway.console import sessions
-from gateway.console.charts import LEGEND, attempt_marks, attempts_axis, attempts_table
+from gateway.console.charts import (
+    BUCKET,
+    BUCKETS,
+    LEGEND,
+    attempt_marks,
+    attempts_axis,
+    attempts_table,
+    throughput_chart,
+    throughput_table,
+)
 from gateway.console.markup import Html, fmt, join, page, table, utc
 from gateway.console.web import (
     ROOT,
@@ -104,12 +115,62 @@ async def overview(request: web.Request, operator: Operator, csrf: str) -> web.S
     rows = [[link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
              *(o.tasks_by_state[s] for s in api.TASK_STATES), o.queue.depth, o.queue.ready,
              _age(o.queue.oldest_ready_age_seconds)] for o in counts.organizations]
+    hour = await last_hour(request, operator)
+    rejected = f"at least {hour.rejected}" if hour.rejections_capped else hour.rejected
+    recent = fmt('<section aria-labelledby="last-hour"><h2 id="last-hour">The last hour</h2>{}<p class="legend">'
+                 "Green: attempts completed · red: attempts failed (reported by their worker, or past their "
+                 "deadline).</p>{}{}</section>",
+                 throughput_chart(hour.since, hour.completed, hour.failed),
+                 table("The last hour, in sum", ["Completed", "Failed", "Lease expiries", "Rejected writes"],
+                       [[sum(hour.completed), sum(hour.failed), hour.expired, rejected]]),
+                 throughput_table(hour.since, hour.completed, hour.failed))
     body = join([
         fmt("<p>Measured at {}.</p>", counts.measured_at),
         table("Tasks by state per organisation, and the queue", ["Organisation", *api.TASK_STATES,
               "Queue depth", "Ready now", "Oldest pending"], rows),
+        recent,
     ])
     return page("Overview", body, nav=nav(operator, csrf))
+
+
+#: The newest events of the last hour read for its rejected writes, at most (the page stays fast
+#: whatever the hour held; past it, the count shown is a floor).
+REJECTION_SCAN_CAP = 50_000
+
+
+@dataclass
+class LastHour:
+    since: datetime
+    completed: list[int]
+    failed: list[int]
+    expired: int
+    rejected: int
+    rejections_capped: bool
+
+
+async def last_hour(request: web.Request, operator: Operator) -> LastHour:
+    """Attempts completed and failed per 5 minutes, lease expiries and rejected writes over the
+    last hour, of the organisations the key sees; every read bounded by time through an index."""
+    org = operator.organization_id
+    async with request.app[SERVICES].db.snapshot() as reader:
+        await reader.one("custom_plans", {})
+        (now,) = await reader.one("snapshot_now", {"now": None}) or (None,)
+        since = now - BUCKET * BUCKETS
+        ended = await reader.all("console_attempts_ended", {"since": since, "organization_id": org})
+        (position,) = await reader.one("events_position_at", {"at": since}) or (None,)
+        rejected, capped = 0, False
+        if position is not None:
+            rejected, capped = await reader.one("console_rejections_since", {
+                "position": position, "since": since, "organization_id": org, "cap": REJECTION_SCAN_CAP}) or (0, False)
+    hour = LastHour(since, [0] * BUCKETS, [0] * BUCKETS, 0, rejected, capped)
+    for status, bucket, count in ended:
+        if status == "succeeded":
+            hour.completed[bucket] += count
+        elif status == "expired":
+            hour.expired += count
+        else:
+            hour.failed[bucket] += count
+    return hour
 
 
 @console("GET", ROOT + "/scans", "Console: scans with filters")
