@@ -135,7 +135,7 @@ async def overview(request: web.Request, operator: Operator, csrf: str) -> web.S
 
 #: The newest events of the last hour read for its rejected writes, at most (the page stays fast
 #: whatever the hour held; past it, the count shown is a floor).
-REJECTION_SCAN_CAP = 50_000
+REJECTION_SCAN_CAP = 20_000
 
 
 @dataclass
@@ -153,7 +153,7 @@ async def last_hour(request: web.Request, operator: Operator) -> LastHour:
     last hour, of the organisations the key sees; every read bounded by time through an index."""
     org = operator.organization_id
     async with request.app[SERVICES].db.snapshot() as reader:
-        await reader.one("custom_plans", {})
+        await reader.one("console_plans", {})
         (now,) = await reader.one("snapshot_now", {"now": None}) or (None,)
         since = now - BUCKET * BUCKETS
         ended = await reader.all("console_attempts_ended", {"since": since, "organization_id": org})

@@ -17,6 +17,7 @@ CROSS JOIN LATERAL (
     WHERE x.worker_id = w.id
       AND x.last_seen_at >= %(since)s::timestamptz - interval '1 hour'
       AND x.status IN ('succeeded', 'failed', 'timeout', 'expired')
+    OFFSET 0  -- kept a subquery per worker (never flattened into a join), so it probes the index
 ) a
 WHERE a.ended >= %(since)s::timestamptz
   AND a.ended < %(since)s::timestamptz + interval '1 hour'
@@ -60,3 +61,9 @@ FROM (SELECT e.topic, e.originator_id
       WHERE e.notification_id >= %(position)s AND e.recorded_at >= %(since)s::timestamptz
       ORDER BY e.notification_id DESC
       LIMIT %(cap)s) x
+
+-- name: console_plans
+-- For the rest of the console's read-only snapshot: plans for the actual parameters (see
+-- custom_plans), and no JIT compilation, whose start-up (measured near a second when a plan's
+-- estimated cost crossed jit_above_cost) would dwarf these index-bound reads.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true), set_config('jit', 'off', true)
