@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.console import pages, sessions, workers
+from gateway.console import audit, pages, sessions, workers
 from gateway.console.web import ROOT, console, error, routes
 
-__all__ = ["pages", "routes", "workers"]
+__all__ = ["audit", "pages", "routes", "workers"]
 
 
 @console("*", ROOT + "/{tail:.*}", "Console: any other path is an HTML 404")
