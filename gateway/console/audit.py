@@ -138,9 +138,9 @@ async def verify(request: web.Request, operator: Operator, csrf: str) -> web.Str
                 verify_bundle, out, public_key=sealer.key.public_key() if sealer is not None else None)
             problems = [*exported.chain_problems, *(p for p in problems if p not in exported.chain_problems)]
     ok = not problems
-    verdict = (f"OK: the {subject.kind}'s {summary.get('events', 0)} events in {summary.get('streams', 0)} streams "
-               f"and {summary.get('batches', 0)} result batches verify" if ok
-               else f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found")
+    verdict = (f"OK: the {subject.kind}'s {_n(summary.get('events', 0), 'event')} in "
+               f"{_n(summary.get('streams', 0), 'stream')} and {_n(summary.get('batches', 0), 'result batch')} verify"
+               if ok else f"{_n(len(problems), 'problem')} found")
     found = join(fmt("<li>{}</li>", p) for p in problems)
     result = fmt('<p id="verify-result" data-ok="{}" role="status"><strong>{}</strong> ({} {}).</p>{}<p>{}</p>',
                  "true" if ok else "false", verdict, subject.kind, subject.id,
@@ -165,6 +165,10 @@ async def bundle(request: web.Request, operator: Operator, csrf: str) -> web.Str
         data = await asyncio.to_thread(_tar, out, name)
     return web.Response(body=data, content_type="application/gzip", headers={
         "Content-Disposition": f'attachment; filename="{name}.tar.gz"', "Cache-Control": "no-store"})
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("ch") else "s")
 
 
 def _tar(directory: Path, name: str) -> bytes:

@@ -12,8 +12,8 @@ from gateway.api.operator_models import Attempt, Event
 from gateway.console.markup import Html, fmt, join, table, utc
 
 WIDTH = 800
-LABEL = 130  # the attempts' labels, left of the axis
-RIGHT = 24
+LABEL = 175  # the attempts' labels, left of the axis
+RIGHT = 44
 TOP = 34  # the tick labels above the rows
 ROW = 40
 
@@ -21,6 +21,12 @@ ROW = 40
 OUTCOME_COLOURS = {"succeeded": "#1a7f37", "completed": "#1a7f37", "running": "#0969da", "leased": "#0969da",
                    "expired": "#bc4c00", "failed": "#cf222e", "timeout": "#cf222e", "revoked": "#8250df",
                    "cancelled": "#57606a"}
+
+
+def scrolling(drawing: Html, name: str) -> Html:
+    """A drawing kept legible on a narrow screen: at least 40rem wide, scrolled sideways (and
+    focusable, so the keyboard can scroll it too)."""
+    return fmt('<div class="drawing" role="region" aria-label="{}" tabindex="0">{}</div>', name, drawing)
 
 
 def _clock(moment: datetime) -> str:
@@ -87,9 +93,10 @@ def attempts_axis(rows: Sequence[AttemptMarks]) -> Html:
                      1)
 
     height = TOP + ROW * len(rows) + 8
+    pattern = "%H:%M:%S.%f" if (end - start) < timedelta(seconds=20) else "%H:%M:%S"
     ticks = join(fmt('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#d0d7de"/>'
                      '<text x="{}" y="20" font-size="11" text-anchor="middle">{}</text>',
-                     px, TOP - 6, px, height - 4, px, utc(at, "%H:%M:%S"))
+                     px, TOP - 6, px, height - 4, px, utc(at, pattern)[:11])
                  for at in (start + (end - start) * i / 4 for i in range(5)) for px in (x(at),))
     groups = []
     for n, m in enumerate(rows):
@@ -134,8 +141,9 @@ def attempts_axis(rows: Sequence[AttemptMarks]) -> Html:
                           a.status, join(parts)))
     label = (f"Attempts on a time axis from {utc(start, '%H:%M:%S')} to {utc(end, '%H:%M:%S')} UTC: "
              + "; ".join(f"attempt {m.attempt.attempt_number} {m.attempt.status}" for m in rows))
-    return fmt('<svg id="attempts-axis" role="img" aria-label="{}" viewBox="0 0 {} {}" width="100%" '
-               'xmlns="http://www.w3.org/2000/svg">{}{}</svg>', label, WIDTH, height, ticks, join(groups))
+    return scrolling(fmt('<svg id="attempts-axis" role="img" aria-label="{}" viewBox="0 0 {} {}" width="100%" '
+                         'xmlns="http://www.w3.org/2000/svg">{}{}</svg>', label, WIDTH, height, ticks, join(groups)),
+                     "The attempts on a time axis")
 
 
 LEGEND = Html('<p class="legend">Circle: lease granted · bar: the attempt (dashed while live) · tick: lease '
@@ -193,8 +201,9 @@ def throughput_chart(since: datetime, completed: Sequence[int], failed: Sequence
     end = since + BUCKET * BUCKETS
     label = (f"Completed and failed attempts per 5 minutes from {utc(since, '%H:%M')} to {utc(end, '%H:%M')} UTC: "
              f"{sum(completed)} completed, {sum(failed)} failed")
-    return fmt('<svg id="throughput-chart" role="img" aria-label="{}" viewBox="0 0 {} {}" width="100%" '
-               'xmlns="http://www.w3.org/2000/svg">{}{}</svg>', label, WIDTH, CHART_HEIGHT, axes, join(groups))
+    return scrolling(fmt('<svg id="throughput-chart" role="img" aria-label="{}" viewBox="0 0 {} {}" width="100%" '
+                         'xmlns="http://www.w3.org/2000/svg">{}{}</svg>', label, WIDTH, CHART_HEIGHT, axes,
+                         join(groups)), "Throughput over the last hour")
 
 
 def throughput_table(since: datetime, completed: Sequence[int], failed: Sequence[int]) -> Html:

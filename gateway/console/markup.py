@@ -48,7 +48,8 @@ CSS = Html("""
 body{font-family:system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafafa;line-height:1.4}
 header,main{padding:0 1rem;max-width:72rem;margin:auto}
 header{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;align-items:center;border-bottom:1px solid #ccc}
-nav ul{display:flex;flex-wrap:wrap;gap:.25rem 1rem;list-style:none;padding:0}
+header p{margin:.5rem 0}
+nav ul{display:flex;flex-wrap:wrap;gap:.25rem 1rem;list-style:none;padding:0;margin:.25rem 0}
 nav a,ul.actions a{display:inline-block;padding:.35rem 0}
 a{color:#0550ae}
 a:focus-visible,button:focus-visible,input:focus-visible,select:focus-visible{outline:3px solid #0969da;
@@ -63,11 +64,12 @@ label.inline{display:inline;margin-left:.25rem}
 input,select,button{font-size:1rem;padding:.3rem;max-width:100%}
 button{min-height:2.25rem;cursor:pointer}
 ul.actions{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;list-style:none;padding:0}
-svg{display:block;max-width:100%;height:auto;background:#fff;border:1px solid #e1e4e8;margin:.5rem 0}
+.drawing{overflow-x:auto;margin:.5rem 0}
+.drawing svg{display:block;box-sizing:border-box;min-width:40rem;height:auto;background:#fff;border:1px solid #e1e4e8}
 .legend{font-size:.9rem;color:#424a53}
 .error{color:#a00}
 code{overflow-wrap:anywhere}
-ol.timeline li{margin:.25rem 0}
+ol.timeline li{margin:.25rem 0;overflow-wrap:anywhere}
 @media (max-width:40rem){body{font-size:15px}th,td{padding:.2rem .3rem}header,main{padding:0 .6rem}
 input[size]{width:100%}}
 """)

@@ -60,7 +60,7 @@ async def test_verify_a_task_and_a_scan_and_download_their_bundles(gateway: Runn
     checked = await browser.get(f"/console/audit/verify?task_id={task_id}")
     assert checked.status == 200 and verdict(checked.text) == "true"
     in_log = await gateway.count("SELECT count(*) FROM events WHERE originator_id = %s", task_id)
-    assert f"{in_log} events in 1 streams and 1 result batches verify" in checked.text
+    assert f"{in_log} events in 1 stream and 1 result batch verify" in checked.text
     bundle = await download(browser, f"/console/audit/bundle?task_id={task_id}", tmp_path / "task")
     summary, problems = verify_bundle(bundle)
     assert problems == [] and summary["events"] == in_log and bundle.name == f"leasehold-task-{task_id}"
