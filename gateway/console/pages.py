@@ -209,7 +209,8 @@ async def scan(request: web.Request, operator: Operator, csrf: str) -> web.Strea
              j.task.state if j.task else "—", j.task.attempt_count if j.task else "—"] for j in detail.jobs]
     jobs = table(f"Jobs in order ({len(detail.jobs)} of {detail.job_count})",
                  ["Position", "Plugin", "Job status", "Task", "Task state", "Attempts"], rows)
-    return page(f"Scan {s.id}", join([facts, jobs]), nav=nav(operator, csrf))
+    audit = fmt("<p>{}</p>", link(f"{ROOT}/audit/verify?scan_id={s.id}", "Verify this scan's hash chains"))
+    return page(f"Scan {s.id}", join([facts, audit, jobs]), nav=nav(operator, csrf))
 
 
 def _words(name: str) -> str:
@@ -265,7 +266,8 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
     marks = attempt_marks(t.attempts, events.items)
     axis = fmt('<section aria-labelledby="axis"><h2 id="axis">Attempts on a time axis</h2>{}{}{}</section>',
                attempts_axis(marks), LEGEND, attempts_table(marks))
-    return page(f"Task {t.id}", join([facts, action, axis, attempts, timeline]), nav=nav(operator, csrf))
+    audit = fmt("<p>{}</p>", link(f"{ROOT}/audit/verify?task_id={t.id}", "Verify this task's hash chain"))
+    return page(f"Task {t.id}", join([facts, audit, action, axis, attempts, timeline]), nav=nav(operator, csrf))
 
 
 async def _retryable(request: web.Request, operator: Operator, t: Task) -> bool:

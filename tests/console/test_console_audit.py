@@ -57,6 +57,10 @@ async def test_verify_a_task_and_a_scan_and_download_their_bundles(gateway: Runn
                                                               checkpoint.event_count, checkpoint.seal.hex())
     assert position == "not recorded" and signed.startswith("not signed")
 
+    task_page = await browser.get(f"/console/tasks/{task_id}")
+    assert f'href="/console/audit/verify?task_id={task_id}"' in task_page.text
+    assert f'href="/console/audit/verify?scan_id={gateway.scan}"' in (await browser.get(
+        f"/console/scans/{gateway.scan}")).text
     checked = await browser.get(f"/console/audit/verify?task_id={task_id}")
     assert checked.status == 200 and verdict(checked.text) == "true"
     in_log = await gateway.count("SELECT count(*) FROM events WHERE originator_id = %s", task_id)
