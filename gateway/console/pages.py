@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlencode
+from uuid import UUID
 
 from aiohttp import web
 
@@ -45,6 +46,7 @@ from gateway.console.web import (
 )
 from gateway.identity import Operator
 from gateway.keys import SERVICES
+from persistence.chain import check_link
 
 TASK = ROOT + "/tasks/{task_id:" + UUID_PATTERN + "}"
 SCAN = ROOT + "/scans/{scan_id:" + UUID_PATTERN + "}"
@@ -247,9 +249,12 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                        a.finished_at, a.batch_count, a.error] for a in t.attempts])
     more = (fmt("<p>The first {} events; the rest through the API.</p>", len(events.items))
             if events.next_after_version is not None else Html(""))
+    links = await _chain_links(request, task_id, events.items[-1].version if events.items else 0)
     timeline = fmt('<section aria-labelledby="timeline"><h2 id="timeline">Timeline</h2>'
+                   "<p>Each event's link in the task's hash chain is checked as the page is drawn.</p>"
                    '<ol class="timeline">{}</ol>{}</section>',
-                   join(fmt("<li>{}</li>", sentence(e)) for e in events.items), more)
+                   join(fmt("<li>{} {}</li>", sentence(e), _link_status(links.get(e.version, "missing")))
+                        for e in events.items), more)
     action = Html("")
     if t.state in CANCELLABLE:
         action = fmt('<form method="post" action="{}/tasks/{}/cancel"><input type="hidden" name="csrf" value="{}">'
@@ -268,6 +273,24 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                attempts_axis(marks), LEGEND, attempts_table(marks))
     audit = fmt("<p>{}</p>", link(f"{ROOT}/audit/verify?task_id={t.id}", "Verify this task's hash chain"))
     return page(f"Task {t.id}", join([facts, audit, action, axis, attempts, timeline]), nav=nav(operator, csrf))
+
+
+async def _chain_links(request: web.Request, task_id: UUID, through: int) -> dict[int, str | None]:
+    """Each event's hash-chain link, through version ``through``: None when it holds, else what is wrong."""
+    async with request.app[SERVICES].db.read() as reader:
+        rows = await reader.all("console_chain_links", {"originator_id": task_id, "through": through})
+    found: dict[int, str | None] = {}
+    prev: tuple[int, bytes] | None = None
+    for version, topic, state, prev_hash, stored_hash in rows:
+        found[version] = check_link(prev, task_id, version, topic, bytes(state), bytes(prev_hash), bytes(stored_hash))
+        prev = (version, bytes(stored_hash))
+    return found
+
+
+def _link_status(problem: str | None) -> Html:
+    if problem is None:
+        return Html('<span class="chain" data-chain="ok">Hash chain link verified.</span>')
+    return fmt('<span class="chain error" data-chain="broken">Hash chain broken here: {}.</span>', problem)
 
 
 async def _retryable(request: web.Request, operator: Operator, t: Task) -> bool:

@@ -67,3 +67,11 @@ FROM (SELECT e.topic, e.originator_id
 -- custom_plans), and no JIT compilation, whose start-up (measured near a second when a plan's
 -- estimated cost crossed jit_above_cost) would dwarf these index-bound reads.
 SELECT set_config('plan_cache_mode', 'force_custom_plan', true), set_config('jit', 'off', true)
+
+-- name: console_chain_links
+-- The console's task page: what each of a stream's first events needs to check its hash-chain
+-- link (persistence.chain.check_link), through version %(through)s.
+SELECT e.originator_version, e.topic, e.state, e.prev_hash, e.hash
+FROM events e
+WHERE e.originator_id = %(originator_id)s AND e.originator_version <= %(through)s
+ORDER BY e.originator_version

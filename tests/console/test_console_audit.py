@@ -59,6 +59,8 @@ async def test_verify_a_task_and_a_scan_and_download_their_bundles(gateway: Runn
 
     task_page = await browser.get(f"/console/tasks/{task_id}")
     assert f'href="/console/audit/verify?task_id={task_id}"' in task_page.text
+    links = re.findall(r'data-chain="(ok|broken)"', task_page.text)
+    assert links == ["ok"] * await gateway.count("SELECT count(*) FROM events WHERE originator_id = %s", task_id)
     assert f'href="/console/audit/verify?scan_id={gateway.scan}"' in (await browser.get(
         f"/console/scans/{gateway.scan}")).text
     checked = await browser.get(f"/console/audit/verify?task_id={task_id}")
@@ -84,6 +86,9 @@ async def test_verify_a_task_and_a_scan_and_download_their_bundles(gateway: Runn
     tampered = await browser.get(f"/console/audit/verify?task_id={task_id}")
     assert verdict(tampered.text) == "false" and "problem" in tampered.text
     assert f"stream {task_id} v1" in tampered.text
+    # The task page shows which event no longer links: the edited one.
+    links = re.findall(r'data-chain="(ok|broken)"', (await browser.get(f"/console/tasks/{task_id}")).text)
+    assert links[0] == "broken" and set(links[1:]) == {"ok"}
 
     for bad in ("task_id=nope", f"task_id={task_id}&scan_id={gateway.scan}", ""):
         assert (await browser.get(f"/console/audit/verify?{bad}")).status == 400, bad
