@@ -18,7 +18,16 @@ from uuid import UUID
 from aiohttp import web
 
 from gateway.api import operator as api
-from gateway.api.operator_models import CancelTask, Event, EventsQuery, RetryTask, ScanListQuery, Task
+from gateway.api.operator_models import (
+    Asset,
+    CancelScan,
+    CancelTask,
+    Event,
+    EventsQuery,
+    RetryTask,
+    ScanListQuery,
+    Task,
+)
 from gateway.console import sessions
 from gateway.console.charts import (
     BUCKET,
@@ -178,8 +187,10 @@ async def last_hour(request: web.Request, operator: Operator) -> LastHour:
 @console("GET", ROOT + "/scans", "Console: scans with filters")
 @signed_in
 async def scans(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    wanted = {k: v for k in ("status", "organization_id", "cursor") if (v := request.query.get(k, "").strip())}
-    query = ScanListQuery.model_validate({**wanted, "limit": SCANS_PER_PAGE})
+    wanted = {k: v for k in ("status", "organization_id", "created_from", "created_to", "cursor")
+              if (v := request.query.get(k, "").strip())}
+    query = ScanListQuery.model_validate({**{k: _utc_if_naive(v) if k.startswith("created_") else v
+                                             for k, v in wanted.items()}, "limit": SCANS_PER_PAGE})
     found = await api.scans_page(request, operator, query)
     options = join(fmt('<option value="{}"{}>{}</option>', s, Html(" selected") if s == query.status else "",
                        s or "any") for s in ("", *api.SCAN_STATUSES))
@@ -187,8 +198,12 @@ async def scans(request: web.Request, operator: Operator, csrf: str) -> web.Stre
                   '<label for="status">Status</label><select id="status" name="status">{}</select>'
                   '<label for="organization_id">Organisation id</label>'
                   '<input id="organization_id" name="organization_id" value="{}" size="36">'
+                  '<label for="created_from">Created from (UTC)</label>'
+                  '<input id="created_from" name="created_from" type="datetime-local" step="1" value="{}">'
+                  '<label for="created_to">Created before (UTC)</label>'
+                  '<input id="created_to" name="created_to" type="datetime-local" step="1" value="{}">'
                   '<p><button type="submit">Filter</button></p></form>', ROOT, options,
-                  query.organization_id or "")
+                  query.organization_id or "", _local(query.created_from), _local(query.created_to))
     rows = [[link(f"{ROOT}/scans/{s.id}", s.id), s.organization_id, s.status, s.execution_mode, s.created_at,
              s.finished_at] for s in found.items]
     more = Html("")
@@ -198,6 +213,15 @@ async def scans(request: web.Request, operator: Operator, csrf: str) -> web.Stre
     body = join([filters, table("Scans, newest first", ["Scan", "Organisation", "Status", "Mode", "Created",
                                                         "Finished"], rows), more])
     return page("Scans", body, nav=nav(operator, csrf))
+
+
+def _utc_if_naive(value: str) -> str:
+    """A time from the form's datetime-local input (no offset) is UTC; one with an offset stays."""
+    return value if re.search(r"(Z|[+-]\d\d:?\d\d)$", value) else value + "+00:00"
+
+
+def _local(moment: datetime | None) -> str:
+    return utc(moment, "%Y-%m-%dT%H:%M:%S") if moment is not None else ""
 
 
 @console("GET", SCAN, "Console: a scan with its jobs and tasks")
@@ -212,7 +236,33 @@ async def scan(request: web.Request, operator: Operator, csrf: str) -> web.Strea
     jobs = table(f"Jobs in order ({len(detail.jobs)} of {detail.job_count})",
                  ["Position", "Plugin", "Job status", "Task", "Task state", "Attempts"], rows)
     audit = fmt("<p>{}</p>", link(f"{ROOT}/audit/verify?scan_id={s.id}", "Verify this scan's hash chains"))
-    return page(f"Scan {s.id}", join([facts, audit, jobs]), nav=nav(operator, csrf))
+    action = Html("")
+    if s.status in ("pending", "running"):
+        action = fmt('<form method="post" action="{}/scans/{}/cancel"><input type="hidden" name="csrf" value="{}">'
+                     '<label for="reason">Reason for cancelling</label>'
+                     '<input id="reason" name="reason" maxlength="1000" value="{}">'
+                     '<p><button type="submit">Cancel this scan</button></p></form>', ROOT, s.id, csrf,
+                     CancelScan().reason)
+    async with request.app[SERVICES].db.read() as reader:
+        found = [Asset.of(r) for r in await reader.all("scan_assets", {"scan_id": s.id, "limit": ASSETS_SHOWN + 1})]
+    assets = table(f"Assets found (the first {ASSETS_SHOWN}; all through GET /v1/scans/{{id}}/assets)"
+                   if len(found) > ASSETS_SHOWN else "Assets found", ["Kind", "Value", "First seen", "Last seen"],
+                   [[a.kind, a.value, a.first_seen_at, a.last_seen_at] for a in found[:ASSETS_SHOWN]])
+    return page(f"Scan {s.id}", join([facts, audit, action, jobs, assets]), nav=nav(operator, csrf))
+
+
+ASSETS_SHOWN = 100
+
+
+@console("POST", SCAN + "/cancel", "Console: cancel a scan (the API's cancel command)")
+@signed_in
+async def cancel_scan(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
+    scan_id = path_id(request, "scan_id", "scan")
+    await api.read_scan(request, operator, scan_id)
+    reason = (await request.post()).get("reason")
+    body = CancelScan.model_validate({"reason": reason} if isinstance(reason, str) and reason.strip() else {})
+    await request.app[SERVICES].scans.cancel_scan(scan_id, reason=body.reason, actor=operator.actor)
+    return redirect(f"{ROOT}/scans/{scan_id}")
 
 
 def _words(name: str) -> str:
