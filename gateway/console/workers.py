@@ -73,6 +73,8 @@ def _actions(worker: Worker, operator: Operator) -> Html:
     items = []
     if worker.revoked_at is None and worker.enabled:
         items.append(link(f"{WORKERS}/{worker.id}/disable", "Disable"))
+    if worker.revoked_at is None and not worker.enabled:
+        items.append(link(f"{WORKERS}/{worker.id}/enable", "Enable"))
     if worker.revoked_at is None:
         items.append(link(f"{WORKERS}/{worker.id}/revoke", "Revoke"))
     if not items:
@@ -122,8 +124,8 @@ async def _confirmable(request: web.Request, operator: Operator) -> Worker:
 async def disable_form(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     w = await _confirmable(request, operator)
     body = fmt("<p>Disable worker <strong>{}</strong> ({})? It is refused from its next request on; its active "
-               "attempts ({}) end at once and their tasks are retried by other workers. It can be enabled again "
-               "through the API.</p>{}<p>{}</p>", w.name, w.id, len(w.live_leases),
+               "attempts ({}) end at once and their tasks are retried by other workers. It can be enabled again."
+               "</p>{}<p>{}</p>", w.name, w.id, len(w.live_leases),
                confirm_form(f"{WORKERS}/{w.id}/disable", csrf), link(f"{WORKERS}/{w.id}", "Back to the worker"))
     return page(f"Disable worker {w.name}", body, nav=nav(operator, csrf))
 
@@ -133,6 +135,24 @@ async def disable_form(request: web.Request, operator: Operator, csrf: str) -> w
 async def disable(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     worker_id = path_id(request, "worker_id", "worker")
     await api.set_worker_enabled(request, operator, worker_id, False)
+    return redirect(f"{WORKERS}/{worker_id}")
+
+
+@console("GET", WORKER + "/enable", "Console: confirm enabling a worker")
+@signed_in
+async def enable_form(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
+    w = await _confirmable(request, operator)
+    body = fmt("<p>Enable worker <strong>{}</strong> ({}) again? It is offered tasks from its next request on."
+               "</p>{}<p>{}</p>", w.name, w.id, confirm_form(f"{WORKERS}/{w.id}/enable", csrf),
+               link(f"{WORKERS}/{w.id}", "Back to the worker"))
+    return page(f"Enable worker {w.name}", body, nav=nav(operator, csrf))
+
+
+@console("POST", WORKER + "/enable", "Console: enable a worker (the API's enable command)")
+@signed_in
+async def enable(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
+    worker_id = path_id(request, "worker_id", "worker")
+    await api.set_worker_enabled(request, operator, worker_id, True)
     return redirect(f"{WORKERS}/{worker_id}")
 
 

@@ -109,7 +109,17 @@ async def test_disable_revoke_and_unassign_record_what_the_api_records(gateway: 
     assert console_events == await events_after(gateway, before, by_api.id, key_id)
     assert [t.rsplit(":", 1)[-1] for t, _ in console_events] == ["WorkerEnabledChanged", "AttemptRevoked"]
     assert console_events[0][1]["actor"] == "operator:<1>"  # the signed-in key, as in the API
-    assert standing(await browser.get(f"/console/workers/{by_console.id}"), by_console.id) == "disabled"
+    disabled = await browser.get(f"/console/workers/{by_console.id}")
+    assert standing(disabled, by_console.id) == "disabled" and "/disable" not in disabled.text
+    # ... and enabled again, as POST /v1/workers/{id}/enable does.
+    before = await log_position(gateway)
+    assert (await confirm(browser, f"/console/workers/{by_console.id}/enable")).status == 303
+    console_events = await events_after(gateway, before, by_console.id, key_id)
+    before = await log_position(gateway)
+    assert (await gateway.operator("POST", f"/v1/workers/{by_api.id}/enable")).status == 200
+    assert console_events == await events_after(gateway, before, by_api.id, key_id)
+    assert [t.rsplit(":", 1)[-1] for t, _ in console_events] == ["WorkerEnabledChanged"]
+    assert standing(await browser.get(f"/console/workers/{by_console.id}"), by_console.id) == "active"
 
     # Revoke, with a reason.
     by_console, by_api = await twins()
