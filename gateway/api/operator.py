@@ -174,26 +174,28 @@ async def _seen_organization(request: web.Request) -> tuple[Operator, UUID]:
     return operator, org_id
 
 
-async def _workers(reader: Reader, operator: Operator, rows: list[Any]) -> list[Worker]:
+async def _workers(reader: Reader, operator: Operator, rows: list[Any], *, with_leases: bool = True) -> list[Worker]:
+    """The workers of ``rows`` with their assignments, last seen and (``with_leases``) live leases."""
     params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id}
     assignments: dict[UUID, list[AssignmentView]] = {}
     for a in await reader.all("assignments_of_workers", params):
         assignments.setdefault(a[0], []).append(AssignmentView.of(a))
     seen: dict[UUID, datetime | None] = {r[0]: r[1] for r in await reader.all("workers_last_seen", params)}
     leases: dict[UUID, list[LiveLease]] = {}
-    for lease in await reader.all("workers_live_leases", params):
+    for lease in await reader.all("workers_live_leases", params) if with_leases else []:
         leases.setdefault(lease[0], []).append(live_lease(lease))
     return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []))
             for r in rows]
 
 
-async def read_worker(request: web.Request, operator: Operator, worker_id: UUID) -> Worker:
+async def read_worker(request: web.Request, operator: Operator, worker_id: UUID, *,
+                      with_leases: bool = True) -> Worker:
     """The worker as ``operator`` may see it; 404 when it does not exist or is not theirs."""
     async with _services(request).db.read() as reader:
         row = await reader.one("worker_get", {"worker_id": worker_id, "organization_id": operator.organization_id})
         if row is None:
             raise NotFound("no such worker", worker_id=str(worker_id))
-        (worker,) = await _workers(reader, operator, [row])
+        (worker,) = await _workers(reader, operator, [row], with_leases=with_leases)
     return worker
 
 
@@ -366,12 +368,13 @@ async def list_workers(request: web.Request) -> web.StreamResponse:
     return ok(await workers_page(request, operator, read_query(request, PageQuery)))
 
 
-async def workers_page(request: web.Request, operator: Operator, page: PageQuery) -> WorkerPage:
+async def workers_page(request: web.Request, operator: Operator, page: PageQuery, *,
+                       with_leases: bool = True) -> WorkerPage:
     """One page of the workers ``operator`` may see, in id order."""
     async with _services(request).db.read() as reader:
         rows = await reader.all("workers_page", {
             "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1})
-        items = await _workers(reader, operator, rows) if rows else []
+        items = await _workers(reader, operator, rows, with_leases=with_leases) if rows else []
     return WorkerPage(items=items[:page.limit], next_after=_next_after(items, page.limit))
 
 

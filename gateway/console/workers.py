@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.api import operator as api
 from gateway.api.http import BadRequest
-from gateway.api.operator_models import PageQuery, RemoveAssignmentQuery, RevokeWorker, Worker
+from gateway.api.operator_models import PageQuery, RemoveAssignmentQuery, RevokeWorker, Worker, live_lease
 from gateway.console.markup import Html, fmt, join, page, table
 from gateway.console.web import (
     ROOT,
@@ -28,10 +28,13 @@ from gateway.console.web import (
     task_link,
 )
 from gateway.identity import Operator
+from gateway.keys import SERVICES
 
 WORKERS = ROOT + "/workers"
 WORKER = WORKERS + "/{worker_id:" + UUID_PATTERN + "}"
 WORKERS_PER_PAGE = 100
+#: Live leases listed on a worker's page (a worker holds at most its capacity, unless it was lowered).
+LEASES_SHOWN = 100
 
 
 def standing(worker: Worker) -> str:
@@ -52,12 +55,16 @@ def _assignments(worker: Worker) -> str:
 @signed_in
 async def workers(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     after = query_id(request, "after")
-    found = await api.workers_page(request, operator, PageQuery(limit=WORKERS_PER_PAGE, after=after))
+    found = await api.workers_page(request, operator, PageQuery(limit=WORKERS_PER_PAGE, after=after),
+                                   with_leases=False)
+    async with request.app[SERVICES].db.read() as reader:
+        live: dict[UUID, int] = dict(await reader.all("console_live_lease_counts", {
+            "worker_ids": [w.id for w in found.items], "organization_id": operator.organization_id}))
     head = join(fmt('<th scope="col">{}</th>', h) for h in
                 ("Name", "Organisation", "Standing", "Last seen", "Live leases", "Assignments"))
     rows = join(fmt('<tr data-worker-id="{}"><td>{}</td><td>{}</td><td data-field="standing">{}</td><td>{}</td>'
                     "<td>{}</td><td>{}</td></tr>", w.id, link(f"{WORKERS}/{w.id}", w.name), _active_organizations(w),
-                    standing(w), w.last_seen_at, len(w.live_leases), _assignments(w)) for w in found.items)
+                    standing(w), w.last_seen_at, live.get(w.id, 0), _assignments(w)) for w in found.items)
     more = Html("")
     if found.next_after is not None:
         more = fmt("<p>{}</p>", link(f"{WORKERS}?{urlencode({'after': str(found.next_after)})}", "Next page"))
@@ -85,7 +92,12 @@ def _actions(worker: Worker, operator: Operator) -> Html:
 @console("GET", WORKER, "Console: a worker with its assignments and live leases")
 @signed_in
 async def worker(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    w = await api.read_worker(request, operator, path_id(request, "worker_id", "worker"))
+    w = await api.read_worker(request, operator, path_id(request, "worker_id", "worker"), with_leases=False)
+    params = {"worker_ids": [w.id], "worker_id": w.id, "organization_id": operator.organization_id,
+              "limit": LEASES_SHOWN}
+    async with request.app[SERVICES].db.read() as reader:
+        ((_, live),) = await reader.all("console_live_lease_counts", params) or [(w.id, 0)]
+        shown = [live_lease(r) for r in await reader.all("console_live_leases", params)]
     facts = fmt('<table id="worker"><caption>The worker</caption><thead><tr><th scope="col">Name</th>'
                 '<th scope="col">Standing</th><th scope="col">Last seen</th><th scope="col">Capacity</th>'
                 '<th scope="col">Task types</th><th scope="col">Capabilities</th><th scope="col">Registered</th>'
@@ -104,19 +116,28 @@ async def worker(request: web.Request, operator: Operator, csrf: str) -> web.Str
     assignments = table("Assignments", ["Organisation", "State", "Since", "Revoked", "Action"],
                         [[a.organization_id, a.state, a.created_at, a.revoked_at, unassign(a.organization_id, a.state)]
                          for a in w.assignments])
-    leases = table("Live leases, oldest first", ["Task", "Organisation", "Status", "Leased", "Lease expires",
-                                                 "Deadline"],
+    caption = (f"Live leases, oldest first (the first {len(shown)} of {live})" if live > len(shown)
+               else "Live leases, oldest first")
+    leases = table(caption, ["Task", "Organisation", "Status", "Leased", "Lease expires", "Deadline"],
                    [[task_link(lease.task_id), lease.organization_id, lease.status, lease.leased_at,
-                     lease.lease_expires_at, lease.deadline_at] for lease in w.live_leases])
+                     lease.lease_expires_at, lease.deadline_at] for lease in shown])
     return page(f"Worker {w.name}", join([facts, warnings, _actions(w, operator), assignments, leases]),
                 nav=nav(operator, csrf))
 
 
 async def _confirmable(request: web.Request, operator: Operator) -> Worker:
     """The path's worker, visible to the caller (404), who is an administrator (403)."""
-    w = await api.read_worker(request, operator, path_id(request, "worker_id", "worker"))
+    w = await api.read_worker(request, operator, path_id(request, "worker_id", "worker"), with_leases=False)
     operator.require_admin()
     return w
+
+
+async def _live(request: web.Request, operator: Operator, worker_id: UUID) -> int:
+    """How many live leases the worker holds (of the key's organisation's tasks, for an organisation key)."""
+    async with request.app[SERVICES].db.read() as reader:
+        found = await reader.all("console_live_lease_counts", {"worker_ids": [worker_id],
+                                                               "organization_id": operator.organization_id})
+    return int(found[0][1]) if found else 0
 
 
 @console("GET", WORKER + "/disable", "Console: confirm disabling a worker")
@@ -125,7 +146,7 @@ async def disable_form(request: web.Request, operator: Operator, csrf: str) -> w
     w = await _confirmable(request, operator)
     body = fmt("<p>Disable worker <strong>{}</strong> ({})? It is refused from its next request on; its active "
                "attempts ({}) end at once and their tasks are retried by other workers. It can be enabled again."
-               "</p>{}<p>{}</p>", w.name, w.id, len(w.live_leases),
+               "</p>{}<p>{}</p>", w.name, w.id, await _live(request, operator, w.id),
                confirm_form(f"{WORKERS}/{w.id}/disable", csrf), link(f"{WORKERS}/{w.id}", "Back to the worker"))
     return page(f"Disable worker {w.name}", body, nav=nav(operator, csrf))
 
@@ -164,7 +185,7 @@ async def revoke_form(request: web.Request, operator: Operator, csrf: str) -> we
                  '<input id="reason" name="reason" maxlength="1000" value="{}">', RevokeWorker().reason)
     body = fmt("<p>Revoke worker <strong>{}</strong> ({}) for good? Its certificate is refused from now on and "
                "its active tasks ({}) are cancelled. A revocation cannot be undone.</p>{}<p>{}</p>", w.name, w.id,
-               len(w.live_leases), confirm_form(f"{WORKERS}/{w.id}/revoke", csrf, reason),
+               await _live(request, operator, w.id), confirm_form(f"{WORKERS}/{w.id}/revoke", csrf, reason),
                link(f"{WORKERS}/{w.id}", "Back to the worker"))
     return page(f"Revoke worker {w.name}", body, nav=nav(operator, csrf))
 
@@ -193,7 +214,7 @@ async def unassign_form(request: web.Request, operator: Operator, csrf: str) -> 
     worker_id = path_id(request, "worker_id", "worker")
     organization_id = _organization(request)
     await api.see_assignment(request, operator, worker_id, organization_id)
-    w = await api.read_worker(request, operator, worker_id)
+    w = await api.read_worker(request, operator, worker_id, with_leases=False)
     finish = Html('<p><input type="checkbox" id="finish_active" name="finish_active" value="true">'
                   '<label for="finish_active" class="inline">Let it finish its active tasks of this organisation '
                   "(by default they are cancelled)</label></p>")

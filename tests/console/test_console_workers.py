@@ -10,7 +10,9 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+import pytest
 
+from gateway.console import workers as console_workers
 from support.console import Browser, Page, signed_in
 from support.gateway import RunningGateway, WorkerClient, tenant
 
@@ -198,3 +200,19 @@ async def test_unknown_console_paths_are_html_404s(gateway: RunningGateway) -> N
     page = await browser.get("/console/nothing-here")
     assert page.status == 404 and "<nav" in page.text and "There is no such page" in page.text
     assert (await browser.get(f"/console/workers/{UUID(int=3)}")).status == 404
+
+
+async def test_a_worker_page_lists_its_first_live_leases_and_counts_them_all(gateway: RunningGateway,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    tasks = [await gateway.task() for _ in range(3)]
+    worker = await gateway.worker(capacity=3)
+    for _ in tasks:
+        assert (await worker.acquire()).status == 200
+    monkeypatch.setattr(console_workers, "LEASES_SHOWN", 2)
+    browser = await signed_in(gateway)
+    (row,) = (await browser.get("/console/workers")).rows("Workers")
+    assert row[4] == "3"
+    page = await browser.get(f"/console/workers/{worker.id}")
+    shown = page.rows("Live leases, oldest first (the first 2 of 3)")
+    assert [r[0] for r in shown] == [str(t) for t in tasks[:2]]  # oldest lease first
+    assert "(3)" in (await browser.get(f"/console/workers/{worker.id}/disable")).text

@@ -75,3 +75,27 @@ SELECT e.originator_version, e.topic, e.state, e.prev_hash, e.hash
 FROM events e
 WHERE e.originator_id = %(originator_id)s AND e.originator_version <= %(through)s
 ORDER BY e.originator_version
+
+-- name: console_live_lease_counts
+-- The console's workers: how many live attempts (leased or running) each worker holds, of one
+-- organisation's tasks when organization_id is set (the filter of workers_live_leases).
+SELECT a.worker_id, count(*)
+FROM worker_task_attempts a
+WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
+  AND a.status IN ('leased', 'running')
+  AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM worker_tasks t WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))
+GROUP BY a.worker_id
+
+-- name: console_live_leases
+-- The console's worker page: the worker's first %(limit)s live attempts, oldest lease first (the
+-- rows of workers_live_leases, of one organisation's tasks when organization_id is set).
+SELECT a.worker_id, a.task_id, a.id, t.organization_id, a.status, a.leased_at, a.lease_expires_at,
+       a.deadline_at
+FROM worker_task_attempts a
+JOIN worker_tasks t ON t.id = a.task_id
+WHERE a.worker_id = %(worker_id)s
+  AND a.status IN ('leased', 'running')
+  AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+ORDER BY a.leased_at, a.id
+LIMIT %(limit)s
