@@ -8,6 +8,7 @@ each form (sign-in, sign-out, cancel) is a POST carrying a CSRF token, refused w
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 from dataclasses import dataclass
@@ -122,11 +123,11 @@ def _age(seconds: float | None) -> str:
 @console("GET", ROOT, "Console overview")
 @signed_in
 async def overview(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    counts = await api.counts(request, operator, None)
+    # Two snapshots on two connections, read at the same time: the page waits for the slower.
+    counts, hour = await asyncio.gather(api.counts(request, operator, None), last_hour(request, operator))
     rows = [[link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
              *(o.tasks_by_state[s] for s in api.TASK_STATES), o.queue.depth, o.queue.ready,
              _age(o.queue.oldest_ready_age_seconds)] for o in counts.organizations]
-    hour = await last_hour(request, operator)
     rejected = f"at least {hour.rejected}" if hour.rejections_capped else hour.rejected
     recent = fmt('<section aria-labelledby="last-hour"><h2 id="last-hour">The last hour</h2>{}<p class="legend">'
                  "Green: attempts completed · red: attempts failed (reported by their worker, or past their "
