@@ -1,9 +1,10 @@
-"""The console's pages (``/console``, operator port only; see :data:`routes`).
+"""The console's sign-in, overview, scan and task pages (``/console``, operator port only).
 
 Every page reads through the operator API's own functions (:mod:`gateway.api.operator`) with the
 signed-in key's :class:`~gateway.identity.Operator`, so visibility is the API's: another
 organisation's scan or task is a 404, as an id that does not exist. Reads need no JavaScript;
-each form (sign-in, sign-out, cancel) is a POST carrying a CSRF token, refused with 403 without it.
+each form (sign-in, sign-out, cancel a scan or a task, retry) is a POST carrying a CSRF token,
+refused with 403 without it.
 """
 
 from __future__ import annotations
