@@ -16,6 +16,15 @@ class GatewaySettings(BaseSettings):
     database_url: str | None = Field(
         None, validation_alias=AliasChoices("database_url", "LEASEHOLD_DATABASE_URL", "DATABASE_URL"),
         description="PostgreSQL URL, postgresql://USER@HOST:PORT/DB (also read from DATABASE_URL); required")
+    read_database_url: str | None = Field(
+        None, description="PostgreSQL URL of a streaming replica for the operator reads that tolerate lag (GET of "
+                          "lists, details, counts, findings, events; the console's pages); not set: the primary")
+    notify_database_url: str | None = Field(
+        None, description="PostgreSQL URL for the LISTEN connection of wake-ups; behind a transaction-pooling proxy "
+                          "point it at the server itself (not set: the database URL)")
+    prepared_statements: bool = Field(
+        True, description="let the database driver prepare frequent statements on the server; turn off behind a "
+                          "transaction-pooling proxy that does not track them (PgBouncer before 1.21)")
     host: str = Field("127.0.0.1", description="address to listen on")
     worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
     operator_port: int = Field(8444, ge=0, le=65535,
@@ -97,6 +106,10 @@ class GatewaySettings(BaseSettings):
         if self.admin_api_key_file is not None:
             return self.admin_api_key_file.read_text().strip() or None
         return None
+
+    def notify_url(self) -> str:
+        """Where the LISTEN connection goes: ``notify_database_url``, else the database URL."""
+        return self.notify_database_url or self.resolved_database_url()
 
     def resolved_database_url(self) -> str:
         """The database to use; the command line resolves "none given" before the Gateway starts."""
