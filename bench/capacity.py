@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import psycopg
 from common import recreate_database
