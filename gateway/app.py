@@ -51,7 +51,7 @@ from gateway.metrics import Metrics
 from gateway.schema import expected_revision
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
-from gateway.startup import check_database
+from gateway.startup import check_databases
 from persistence.connection import create_pool
 from persistence.roles import privilege_warnings
 from persistence.seals import Sealer, load_private_key, open_sink
@@ -67,7 +67,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     url = settings.resolved_database_url()
     # Unreachable, or at another schema revision than this Gateway's: refuse to start (one line).
-    await check_database(url)
+    await check_databases(settings)
     notifier = Notifier(settings.notify_url())
     hints = None
     if settings.redis_url:
