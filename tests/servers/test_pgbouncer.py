@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from replicas.replicas_support import RedisServer
 
 from gateway.keys import HINTS, NOTIFIER
 from persistence.chain import verify_chains
@@ -26,7 +27,6 @@ from persistence.snapshot import snapshot
 from persistence.tables import load_tables
 from projections.compare import diff
 from replay.fold import fold
-from replicas.replicas_support import RedisServer
 from support.gateway import RunningGateway, WorkerClient, free_port, running_gateway
 from support.servers import PgBouncer, free_port_in, pgbouncer_binary
 
