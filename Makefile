@@ -1,5 +1,5 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
-#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included)
+#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included), TEST_JOBS=2 processes
 #   make test-unit                              the fast tier: pure logic, no PostgreSQL, seconds
 #   make mutation                               mutation testing of domain/ against tests/unit (minutes);
 #                                               writes docs/mutation-report.md (score, surviving mutants)
@@ -14,6 +14,7 @@ VENV_PY := $(VENV)/bin/python
 STAMP := $(VENV)/.leasehold-installed
 MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
+TEST_JOBS ?= 2
 MUTATION_JOBS ?= 2
 # The packages listed in pyproject's [tool.mypy] that exist yet.
 MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations leasehold_client,$(if $(wildcard $(p)/__init__.py),-p $(p)))
@@ -31,8 +32,10 @@ $(STAMP): pyproject.toml | $(VENV_PY)
 
 install: $(STAMP)
 
+# TEST_JOBS pytest-xdist processes (0: one process); a test module stays in one process, so
+# module-scoped servers are started once and its tests run in file order.
 test: $(STAMP)
-	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # tests/unit/conftest.py refuses any test there that asks for a database (the run stops), so this
 # tier can never start or wait for a server.

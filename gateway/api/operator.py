@@ -30,6 +30,7 @@ from typing import Any
 from uuid import UUID
 
 from aiohttp import web
+from pydantic_core import to_jsonable_python
 
 from domain import targets as target_rules
 from domain.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -106,6 +107,7 @@ from gateway.api.operator_models import (
     UpdateWorker,
     Worker,
     WorkerPage,
+    clip,
     job,
     live_lease,
     redact,
@@ -630,9 +632,12 @@ async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> 
     items = []
     for originator_id, version, topic, state, recorded_at in rows[:page.limit]:
         event = decode_event(originator_id, version, topic, bytes(state))
+        # Clipped before it becomes JSON: a value stored before the input limits may nest deeper
+        # than an answer can encode.
+        payload, clipped = clip(event.model_dump(exclude=_EVENT_POSITION))
         items.append(Event(version=version, type=type(event).__name__, topic=topic, recorded_at=recorded_at,
                            occurred_at=event.timestamp, actor=event.actor,
-                           payload=redact(event.model_dump(mode="json", exclude=_EVENT_POSITION))))
+                           payload=to_jsonable_python(redact(payload)), payload_clipped=clipped))
     more = len(rows) > page.limit
     return EventPage(items=items, next_after_version=items[-1].version if more else None)
 

@@ -503,6 +503,9 @@ class Event(Body):
     occurred_at: datetime = Field(description="the database time of the command that recorded it")
     actor: str
     payload: dict[str, Any] = Field(description="the event's own facts (never a lease token or its hash)")
+    payload_clipped: bool = Field(False, description=(
+        "true when part of the payload nests deeper than an answer shows (only values stored before the"
+        " input limits can): each container past that depth is replaced by a marker string"))
 
 
 class EventPage(Body):
@@ -522,6 +525,45 @@ def redact(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value
+
+
+#: How deep an event's payload is shown: twice what the input limits admit in any field today
+#: (domain.limits), and shallow enough that a page of events always encodes (orjson stops at 254
+#: levels). Only values stored before those limits existed can nest deeper.
+MAX_DISPLAY_DEPTH = 128
+#: What stands in for a container nested deeper than :data:`MAX_DISPLAY_DEPTH`.
+CLIPPED = "(nested too deep to show here)"
+
+
+def clip(value: Any, limit: int = MAX_DISPLAY_DEPTH) -> tuple[Any, bool]:
+    """``value`` with every container deeper than ``limit`` (the outermost is depth 1) replaced by
+    :data:`CLIPPED`, and whether anything was. Iterative, so it never meets Python's own limit."""
+    clipped = False
+
+    def copy(container: Any, depth: int) -> Any:
+        nonlocal clipped
+        if depth > limit:
+            clipped = True
+            return CLIPPED
+        return {} if isinstance(container, Mapping) else []
+
+    root = copy(value, 1) if isinstance(value, Mapping | list | tuple) else value
+    stack = [(value, root, 1)] if isinstance(root, dict | list) else []
+    while stack:
+        source, target, depth = stack.pop()
+        items = source.items() if isinstance(source, Mapping) else enumerate(source)
+        for key, item in items:
+            if isinstance(item, Mapping | list | tuple):
+                child = copy(item, depth + 1)
+                if isinstance(child, dict | list):
+                    stack.append((item, child, depth + 1))
+            else:
+                child = item
+            if isinstance(target, dict):
+                target[key] = child
+            else:
+                target.append(child)
+    return root, clipped
 
 
 

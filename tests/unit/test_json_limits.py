@@ -3,13 +3,17 @@ legacy messages nesting too deep are invalid messages, not errors."""
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import uuid4
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from domain.legacy import InvalidMessage, parse_message
 from domain.limits import MAX_FIELD_BYTES, TooDeep, TooLarge, check_body, check_field, depth_exceeds
+from gateway.api.operator_models import CLIPPED, clip
 
 
 def nested(levels: int) -> dict[str, object]:
@@ -48,3 +52,28 @@ def test_a_legacy_message_nesting_too_deep_is_invalid(levels: int) -> None:
                         "targets": "DEEP"}).replace(b'"DEEP"', b'{"a":' * levels + b"1" + b"}" * levels)
     with pytest.raises(InvalidMessage, match="targets nests deeper|deeper than the body"):
         parse_message(raw)
+
+
+# --- clipping what an answer shows (gateway.api.operator_models.clip) ---------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    max_leaves=30)
+
+
+@given(json_values, st.integers(min_value=1, max_value=6))
+def test_clip_keeps_what_fits_and_bounds_the_rest(value: Any, limit: int) -> None:
+    shown, clipped = clip(value, limit)
+    assert clipped == depth_exceeds(value, limit)
+    assert not depth_exceeds(shown, limit)
+    if not clipped:
+        assert shown == value
+    assert clip(value, 100) == (value, False)
+
+
+def test_clip_replaces_each_too_deep_container_in_place() -> None:
+    value = {"keep": [1, {"x": 2}], "deep": [[["gone"]], 3], "n": 4}
+    assert clip(value, 2) == ({"keep": [1, CLIPPED], "deep": [CLIPPED, 3], "n": 4}, True)
+    assert clip(tuple([1, (2,)]), 1) == ([1, CLIPPED], True)
+    assert clip("plain", 1) == ("plain", False)
