@@ -31,7 +31,7 @@ from gateway.api.http import (
 from gateway.background import checkpointer, sampler, scheduler, sweeper
 from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
-from gateway.console import pages as console_pages
+from gateway.console.site import routes as console_routes
 from gateway.identity import KnownCertificates, TokenBuckets
 from gateway.keys import (
     BUCKETS,
@@ -182,7 +182,7 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[ROUTES] = routes
     served: dict[int, tuple[str, ...]] = {}
     # The console's pages are served like the API's routes but are not part of its document.
-    for route in [*routes, *console_pages.routes]:
+    for route in [*routes, *console_routes]:
         served[id(app.router.add_route(route.method, route.path, route.handler))] = listeners_of(route)
     app[ROUTE_LISTENERS] = served
     app.cleanup_ctx.append(_resources)

@@ -150,10 +150,10 @@ def _services(request: web.Request) -> Services:
 _LAG_TOLERANT = frozenset({"GET", "HEAD"})
 
 
-def _reads(request: web.Request) -> Database:
-    """Where this request's reads go: a GET's to the read database (``read_database_url``: a
-    replica, which may lag the primary by its replay delay); a request that writes reads back
-    from the primary, so its answer shows its own change."""
+def reads(request: web.Request) -> Database:
+    """Where this request's reads go (the console's pages' too): a GET's to the read database
+    (``read_database_url``: a replica, which may lag the primary by its replay delay); a request
+    that writes reads back from the primary, so its answer shows its own change."""
     if request.method in _LAG_TOLERANT:
         return request.app[READ_DATABASE]
     return _services(request).db
@@ -174,7 +174,7 @@ def _see_organization(operator: Operator, organization_id: UUID) -> None:
 
 async def _organization(request: web.Request, operator: Operator, organization_id: UUID) -> Organization:
     _see_organization(operator, organization_id)
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("organization_get", {"organization_id": organization_id})
     if row is None:
         raise NotFound("no such organisation", organization_id=str(organization_id))
@@ -189,31 +189,33 @@ async def _seen_organization(request: web.Request) -> tuple[Operator, UUID]:
     return operator, org_id
 
 
-async def _workers(reader: Reader, operator: Operator, rows: list[Any]) -> list[Worker]:
+async def _workers(reader: Reader, operator: Operator, rows: list[Any], *, with_leases: bool = True) -> list[Worker]:
+    """The workers of ``rows`` with their assignments, last seen and (``with_leases``) live leases."""
     params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id}
     assignments: dict[UUID, list[AssignmentView]] = {}
     for a in await reader.all("assignments_of_workers", params):
         assignments.setdefault(a[0], []).append(AssignmentView.of(a))
     seen: dict[UUID, datetime | None] = {r[0]: r[1] for r in await reader.all("workers_last_seen", params)}
     leases: dict[UUID, list[LiveLease]] = {}
-    for lease in await reader.all("workers_live_leases", params):
+    for lease in await reader.all("workers_live_leases", params) if with_leases else []:
         leases.setdefault(lease[0], []).append(live_lease(lease))
     return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []))
             for r in rows]
 
 
-async def _worker(request: web.Request, operator: Operator, worker_id: UUID) -> Worker:
+async def read_worker(request: web.Request, operator: Operator, worker_id: UUID, *,
+                      with_leases: bool = True) -> Worker:
     """The worker as ``operator`` may see it; 404 when it does not exist or is not theirs."""
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("worker_get", {"worker_id": worker_id, "organization_id": operator.organization_id})
         if row is None:
             raise NotFound("no such worker", worker_id=str(worker_id))
-        (worker,) = await _workers(reader, operator, [row])
+        (worker,) = await _workers(reader, operator, [row], with_leases=with_leases)
     return worker
 
 
 async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
     if row is None or not operator.can_see(row[1]):
         raise NotFound("no such scan", scan_id=str(scan_id))
@@ -221,7 +223,7 @@ async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> 
 
 
 async def see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("task_organization", {"task_id": task_id})
     if row is None or not operator.can_see(row[0]):
         raise NotFound("no such task", task_id=str(task_id))
@@ -229,7 +231,7 @@ async def see_task(request: web.Request, operator: Operator, task_id: UUID) -> N
 
 async def read_task(request: web.Request, operator: Operator, task_id: UUID) -> Task:
     """The task with every attempt, read in one snapshot."""
-    async with _reads(request).snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         row = await reader.one("task_get", {"task_id": task_id})
         if row is None or not operator.can_see(row[5]):
             raise NotFound("no such task", task_id=str(task_id))
@@ -260,7 +262,7 @@ async def create_organization(request: web.Request) -> web.StreamResponse:
 async def list_organizations(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     page = read_query(request, PageQuery)
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         items = [Organization.of(r) for r in await reader.all("organizations_page", {
             "after": page.after, "visible_to": operator.organization_id, "limit": page.limit + 1})]
     return ok(OrganizationPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
@@ -371,25 +373,30 @@ async def register_worker(request: web.Request) -> web.StreamResponse:
     if not body.task_types:
         log.warning("worker registered without task types: it is never offered a task",
                     extra={"worker_id": str(worker_id), "warning": NO_TASK_TYPES})
-    return ok(await _worker(request, operator, worker_id), status=201)
+    return ok(await read_worker(request, operator, worker_id), status=201)
 
 
 @routes.route("GET", "/v1/workers", summary="List workers (an organisation key: those assigned to it)",
               auth="operator", query=PageQuery, response=WorkerPage, tags=TAGS)
 async def list_workers(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    page = read_query(request, PageQuery)
-    async with _reads(request).read() as reader:
+    return ok(await workers_page(request, operator, read_query(request, PageQuery)))
+
+
+async def workers_page(request: web.Request, operator: Operator, page: PageQuery, *,
+                       with_leases: bool = True) -> WorkerPage:
+    """One page of the workers ``operator`` may see, in id order."""
+    async with reads(request).read() as reader:
         rows = await reader.all("workers_page", {
             "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1})
-        items = await _workers(reader, operator, rows) if rows else []
-    return ok(WorkerPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
+        items = await _workers(reader, operator, rows, with_leases=with_leases) if rows else []
+    return WorkerPage(items=items[:page.limit], next_after=_next_after(items, page.limit))
 
 
 @routes.route("GET", WORKER_PATH, summary="Read a worker", auth="operator", response=Worker, tags=TAGS)
 async def get_worker(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    return ok(await _worker(request, operator, _path_id(request, "worker_id", "worker")))
+    return ok(await read_worker(request, operator, _path_id(request, "worker_id", "worker")))
 
 
 @routes.route("PATCH", WORKER_PATH, summary="Change capabilities, task types or capacity (administrator)",
@@ -397,26 +404,32 @@ async def get_worker(request: web.Request) -> web.StreamResponse:
 async def update_worker(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     worker_id = _path_id(request, "worker_id", "worker")
-    await _worker(request, operator, worker_id)
+    await read_worker(request, operator, worker_id)
     operator.require_admin()
     body = await read_json(request, UpdateWorker)
     await _services(request).registry.update_worker(
         worker_id, capabilities=None if body.capabilities is None else tuple(body.capabilities),
         task_types=None if body.task_types is None else tuple(body.task_types),
         max_concurrent_tasks=body.max_concurrent_tasks, actor=operator.actor)
-    return ok(await _worker(request, operator, worker_id))
+    return ok(await read_worker(request, operator, worker_id))
 
 
 async def _set_enabled(request: web.Request, enabled: bool) -> web.StreamResponse:
     operator = await operator_identity(request)
     worker_id = _path_id(request, "worker_id", "worker")
-    await _worker(request, operator, worker_id)
+    return ok(await set_worker_enabled(request, operator, worker_id, enabled))
+
+
+async def set_worker_enabled(request: web.Request, operator: Operator, worker_id: UUID, enabled: bool) -> Worker:
+    """Enable or disable a worker (404 unless visible, then 403 unless administrator); disabling
+    ends its active attempts at once."""
+    await read_worker(request, operator, worker_id)
     operator.require_admin()
     await _services(request).registry.set_worker_enabled(worker_id, enabled, actor=operator.actor)
     if not enabled:
         await _services(request).lifecycle.cancel_worker_attempts(
             worker_id, reason="worker disabled", actor=operator.actor, at_once=True)
-    return ok(await _worker(request, operator, worker_id))
+    return await read_worker(request, operator, worker_id)
 
 
 @routes.route("POST", WORKER_PATH + "/enable", summary="Enable a worker (administrator)", auth="operator",
@@ -440,13 +453,21 @@ async def disable_worker(request: web.Request) -> web.StreamResponse:
 async def revoke_worker(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     worker_id = _path_id(request, "worker_id", "worker")
-    await _worker(request, operator, worker_id)
+    await read_worker(request, operator, worker_id)
     operator.require_admin()
     body = await read_json(request, RevokeWorker)
-    await _services(request).registry.revoke_worker(worker_id, reason=body.reason, actor=operator.actor)
+    return ok(await revoke_worker_for_good(request, operator, worker_id, body.reason))
+
+
+async def revoke_worker_for_good(request: web.Request, operator: Operator, worker_id: UUID,
+                                 reason: str) -> Revocation:
+    """Revoke a worker and cancel its active tasks (404 unless visible, then 403 unless administrator)."""
+    await read_worker(request, operator, worker_id)
+    operator.require_admin()
+    await _services(request).registry.revoke_worker(worker_id, reason=reason, actor=operator.actor)
     cancelled = await _services(request).lifecycle.cancel_worker_attempts(
-        worker_id, reason=f"worker revoked: {body.reason}", actor=operator.actor)
-    return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
+        worker_id, reason=f"worker revoked: {reason}", actor=operator.actor)
+    return Revocation(worker=await read_worker(request, operator, worker_id), cancelled_task_ids=cancelled)
 
 
 # --- assignments ------------------------------------------------------------------------------
@@ -458,22 +479,27 @@ async def revoke_worker(request: web.Request) -> web.StreamResponse:
 async def add_assignment(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     worker_id = _path_id(request, "worker_id", "worker")
-    await _worker(request, operator, worker_id)
+    await read_worker(request, operator, worker_id)
     body = await read_json(request, AddAssignment)
     _see_organization(operator, body.organization_id)
     operator.require_admin()
     await _services(request).registry.assign_worker(worker_id, body.organization_id, actor=operator.actor)
-    return ok(await _worker(request, operator, worker_id))
+    return ok(await read_worker(request, operator, worker_id))
 
 
 async def _assignment_ids(request: web.Request) -> tuple[Operator, UUID, UUID]:
     operator = await operator_identity(request)
     worker_id = _path_id(request, "worker_id", "worker")
     org_id = _path_id(request, "organization_id", "organisation")
-    await _worker(request, operator, worker_id)
+    await see_assignment(request, operator, worker_id, org_id)
+    return operator, worker_id, org_id
+
+
+async def see_assignment(request: web.Request, operator: Operator, worker_id: UUID, org_id: UUID) -> None:
+    """The worker and the organisation are visible (404), and the caller is an administrator (403)."""
+    await read_worker(request, operator, worker_id)
     _see_organization(operator, org_id)
     operator.require_admin()
-    return operator, worker_id, org_id
 
 
 @routes.route("DELETE", ASSIGNMENT_PATH,
@@ -483,13 +509,22 @@ async def _assignment_ids(request: web.Request) -> tuple[Operator, UUID, UUID]:
 async def remove_assignment(request: web.Request) -> web.StreamResponse:
     operator, worker_id, org_id = await _assignment_ids(request)
     options = read_query(request, RemoveAssignmentQuery)
+    return ok(await unassign_worker(request, operator, worker_id, org_id, finish_active=options.finish_active))
+
+
+async def unassign_worker(request: web.Request, operator: Operator, worker_id: UUID, org_id: UUID, *,
+                          finish_active: bool) -> Revocation:
+    """Remove the worker's assignment to the organisation: new leases stop; its active tasks of
+    that organisation are cancelled unless ``finish_active`` (visibility and 403 as
+    :func:`see_assignment`)."""
+    await see_assignment(request, operator, worker_id, org_id)
     await _services(request).registry.end_assignment(worker_id, org_id, revoke=False, actor=operator.actor)
     cancelled: list[UUID] = []
-    if not options.finish_active:
+    if not finish_active:
         cancelled = await _services(request).lifecycle.cancel_worker_attempts(
             worker_id, organization_id=org_id, reason=f"worker removed from organisation {org_id}",
             actor=operator.actor)
-    return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
+    return Revocation(worker=await read_worker(request, operator, worker_id), cancelled_task_ids=cancelled)
 
 
 @routes.route("POST", ASSIGNMENT_PATH + "/revoke",
@@ -502,7 +537,7 @@ async def revoke_assignment(request: web.Request) -> web.StreamResponse:
     await _services(request).registry.end_assignment(worker_id, org_id, revoke=True, actor=operator.actor)
     cancelled = await _services(request).lifecycle.cancel_worker_attempts(
         worker_id, organization_id=org_id, reason=f"assignment revoked: {body.reason}", actor=operator.actor)
-    return ok(Revocation(worker=await _worker(request, operator, worker_id), cancelled_task_ids=cancelled))
+    return ok(Revocation(worker=await read_worker(request, operator, worker_id), cancelled_task_ids=cancelled))
 
 
 # --- scans and tasks --------------------------------------------------------------------------
@@ -562,7 +597,7 @@ async def cancel_scan(request: web.Request) -> web.StreamResponse:
 async def _findings(request: web.Request, query_name: str, **params: Any) -> list[Any]:
     """Rows of a findings query (assets, threats), limited by the request's ``?limit=``."""
     query = read_query(request, FindingsQuery)
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         return await reader.all(query_name, {**params, "limit": query.limit})
 
 
@@ -626,7 +661,7 @@ async def task_events(request: web.Request) -> web.StreamResponse:
 
 async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> EventPage:
     """A page of the task's events, decoded and redacted (the caller checked visibility)."""
-    async with _reads(request).read() as reader:
+    async with reads(request).read() as reader:
         rows = await reader.all("events_of_stream", {
             "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
     items = []
@@ -966,7 +1001,7 @@ async def list_scans(request: web.Request) -> web.StreamResponse:
 async def scans_page(request: web.Request, operator: Operator, query: ScanListQuery) -> ScanPage:
     """One page of the scans ``operator`` may see (404 naming an organisation it cannot)."""
     params = {**_page_params(operator, query), "status": query.status}
-    async with _reads(request).snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
         items = [Scan.of(r) for r in await reader.all("scans_page", params)]
     return ScanPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit))
@@ -982,7 +1017,7 @@ async def get_scan_detail(request: web.Request) -> web.StreamResponse:
 
 async def scan_detail(request: web.Request, operator: Operator, scan_id: UUID) -> ScanDetail:
     """The scan with its jobs and their tasks, read in one snapshot (404 when not visible)."""
-    async with _reads(request).snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
         if row is None or not operator.can_see(row[1]):
             raise NotFound("no such scan", scan_id=str(scan_id))
@@ -1000,7 +1035,7 @@ async def list_tasks(request: web.Request) -> web.StreamResponse:
     query = read_query(request, TaskListQuery)
     params = {**_page_params(operator, query), "state": query.state, "task_type": query.task_type,
               "scan_id": query.scan_id, "worker_id": query.worker_id}
-    async with _reads(request).snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
         items = [task_summary(r) for r in await reader.all("tasks_page", params)]
     return ok(TaskPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
@@ -1022,7 +1057,7 @@ async def get_counts(request: web.Request) -> web.StreamResponse:
 async def counts(request: web.Request, operator: Operator, organization_id: UUID | None) -> Counts:
     """Tasks by state, scans by status and the queue per organisation ``operator`` may see."""
     params = {"organization_id": scope(operator, organization_id), "now": None}
-    async with _reads(request).snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
         tasks = await reader.all("task_counts", params)
         scans = await reader.all("scan_counts", params)
@@ -1057,9 +1092,15 @@ async def retry_task(request: web.Request) -> web.StreamResponse:
     task_id = _path_id(request, "task_id", "task")
     await see_task(request, operator, task_id)
     body = await read_json(request, RetryTask)
+    await retry(request, operator, task_id, body)
+    return ok(await read_task(request, operator, task_id))
+
+
+async def retry(request: web.Request, operator: Operator, task_id: UUID, body: RetryTask) -> None:
+    """Retry a failed_terminal task (the caller checked visibility; 409 in any other state, or
+    when its scan was cancelled)."""
     await _services(request).lifecycle.retry(task_id, reason=body.reason, attempts=body.attempts,
                                              actor=operator.actor)
-    return ok(await read_task(request, operator, task_id))
 
 
 # --- seals ------------------------------------------------------------------------------------

@@ -1,98 +1,70 @@
-"""The console's pages (``/console``, operator port only; see :data:`routes`).
+"""The console's sign-in, overview, scan and task pages (``/console``, operator port only).
 
 Every page reads through the operator API's own functions (:mod:`gateway.api.operator`) with the
 signed-in key's :class:`~gateway.identity.Operator`, so visibility is the API's: another
 organisation's scan or task is a 404, as an id that does not exist. Reads need no JavaScript;
-each form (sign-in, sign-out, cancel) is a POST carrying a CSRF token, refused with 403 without it.
+each form (sign-in, sign-out, cancel a scan or a task, retry) is a POST carrying a CSRF token,
+refused with 403 without it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
 from urllib.parse import urlencode
 from uuid import UUID
 
 from aiohttp import web
-from pydantic import ValidationError
 
-from domain.errors import LeaseholdError, NotFound
 from gateway.api import operator as api
-from gateway.api.http import BadRequest, Handler, RouteTable
-from gateway.api.operator_models import CancelTask, Event, EventsQuery, ScanListQuery
+from gateway.api.operator_models import (
+    Asset,
+    CancelScan,
+    CancelTask,
+    Event,
+    EventsQuery,
+    RetryTask,
+    ScanListQuery,
+    Task,
+)
 from gateway.console import sessions
+from gateway.console.charts import (
+    BUCKET,
+    BUCKETS,
+    LEGEND,
+    attempt_marks,
+    attempts_axis,
+    attempts_table,
+    throughput_chart,
+    throughput_table,
+)
 from gateway.console.markup import Html, fmt, join, page, table, utc
+from gateway.console.web import (
+    ROOT,
+    SIGN_IN,
+    UUID_PATTERN,
+    console,
+    error,
+    link,
+    nav,
+    path_id,
+    redirect,
+    signed_in,
+    task_link,
+)
 from gateway.identity import Operator
-from gateway.keys import OPERATOR, SERVICES
+from gateway.keys import SERVICES
+from persistence.chain import check_link
 
-routes = RouteTable()
-ROOT = sessions.PATH
-SIGN_IN = ROOT + "/sign-in"
-TASK = ROOT + "/tasks/{task_id:[0-9a-fA-F-]+}"
-SCAN = ROOT + "/scans/{scan_id:[0-9a-fA-F-]+}"
+TASK = ROOT + "/tasks/{task_id:" + UUID_PATTERN + "}"
+SCAN = ROOT + "/scans/{scan_id:" + UUID_PATTERN + "}"
 SCANS_PER_PAGE = 50
 #: States a cancel can still change (the others are final, or already cancelling).
 CANCELLABLE = ("pending", "leased", "running", "retry_wait")
 TERMINAL = ("completed", "failed_terminal", "cancelled")
-
-Page = Callable[[web.Request, Operator, str], Awaitable[web.StreamResponse]]
-
-
-def _console(method: str, path: str, summary: str) -> Callable[[Handler], Handler]:
-    return routes.route(method, path, summary=summary, auth="none", listeners=("operator",))
-
-
-def signed_in(handler: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """A page for a signed-in operator: without a live session, a GET goes to the sign-in page
-    (303) and a POST is refused (403); a POST must carry the session's CSRF token (403)."""
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        found = await sessions.session_operator(request)
-        if found is None:
-            if request.method == "GET":
-                return _redirect(SIGN_IN)
-            return _error(403, "You are not signed in (or your session ended).")
-        operator, token = found
-        request[OPERATOR] = operator
-        csrf = sessions.csrf_token(token)
-        if request.method == "POST":
-            form = await request.post()
-            if not sessions.csrf_matches(csrf, form.get("csrf")):
-                return _error(403, "This form has no valid CSRF token; reload the page and try again.")
-        try:
-            return await handler(request, operator, csrf)
-        except LeaseholdError as exc:
-            return _error(exc.status, exc.message, operator=operator, csrf=csrf)
-        except (ValidationError, BadRequest):
-            return _error(400, "The form or filter is not valid.", operator=operator, csrf=csrf)
-    wrapped.__name__ = handler.__name__
-    return wrapped
-
-
-def _nav(operator: Operator, csrf: str) -> Html:
-    who = "administrator" if operator.is_admin else f"organisation {operator.organization_id}"
-    return fmt('<nav aria-label="Console"><ul><li><a href="{}">Overview</a></li><li><a href="{}/scans">Scans</a>'
-               '</li></ul></nav><p>Signed in as {} ({})</p>'
-               '<form method="post" action="{}/sign-out"><input type="hidden" name="csrf" value="{}">'
-               '<button type="submit">Sign out</button></form>', ROOT, ROOT, operator.name, who, ROOT, csrf)
-
-
-def _error(status: int, message: str, *, operator: Operator | None = None, csrf: str = "") -> web.Response:
-    nav = _nav(operator, csrf) if operator is not None else None
-    return page(f"Error {status}", fmt('<p class="error" role="alert">{}</p>', message), nav=nav, status=status)
-
-
-def _redirect(path: str) -> web.Response:
-    """303 See Other: after a form post, the browser GETs ``path``."""
-    return web.Response(status=303, headers={"Location": path})
-
-
-def _link(path: str, text: object) -> Html:
-    return fmt('<a href="{}">{}</a>', path, text)
-
-
-def _task_link(task_id: UUID | None) -> Html | str:
-    return _link(f"{ROOT}/tasks/{task_id}", task_id) if task_id is not None else "—"
 
 
 # --- sign-in and sign-out ----------------------------------------------------------------------
@@ -109,33 +81,33 @@ def _sign_in_page(csrf: str, message: str = "", status: int = 200) -> web.Respon
     return response
 
 
-@_console("GET", SIGN_IN, "Console sign-in form")
+@console("GET", SIGN_IN, "Console sign-in form")
 async def sign_in_form(request: web.Request) -> web.StreamResponse:
     return _sign_in_page(secrets.token_urlsafe(24))
 
 
-@_console("POST", SIGN_IN, "Console sign-in: an operator API key for a session cookie")
+@console("POST", SIGN_IN, "Console sign-in: an operator API key for a session cookie")
 async def sign_in(request: web.Request) -> web.StreamResponse:
     form = await request.post()
     expected = request.cookies.get(sessions.SIGN_IN_COOKIE, "")
     if not expected or not sessions.csrf_matches(expected, form.get("csrf")):
-        return _error(403, "This form has no valid CSRF token; reload the sign-in page and try again.")
+        return error(403, "This form has no valid CSRF token; reload the sign-in page and try again.")
     key = form.get("key")
     token = await sessions.open_session(request, key.strip()) if isinstance(key, str) and key.strip() else None
     if token is None:
         return _sign_in_page(secrets.token_urlsafe(24), "Unknown, revoked or expired API key.", status=401)
-    response = _redirect(ROOT)
+    response = redirect(ROOT)
     sessions.set_cookie(response, sessions.COOKIE, token, sessions.SESSION_SECONDS)
     response.del_cookie(sessions.SIGN_IN_COOKIE, path=sessions.PATH)
     return response
 
 
-@_console("POST", ROOT + "/sign-out", "Console sign-out: the session ends")
+@console("POST", ROOT + "/sign-out", "Console sign-out: the session ends")
 @signed_in
 async def sign_out(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     token = request.cookies[sessions.COOKIE]
     await sessions.close_session(request, token)
-    response = _redirect(SIGN_IN)
+    response = redirect(SIGN_IN)
     response.del_cookie(sessions.COOKIE, path=sessions.PATH)
     return response
 
@@ -149,26 +121,78 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-@_console("GET", ROOT, "Console overview")
+@console("GET", ROOT, "Console overview")
 @signed_in
 async def overview(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    counts = await api.counts(request, operator, None)
-    rows = [[_link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
+    # Two snapshots on two connections, read at the same time: the page waits for the slower.
+    counts, hour = await asyncio.gather(api.counts(request, operator, None), last_hour(request, operator))
+    rows = [[link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
              *(o.tasks_by_state[s] for s in api.TASK_STATES), o.queue.depth, o.queue.ready,
              _age(o.queue.oldest_ready_age_seconds)] for o in counts.organizations]
+    rejected = f"at least {hour.rejected}" if hour.rejections_capped else hour.rejected
+    recent = fmt('<section aria-labelledby="last-hour"><h2 id="last-hour">The last hour</h2>{}<p class="legend">'
+                 "Green: attempts completed · red: attempts failed (reported by their worker, or past their "
+                 "deadline).</p>{}{}</section>",
+                 throughput_chart(hour.since, hour.completed, hour.failed),
+                 table("The last hour, in sum", ["Completed", "Failed", "Lease expiries", "Rejected writes"],
+                       [[sum(hour.completed), sum(hour.failed), hour.expired, rejected]]),
+                 throughput_table(hour.since, hour.completed, hour.failed))
     body = join([
         fmt("<p>Measured at {}.</p>", counts.measured_at),
         table("Tasks by state per organisation, and the queue", ["Organisation", *api.TASK_STATES,
               "Queue depth", "Ready now", "Oldest pending"], rows),
+        recent,
     ])
-    return page("Overview", body, nav=_nav(operator, csrf))
+    return page("Overview", body, nav=nav(operator, csrf))
 
 
-@_console("GET", ROOT + "/scans", "Console: scans with filters")
+#: The newest events of the last hour read for its rejected writes, at most (the page stays fast
+#: whatever the hour held; past it, the count shown is a floor).
+REJECTION_SCAN_CAP = 20_000
+
+
+@dataclass
+class LastHour:
+    since: datetime
+    completed: list[int]
+    failed: list[int]
+    expired: int
+    rejected: int
+    rejections_capped: bool
+
+
+async def last_hour(request: web.Request, operator: Operator) -> LastHour:
+    """Attempts completed and failed per 5 minutes, lease expiries and rejected writes over the
+    last hour, of the organisations the key sees; every read bounded by time through an index."""
+    org = operator.organization_id
+    async with api.reads(request).snapshot() as reader:
+        await reader.one("console_plans", {})
+        (now,) = await reader.one("snapshot_now", {"now": None}) or (None,)
+        since = now - BUCKET * BUCKETS
+        ended = await reader.all("console_attempts_ended", {"since": since, "organization_id": org})
+        (position,) = await reader.one("events_position_at", {"at": since}) or (None,)
+        rejected, capped = 0, False
+        if position is not None:
+            rejected, capped = await reader.one("console_rejections_since", {
+                "position": position, "since": since, "organization_id": org, "cap": REJECTION_SCAN_CAP}) or (0, False)
+    hour = LastHour(since, [0] * BUCKETS, [0] * BUCKETS, 0, rejected, capped)
+    for status, bucket, count in ended:
+        if status == "succeeded":
+            hour.completed[bucket] += count
+        elif status == "expired":
+            hour.expired += count
+        else:
+            hour.failed[bucket] += count
+    return hour
+
+
+@console("GET", ROOT + "/scans", "Console: scans with filters")
 @signed_in
 async def scans(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    wanted = {k: v for k in ("status", "organization_id", "cursor") if (v := request.query.get(k, "").strip())}
-    query = ScanListQuery.model_validate({**wanted, "limit": SCANS_PER_PAGE})
+    wanted = {k: v for k in ("status", "organization_id", "created_from", "created_to", "cursor")
+              if (v := request.query.get(k, "").strip())}
+    query = ScanListQuery.model_validate({**{k: _utc_if_naive(v) if k.startswith("created_") else v
+                                             for k, v in wanted.items()}, "limit": SCANS_PER_PAGE})
     found = await api.scans_page(request, operator, query)
     options = join(fmt('<option value="{}"{}>{}</option>', s, Html(" selected") if s == query.status else "",
                        s or "any") for s in ("", *api.SCAN_STATUSES))
@@ -176,38 +200,71 @@ async def scans(request: web.Request, operator: Operator, csrf: str) -> web.Stre
                   '<label for="status">Status</label><select id="status" name="status">{}</select>'
                   '<label for="organization_id">Organisation id</label>'
                   '<input id="organization_id" name="organization_id" value="{}" size="36">'
+                  '<label for="created_from">Created from (UTC)</label>'
+                  '<input id="created_from" name="created_from" type="datetime-local" step="1" value="{}">'
+                  '<label for="created_to">Created before (UTC)</label>'
+                  '<input id="created_to" name="created_to" type="datetime-local" step="1" value="{}">'
                   '<p><button type="submit">Filter</button></p></form>', ROOT, options,
-                  query.organization_id or "")
-    rows = [[_link(f"{ROOT}/scans/{s.id}", s.id), s.organization_id, s.status, s.execution_mode, s.created_at,
+                  query.organization_id or "", _local(query.created_from), _local(query.created_to))
+    rows = [[link(f"{ROOT}/scans/{s.id}", s.id), s.organization_id, s.status, s.execution_mode, s.created_at,
              s.finished_at] for s in found.items]
     more = Html("")
     if found.next_cursor is not None:
-        more = fmt("<p>{}</p>", _link(f"{ROOT}/scans?{urlencode({**wanted, 'cursor': found.next_cursor})}",
+        more = fmt("<p>{}</p>", link(f"{ROOT}/scans?{urlencode({**wanted, 'cursor': found.next_cursor})}",
                                       "Next page"))
     body = join([filters, table("Scans, newest first", ["Scan", "Organisation", "Status", "Mode", "Created",
                                                         "Finished"], rows), more])
-    return page("Scans", body, nav=_nav(operator, csrf))
+    return page("Scans", body, nav=nav(operator, csrf))
 
 
-def _path_id(request: web.Request, name: str, what: str) -> UUID:
-    try:
-        return UUID(request.match_info[name])
-    except ValueError as exc:
-        raise NotFound(f"no such {what}") from exc
+def _utc_if_naive(value: str) -> str:
+    """A time from the form's datetime-local input (no offset) is UTC; one with an offset stays."""
+    return value if re.search(r"(Z|[+-]\d\d:?\d\d)$", value) else value + "+00:00"
 
 
-@_console("GET", SCAN, "Console: a scan with its jobs and tasks")
+def _local(moment: datetime | None) -> str:
+    return utc(moment, "%Y-%m-%dT%H:%M:%S") if moment is not None else ""
+
+
+@console("GET", SCAN, "Console: a scan with its jobs and tasks")
 @signed_in
 async def scan(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    detail = await api.scan_detail(request, operator, _path_id(request, "scan_id", "scan"))
+    detail = await api.scan_detail(request, operator, path_id(request, "scan_id", "scan"))
     s = detail.scan
     facts = table("The scan", ["Organisation", "Status", "Mode", "Created", "Finished"],
                   [[s.organization_id, s.status, s.execution_mode, s.created_at, s.finished_at]])
-    rows = [[j.position, j.plugin, j.status, _task_link(j.task.id if j.task else None),
+    rows = [[j.position, j.plugin, j.status, task_link(j.task.id if j.task else None),
              j.task.state if j.task else "—", j.task.attempt_count if j.task else "—"] for j in detail.jobs]
     jobs = table(f"Jobs in order ({len(detail.jobs)} of {detail.job_count})",
                  ["Position", "Plugin", "Job status", "Task", "Task state", "Attempts"], rows)
-    return page(f"Scan {s.id}", join([facts, jobs]), nav=_nav(operator, csrf))
+    audit = fmt("<p>{}</p>", link(f"{ROOT}/audit/verify?scan_id={s.id}", "Verify this scan's hash chains"))
+    action = Html("")
+    if s.status in ("pending", "running"):
+        action = fmt('<form method="post" action="{}/scans/{}/cancel"><input type="hidden" name="csrf" value="{}">'
+                     '<label for="reason">Reason for cancelling</label>'
+                     '<input id="reason" name="reason" maxlength="1000" value="{}">'
+                     '<p><button type="submit">Cancel this scan</button></p></form>', ROOT, s.id, csrf,
+                     CancelScan().reason)
+    async with api.reads(request).read() as reader:
+        found = [Asset.of(r) for r in await reader.all("scan_assets", {"scan_id": s.id, "limit": ASSETS_SHOWN + 1})]
+    assets = table(f"Assets found (the first {ASSETS_SHOWN}; all through GET /v1/scans/{{id}}/assets)"
+                   if len(found) > ASSETS_SHOWN else "Assets found", ["Kind", "Value", "First seen", "Last seen"],
+                   [[a.kind, a.value, a.first_seen_at, a.last_seen_at] for a in found[:ASSETS_SHOWN]])
+    return page(f"Scan {s.id}", join([facts, audit, action, jobs, assets]), nav=nav(operator, csrf))
+
+
+ASSETS_SHOWN = 100
+
+
+@console("POST", SCAN + "/cancel", "Console: cancel a scan (the API's cancel command)")
+@signed_in
+async def cancel_scan(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
+    scan_id = path_id(request, "scan_id", "scan")
+    await api.read_scan(request, operator, scan_id)
+    reason = (await request.post()).get("reason")
+    body = CancelScan.model_validate({"reason": reason} if isinstance(reason, str) and reason.strip() else {})
+    await request.app[SERVICES].scans.cancel_scan(scan_id, reason=body.reason, actor=operator.actor)
+    return redirect(f"{ROOT}/scans/{scan_id}")
 
 
 def _words(name: str) -> str:
@@ -229,14 +286,14 @@ def sentence(event: Event) -> str:
     return f"{_words(event.type)} by {event.actor} at {when} UTC{tail}.{rejected}"
 
 
-@_console("GET", TASK, "Console: a task with its attempts and its event timeline")
+@console("GET", TASK, "Console: a task with its attempts and its event timeline")
 @signed_in
 async def task(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    task_id = _path_id(request, "task_id", "task")
+    task_id = path_id(request, "task_id", "task")
     t = await api.read_task(request, operator, task_id)
     events = await api.event_page(request, task_id, EventsQuery())
     facts = table("The task", ["Scan", "Type", "State", "Attempts", "Created", "Finished", "Last error"],
-                  [[_link(f"{ROOT}/scans/{t.scan_id}", t.scan_id), t.task_type, t.state,
+                  [[link(f"{ROOT}/scans/{t.scan_id}", t.scan_id), t.task_type, t.state,
                     f"{t.attempt_count} of {t.max_attempts}", t.created_at, t.finished_at, t.last_error]])
     attempts = table("Attempts, oldest first", ["#", "Status", "Worker", "Leased", "Lease expires", "Deadline",
                                                 "Finished", "Result batches", "Error"],
@@ -244,25 +301,78 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                        a.finished_at, a.batch_count, a.error] for a in t.attempts])
     more = (fmt("<p>The first {} events; the rest through the API.</p>", len(events.items))
             if events.next_after_version is not None else Html(""))
+    links = await _chain_links(request, task_id, events.items[-1].version if events.items else 0)
     timeline = fmt('<section aria-labelledby="timeline"><h2 id="timeline">Timeline</h2>'
+                   "<p>Each event's link in the task's hash chain is checked as the page is drawn.</p>"
                    '<ol class="timeline">{}</ol>{}</section>',
-                   join(fmt("<li>{}</li>", sentence(e)) for e in events.items), more)
+                   join(fmt("<li>{} {}</li>", sentence(e), _link_status(links.get(e.version, "missing")))
+                        for e in events.items), more)
     action = Html("")
     if t.state in CANCELLABLE:
         action = fmt('<form method="post" action="{}/tasks/{}/cancel"><input type="hidden" name="csrf" value="{}">'
                      '<label for="reason">Reason for cancelling</label>'
                      '<input id="reason" name="reason" maxlength="1000" value="cancelled by an operator">'
                      '<p><button type="submit">Cancel this task</button></p></form>', ROOT, t.id, csrf)
-    return page(f"Task {t.id}", join([facts, action, attempts, timeline]), nav=_nav(operator, csrf))
+    elif await _retryable(request, operator, t):
+        action = fmt('<form method="post" action="{}/tasks/{}/retry"><input type="hidden" name="csrf" value="{}">'
+                     '<label for="reason">Reason for retrying</label>'
+                     '<input id="reason" name="reason" maxlength="1000" value="{}">'
+                     '<label for="attempts">Fresh attempts (empty: as many as before)</label>'
+                     '<input id="attempts" name="attempts" type="number" min="1" max="100" inputmode="numeric">'
+                     '<p><button type="submit">Retry</button></p></form>', ROOT, t.id, csrf, RetryTask().reason)
+    marks = attempt_marks(t.attempts, events.items)
+    axis = fmt('<section aria-labelledby="axis"><h2 id="axis">Attempts on a time axis</h2>{}{}{}</section>',
+               attempts_axis(marks), LEGEND, attempts_table(marks))
+    audit = fmt("<p>{}</p>", link(f"{ROOT}/audit/verify?task_id={t.id}", "Verify this task's hash chain"))
+    return page(f"Task {t.id}", join([facts, audit, action, axis, attempts, timeline]), nav=nav(operator, csrf))
 
 
-@_console("POST", TASK + "/cancel", "Console: cancel a task (the API's cancel command)")
+async def _chain_links(request: web.Request, task_id: UUID, through: int) -> dict[int, str | None]:
+    """Each event's hash-chain link, through version ``through``: None when it holds, else what is wrong."""
+    async with api.reads(request).read() as reader:
+        rows = await reader.all("console_chain_links", {"originator_id": task_id, "through": through})
+    found: dict[int, str | None] = {}
+    prev: tuple[int, bytes] | None = None
+    for version, topic, state, prev_hash, stored_hash in rows:
+        found[version] = check_link(prev, task_id, version, topic, bytes(state), bytes(prev_hash), bytes(stored_hash))
+        prev = (version, bytes(stored_hash))
+    return found
+
+
+def _link_status(problem: str | None) -> Html:
+    if problem is None:
+        return Html('<span class="chain" data-chain="ok">Hash chain link verified.</span>')
+    return fmt('<span class="chain error" data-chain="broken">Hash chain broken here: {}.</span>', problem)
+
+
+async def _retryable(request: web.Request, operator: Operator, t: Task) -> bool:
+    """Whether the API would retry the task: failed_terminal, its scan not cancelled."""
+    if t.state != "failed_terminal":
+        return False
+    return (await api.read_scan(request, operator, t.scan_id)).status != "cancelled"
+
+
+@console("POST", TASK + "/cancel", "Console: cancel a task (the API's cancel command)")
 @signed_in
 async def cancel(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
-    task_id = _path_id(request, "task_id", "task")
+    task_id = path_id(request, "task_id", "task")
     await api.see_task(request, operator, task_id)
     form = await request.post()
     reason = form.get("reason")
     body = CancelTask.model_validate({"reason": reason} if isinstance(reason, str) and reason.strip() else {})
     await request.app[SERVICES].lifecycle.request_cancel(task_id, reason=body.reason, actor=operator.actor)
-    return _redirect(f"{ROOT}/tasks/{task_id}")
+    return redirect(f"{ROOT}/tasks/{task_id}")
+
+
+@console("POST", TASK + "/retry", "Console: retry a failed task (the API's retry command)")
+@signed_in
+async def retry(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
+    task_id = path_id(request, "task_id", "task")
+    await api.see_task(request, operator, task_id)
+    form = await request.post()
+    fields: dict[str, object] = {k: v.strip() for k in ("reason", "attempts")
+                                 if isinstance(v := form.get(k), str) and v.strip()}
+    if isinstance(attempts := fields.get("attempts"), str) and attempts.isdigit():
+        fields["attempts"] = int(attempts)  # a form sends text; the API's body takes a JSON number
+    await api.retry(request, operator, task_id, RetryTask.model_validate(fields))
+    return redirect(f"{ROOT}/tasks/{task_id}")
