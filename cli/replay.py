@@ -1,10 +1,10 @@
 """``leasehold replay …``: the auditor's command line.
 
-    leasehold replay timeline (TASK_ID | --scan SCAN_ID)
+    leasehold replay timeline (TASK_ID | --scan SCAN_ID) [--archive PATH ...]
     leasehold replay rebuild --schema NAME [--replace] [--jobs N]
     leasehold replay verify [--schema NAME] [--jobs N] [--since CHECKPOINT|SEAL|TIME]
     leasehold replay as-of TIME (TASK_ID | --scan SCAN_ID) [--clock event|recorded]
-    leasehold replay verify-chain [--digests PATH --public-key KEY]
+    leasehold replay verify-chain [--digests PATH] [--public-key KEY] [--archive PATH ...]
     leasehold replay checkpoint
     leasehold replay export (TASK_ID | --scan SCAN_ID) OUT [--signing-key KEY]
     leasehold replay verify-bundle OUT [--public-key KEY]
@@ -41,8 +41,9 @@ from persistence.snapshot import snapshot
 from persistence.urls import database_label
 from projections.memory import ProjectionError
 from replay import render
+from replay.archive import ArchiveSet, verify_bundle_or_archive
 from replay.asof import scan_as_of, task_as_of
-from replay.bundle import export_bundle, verify_bundle
+from replay.bundle import export_bundle
 from replay.digests import load_digests
 from replay.integrity import verify_log
 from replay.log import NotFound
@@ -76,8 +77,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parser.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
         parser.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
 
+    def archives(parser: argparse.ArgumentParser, what: str) -> None:
+        parser.add_argument("--archive", type=_archive_dir, action="append", default=[], metavar="PATH",
+                            help=f"an archived partition (from `leasehold retention run`) {what}; repeatable")
+
     p = actions.add_parser("timeline", parents=[common], help="every event of a task or scan, in order")
     subject(p)
+    archives(p, "whose events come before the live log's")
     p.set_defaults(func=_run(_timeline))
 
     p = actions.add_parser("rebuild", parents=[common], help="rebuild every projection into a fresh schema")
@@ -108,7 +114,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--digests", type=Path, metavar="PATH",
                    help="also hold the log against the signed seals in this digest directory (needs --public-key)")
     p.add_argument("--public-key", type=Path, metavar="KEY",
-                   help="the seal public key (PEM, from `leasehold seal keygen`) the digests are checked with")
+                   help="the seal public key (PEM, from `leasehold seal keygen`) the digests and the archives'"
+                        " signatures are checked with")
+    archives(p, "to verify and to continue the chains from")
     p.set_defaults(func=_run(_verify_chain))
 
     p = actions.add_parser("checkpoint", parents=[common], help="seal the current heads of all streams")
@@ -151,6 +159,13 @@ def _positive(text: str) -> int:
 
 
 _SEAL = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _archive_dir(text: str) -> Path:
+    path = Path(text)
+    if not (path / "manifest.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: not an archive directory (no manifest.json)")
+    return path
 
 
 def _since(text: str) -> int | bytes | datetime:
@@ -235,7 +250,7 @@ def _out(*lines: str) -> None:
 async def _timeline(args: argparse.Namespace) -> int:
     subject, kind = _subject(args)
     async with await _connect(args) as conn, snapshot(conn):
-        entries = await (scan_timeline if kind == "scan" else task_timeline)(conn, subject)
+        entries = await (scan_timeline if kind == "scan" else task_timeline)(conn, subject, archives=args.archive)
     if args.json:
         render.print_json({"subject": {"kind": kind, "id": str(subject)}, "events": [e.as_json() for e in entries]})
     else:
@@ -353,17 +368,20 @@ def _public_key(path: Path) -> Any:
 
 
 async def _verify_chain(args: argparse.Namespace) -> int:
-    if (args.digests is None) != (args.public_key is None):
-        raise CommandError("--digests and --public-key go together", EXIT_USAGE)
+    if (args.digests is not None and args.public_key is None) or (
+            args.public_key is not None and args.digests is None and not args.archive):
+        raise CommandError("--digests needs --public-key (which checks the digests and the archives)", EXIT_USAGE)
     digests = None
-    if args.digests is not None:
+    public_key = _public_key(args.public_key) if args.public_key is not None else None
+    if args.digests is not None and public_key is not None:
         if not args.digests.is_dir():
             raise CommandError(f"{args.digests}: not a digest directory", EXIT_USAGE)
-        digests = load_digests(args.digests, _public_key(args.public_key))
+        digests = load_digests(args.digests, public_key)
+    archives = ArchiveSet.load(args.archive, public_key=public_key) if args.archive else None
     async with await _connect(args) as conn:
         total = await _estimated_events(conn)
         with render.progress_bar("verify-chain", total, not args.no_progress) as update:
-            report = await verify_log(conn, progress=update, digests=digests)
+            report = await verify_log(conn, progress=update, digests=digests, archives=archives)
     latest = report.latest
     ok = report.ok and report.events > 0  # an empty log verifies nothing: never "OK"
     newest = digests.newest if digests is not None else None
@@ -376,6 +394,7 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         render.print_json({
             "digests": digest_json,
             "ok": ok, "empty": report.events == 0, "streams": report.streams, "events": report.events,
+            "archives": len(args.archive), "archived_events": report.archived_events,
             "checkpoints": len(report.checkpoints), "seconds": round(report.seconds, 3),
             "latest_checkpoint": None if latest is None else {
                 "id": latest.id, "created_at": latest.created_at.isoformat(), "seal": latest.seal.hex(),
@@ -388,7 +407,9 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         sealed = (f"; latest checkpoint {latest.id} at {latest.created_at.isoformat()} seals {latest.head_count}"
                   f" streams, seal {latest.seal.hex()}" if latest else "; no checkpoint yet (run: replay checkpoint)")
         verdict = "OK" if ok else "EMPTY" if report.ok else _n(len(report.problems), "problem").upper()
-        _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')},"
+        archived = (f" (and {_n(report.archived_events, 'archived event')} in {_n(len(args.archive), 'archive')})"
+                    if args.archive else "")
+        _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')}{archived},"
              f" {_n(len(report.checkpoints), 'checkpoint')}"
              f" checked in {report.seconds:.2f}s{sealed}"
              + (" (the log holds no events: nothing was verified)" if report.events == 0 else ""))
@@ -447,7 +468,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 def _verify_bundle(args: argparse.Namespace) -> int:
     public_key = _public_key(args.public_key) if args.public_key is not None else None
-    summary, problems = verify_bundle(args.out, public_key=public_key)
+    summary, problems = verify_bundle_or_archive(args.out, public_key=public_key)
     if args.json:
         render.print_json({"ok": not problems, **summary, "problems": problems})
     else:
