@@ -72,11 +72,8 @@ async def task_timeline(conn: AsyncConnection[Any], task_id: UUID, *,
                         archives: Sequence[Path] = ()) -> list[Entry]:
     """The task's events in version order; with ``archives`` (archived partitions), its
     archived events first."""
-    if not archives:
-        await require_stream(conn, task_id, "TaskCreated")
-        return _task_entries(await stream_rows(conn, task_id))
-    rows = _joined(archived_rows(list(archives), {task_id}), await stream_rows(conn, task_id))
-    _require_first(task_id, rows, "TaskCreated")
+    rows = _joined(archived_rows(list(archives), {task_id}) if archives else [], await stream_rows(conn, task_id))
+    await _require_first(conn, task_id, rows, "TaskCreated", archived=bool(archives))
     return _task_entries(rows)
 
 
@@ -84,12 +81,8 @@ async def scan_timeline(conn: AsyncConnection[Any], scan_id: UUID, *,
                         archives: Sequence[Path] = ()) -> list[Entry]:
     """The scan's events and all its tasks' events, merged by time (then log order); with
     ``archives``, their archived events too."""
-    if archives:
-        scan_rows = _joined(archived_rows(list(archives), {scan_id}), await stream_rows(conn, scan_id))
-        _require_first(scan_id, scan_rows, "ScanCreated")
-    else:
-        await require_stream(conn, scan_id, "ScanCreated")
-        scan_rows = await stream_rows(conn, scan_id)
+    scan_rows = _joined(archived_rows(list(archives), {scan_id}) if archives else [], await stream_rows(conn, scan_id))
+    await _require_first(conn, scan_id, scan_rows, "ScanCreated", archived=bool(archives))
     task_ids = await scan_task_ids(conn, scan_id, scan_rows)
     by_stream: dict[UUID, list[StoredRow]] = {t: [] for t in task_ids}
     live = await rows_of_streams(conn, task_ids)
@@ -109,11 +102,17 @@ def _joined(archived: list[StoredRow], live: list[StoredRow]) -> list[StoredRow]
     return [by_version[v] for v in sorted(by_version)]
 
 
-def _require_first(stream_id: UUID, rows: list[StoredRow], expected: str) -> None:
+async def _require_first(conn: AsyncConnection[Any], stream_id: UUID, rows: list[StoredRow], expected: str, *,
+                         archived: bool) -> None:
+    """Raise :class:`NotFound` unless ``rows`` are a whole stream of the ``expected`` kind."""
+    if not archived and (not rows or rows[0].originator_version == 1):
+        await require_stream(conn, stream_id, expected)
+        return
     if not rows:
         raise NotFound(f"no events for {stream_id} in the log or the archives given")
     if rows[0].originator_version != 1:
-        raise NotFound(f"{stream_id}: its events before v{rows[0].originator_version} are in no archive given")
+        raise NotFound(f"{stream_id}: its events before v{rows[0].originator_version} were archived and are in"
+                       " no archive given (--archive)")
     if rows[0].event_type != expected:
         raise NotFound(f"{stream_id} is a {rows[0].event_type} stream, not a {expected.removesuffix('Created')}"
                        " stream")
