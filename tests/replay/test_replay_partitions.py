@@ -4,6 +4,7 @@ retention end to end (archive, verify, drop; verify-chain and timeline over arch
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from datetime import UTC, datetime, timedelta
@@ -277,3 +278,18 @@ async def test_archives_must_join_up(world: World, database_url: str, tmp_path: 
     code, report = await cli_json("replay", "verify-chain", "--archive", str(tmp_path / "unregistered"),
                                   "--database-url", database_url)
     assert code == 1 and any("not in the log's register" in p["problem"] for p in report["problems"])
+
+
+async def test_the_gateway_creates_partitions_ahead(database_url: str, pki: Any) -> None:
+    from support.gateway import running_gateway
+
+    async with running_gateway(database_url, pki, partition_span="1 day", partition_ahead="5 days"):
+        end = time.monotonic() + 20
+        async with await connect(database_url, autocommit=True) as conn:
+            while True:
+                cur = await conn.execute("SELECT max(upper_bound) >= now() + interval '5 days' FROM event_partitions"
+                                         " WHERE NOT is_default")
+                if (await cur.fetchone()) == (True,):
+                    break
+                assert time.monotonic() < end, "the Gateway did not create the partitions ahead in time"
+                await asyncio.sleep(0.1)
