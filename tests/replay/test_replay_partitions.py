@@ -138,8 +138,14 @@ async def test_every_partition_is_append_only_and_closed_to_the_application(data
                 conn.execute(statement)
         conn.execute("SET ROLE leasehold_app")
         for name in names:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied|must be owner"):
                 conn.execute(sql.SQL("SELECT 1 FROM {}").format(sql.Identifier(name)))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="must be owner"):
+                conn.execute(sql.SQL("ALTER TABLE events DETACH PARTITION {}").format(sql.Identifier(name)))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="must be owner"):
+                conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            conn.execute("SELECT events_create_partition(now() + interval '10 years', now() + interval '11 years')")
         conn.execute("RESET ROLE")
 
 
@@ -293,3 +299,24 @@ async def test_the_gateway_creates_partitions_ahead(database_url: str, pki: Any)
                     break
                 assert time.monotonic() < end, "the Gateway did not create the partitions ahead in time"
                 await asyncio.sleep(0.1)
+
+
+async def test_the_partitions_commands(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEASEHOLD_SEAL_KEY_FILE", raising=False)
+    code, created = await cli_json("partitions", "ensure", "--span", "7 days", "--ahead", "70 days",
+                                   "--database-url", database_url)
+    assert code == 0 and len(created["created"]) >= 1
+    code, again = await cli_json("partitions", "ensure", "--span", "7 days", "--ahead", "70 days",
+                                 "--database-url", database_url)
+    assert code == 0 and again["created"] == []
+    code, listed = await cli_json("partitions", "list", "--database-url", database_url)
+    names = [p["name"] for p in listed]
+    assert code == 0 and names[0] == "events_p_initial" and names[-1] == "events_p_default"
+    assert set(created["created"]) <= set(names)
+    code, out, err = await cli("partitions", "ensure", "--span", "-1 days", "--database-url", database_url)
+    assert code == 2 and "span must be positive" in err
+    code, out, err = await cli("retention", "run", "--older-than", "soon", "--out", "x", "--database-url", database_url)
+    assert code == 2 and "90d" in err
+    code, out, err = await cli("retention", "run", "--older-than", "0s", "--out", "x", "--execute",
+                               "--database-url", database_url)
+    assert code == 2 and "--signing-key" in err
