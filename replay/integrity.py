@@ -83,7 +83,7 @@ async def verify_log(conn: AsyncConnection[Any], *, progress: Callable[[int], No
         walk = await walk_chains(conn, progress=progress, seed=given.tails)
         checkpoints, cp_problems = await verify_checkpoints(conn, archived=given.hashes_at)
         if digests is not None:
-            found, unsealed = await log_against_digests(conn, digests, checkpoints)
+            found, unsealed = await log_against_digests(conn, digests, checkpoints, given.hashes_at)
             digest_problems += found
         register = await archive_records(conn)
     problems = [Problem("archive", None, None, p) for p in given.problems]

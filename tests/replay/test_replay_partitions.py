@@ -191,6 +191,10 @@ async def _archived_lifecycle(world: World, database_url: str) -> tuple[Any, dat
 async def test_retention_end_to_end(world: World, database_url: str, tmp_path: Path,
                                     keys: tuple[Path, Path]) -> None:
     a, _ = await _archived_lifecycle(world, database_url)
+    digests = tmp_path / "digests"
+    code, out_, err = await cli("seal", "now", "--signing-key", str(keys[0]), "--digest-dir", str(digests),
+                                "--database-url", database_url)
+    assert code == 0, err
     code, before = await cli_json("replay", "timeline", str(a.task.id), "--database-url", database_url)
     assert code == 0
     out = tmp_path / "archives"
@@ -215,9 +219,9 @@ async def test_retention_end_to_end(world: World, database_url: str, tmp_path: P
     # The live log alone no longer verifies: the archived partition is missing.
     code, report = await cli_json("replay", "verify-chain", "--database-url", database_url)
     assert code == 1 and any("give that archive" in p["problem"] for p in report["problems"])
-    # With the archive (and its signature checked), chains and checkpoints verify.
+    # With the archive (and its signature checked), chains, checkpoints and signed seals verify.
     code, report = await cli_json("replay", "verify-chain", "--archive", str(archive), "--public-key", str(keys[1]),
-                                  "--database-url", database_url)
+                                  "--digests", str(digests), "--database-url", database_url)
     assert code == 0 and report["ok"], report["problems"]
     assert report["archived_events"] == entry["events"]
     # The task's timeline is whole again with the archive.
