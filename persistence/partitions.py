@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection, sql
 
 from persistence.event_log import StoredRow
 
-DEFAULT_SPAN = timedelta(days=31)
+#: How long retention waits for the locks that detach a partition before giving up.
+LOCK_TIMEOUT_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,9 @@ async def drop_archived(conn: AsyncConnection[Any], partition: Partition, archiv
         raise ValueError("the default partition is never archived")
     ident = sql.Identifier(partition.name)
     async with conn.transaction():
+        # DETACH locks the whole log: appends wait behind it, and it waits for every reader of
+        # the log. Better to give up (and run again later) than to stall the Gateway.
+        await conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
         await conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(ident))
         now = await partition_contents(conn, partition.name)
         if now != archived:

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, errors
 
 from persistence.partitions import (
+    LOCK_TIMEOUT_MS,
     ArchiveRecord,
     Partition,
+    PartitionChanged,
     database_now,
     drop_archived,
     list_partitions,
@@ -69,5 +71,11 @@ async def archive_partition(conn: AsyncConnection[Any], partition: Partition, ou
             or check.manifest_sha256 != written.manifest_sha256):
         raise ArchiveFailed(f"{partition.name}: the archive holds {check.events} events, the partition"
                             f" {expected.events}: nothing dropped")
-    record = await drop_archived(conn, partition, expected, written.manifest_sha256, written.key_id)
+    try:
+        record = await drop_archived(conn, partition, expected, written.manifest_sha256, written.key_id)
+    except errors.LockNotAvailable as exc:
+        raise ArchiveFailed(f"{partition.name}: could not lock the log within {LOCK_TIMEOUT_MS / 1000:g} s"
+                            f" (a long read of it?): nothing dropped; remove {out} and run again") from exc
+    except PartitionChanged as exc:
+        raise ArchiveFailed(f"{exc}: nothing dropped") from exc
     return Archived(partition, out, record, time.perf_counter() - started)

@@ -324,3 +324,23 @@ async def test_the_partitions_commands(database_url: str, monkeypatch: pytest.Mo
     code, out, err = await cli("retention", "run", "--older-than", "0s", "--out", "x", "--execute",
                                "--database-url", database_url)
     assert code == 2 and "--signing-key" in err
+
+
+async def test_retention_gives_up_rather_than_stall_the_log(world: World, database_url: str, tmp_path: Path,
+                                                           keys: tuple[Path, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holding the log (a long audit) keeps the detach from getting its lock: retention
+    gives up after its lock timeout (so appends never wait long behind it) and keeps the partition."""
+    import persistence.partitions as partitions
+
+    await _archived_lifecycle(world, database_url)
+    monkeypatch.setattr(partitions, "LOCK_TIMEOUT_MS", 300)
+    async with await connect(database_url) as reader, await connect(database_url) as conn:
+        async with reader.transaction():
+            await reader.execute("SELECT count(*) FROM events")  # holds ACCESS SHARE on the log
+            (due,) = await retention.due_partitions(conn, timedelta(0))
+            with pytest.raises(retention.ArchiveFailed, match="could not lock"):
+                await retention.archive_partition(conn, due, tmp_path / "a", load_private_key(keys[0]))
+        assert due.name in [p.name for p in await list_partitions(conn)]
+        cur = await conn.execute("SELECT count(*) FROM event_archives")
+        assert await cur.fetchone() == (0,)
