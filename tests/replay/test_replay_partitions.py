@@ -197,6 +197,8 @@ async def test_retention_end_to_end(world: World, database_url: str, tmp_path: P
     assert code == 0, err
     code, before = await cli_json("replay", "timeline", str(a.task.id), "--database-url", database_url)
     assert code == 0
+    code, scan_before = await cli_json("replay", "timeline", "--scan", str(world.scan), "--database-url", database_url)
+    assert code == 0
     out = tmp_path / "archives"
 
     code, dry = await cli_json("retention", "run", "--older-than", "0s", "--out", str(out),
@@ -228,6 +230,9 @@ async def test_retention_end_to_end(world: World, database_url: str, tmp_path: P
     code, after = await cli_json("replay", "timeline", str(a.task.id), "--archive", str(archive),
                                  "--database-url", database_url)
     assert code == 0 and after["events"] == before["events"]
+    code, scan_after = await cli_json("replay", "timeline", "--scan", str(world.scan), "--archive", str(archive),
+                                      "--database-url", database_url)
+    assert code == 0 and scan_after["events"] == scan_before["events"]
     code, _, err = await cli("replay", "timeline", str(a.task.id), "--database-url", database_url)
     assert code == 1 and "were archived and are in no archive given" in err
     code, report = await cli_json("replay", "verify-bundle", str(archive), "--public-key", str(keys[1]))
