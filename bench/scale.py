@@ -161,7 +161,8 @@ async def measure(server_url: str, url: str, acquires: int, cost_lifecycles: int
     finally:
         await pool.close()
     cost = await core.measure_cost(server_url, url, cost_lifecycles)
-    return {"acquire": {k: acquire[k] for k in ("p50_ms", "p99_ms", "mean_ms", "n", "backend_cpu_ms")},
+    return {"load_average": round(os.getloadavg()[0], 1),
+            "acquire": {k: acquire[k] for k in ("p50_ms", "p99_ms", "mean_ms", "n", "backend_cpu_ms")},
             "cost": {"backend_cpu_ms": cost["backend_cpu_ms"], "wire": cost["wire"],
                      "per_command_backend_cpu_ms": {k: v["backend_cpu_ms"] for k, v in cost["per_command"].items()}}}
 
@@ -231,6 +232,8 @@ def print_lines(out: dict[str, Any]) -> None:
         print(f"scale_{state}_acquire_p50_ms {a['p50_ms']}")
         print(f"scale_{state}_acquire_p99_ms {a['p99_ms']}")
         print(f"scale_{state}_acquire_mean_ms {a['mean_ms']}")
+        print(f"scale_{state}_acquire_backend_cpu_ms {a['backend_cpu_ms']}")
+        print(f"scale_{state}_load_average {out[state]['load_average']}")
         print(f"scale_{state}_lifecycle_backend_cpu_ms {c['backend_cpu_ms']}")
         print(f"scale_{state}_lifecycle_round_trips {c['wire'].get('round_trips')}")
     for name, value in out["ratios"].items():
