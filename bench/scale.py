@@ -181,6 +181,8 @@ async def archive_oldest(url: str) -> dict[str, Any]:
         size = sum(f.stat().st_size for f in (Path(tmp) / oldest.name).iterdir())
     events = done.record.events
     return {"partition": oldest.name, "events": events, "seconds": round(seconds, 2),
+            "export_s": round(done.export_seconds, 2), "verify_s": round(done.verify_seconds, 2),
+            "drop_s": round(done.drop_seconds, 3),
             "events_per_s": round(events / seconds) if seconds else None, "archive_bytes": size}
 
 
@@ -243,6 +245,9 @@ def print_lines(out: dict[str, Any]) -> None:
     print(f"scale_archive_events {a['events']}")
     print(f"scale_archive_seconds {a['seconds']}")
     print(f"scale_archive_events_per_s {a['events_per_s']}")
+    print(f"scale_archive_export_s {a['export_s']}")
+    print(f"scale_archive_verify_s {a['verify_s']}")
+    print(f"scale_archive_drop_s {a['drop_s']}")
     print(f"scale_archive_bytes {a['archive_bytes']}")
 
 

@@ -45,6 +45,10 @@ class Archived:
     directory: Path
     record: ArchiveRecord
     seconds: float
+    #: Of those: the export, the verification from disk, the detach and drop.
+    export_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    drop_seconds: float = 0.0
 
 
 async def due_partitions(conn: AsyncConnection[Any], older_than: timedelta) -> list[Partition]:
@@ -63,7 +67,9 @@ async def archive_partition(conn: AsyncConnection[Any], partition: Partition, ou
     async with snapshot(conn):
         expected = await partition_contents(conn, partition.name)
         written = await export_archive(conn, partition, out, signing_key)
+    exported = time.perf_counter()
     check = verify_archive(out, public_key=signing_key.public_key())
+    verified = time.perf_counter()
     if check.problems:
         raise ArchiveFailed(f"{partition.name}: the archive in {out} does not verify, nothing dropped: "
                             + "; ".join(check.problems[:5]))
@@ -78,4 +84,5 @@ async def archive_partition(conn: AsyncConnection[Any], partition: Partition, ou
                             f" (a long read of it?): nothing dropped; remove {out} and run again") from exc
     except PartitionChanged as exc:
         raise ArchiveFailed(f"{exc}: nothing dropped") from exc
-    return Archived(partition, out, record, time.perf_counter() - started)
+    done = time.perf_counter()
+    return Archived(partition, out, record, done - started, exported - started, verified - exported, done - verified)
