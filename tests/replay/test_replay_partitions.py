@@ -349,3 +349,26 @@ async def test_retention_gives_up_rather_than_stall_the_log(world: World, databa
         assert due.name in [p.name for p in await list_partitions(conn)]
         cur = await conn.execute("SELECT count(*) FROM event_archives")
         assert await cur.fetchone() == (0,)
+
+
+async def test_racing_writes_across_a_boundary_never_fork_a_stream(world: World, database_url: str) -> None:
+    """No key spans partitions, so the stream's row lock is what keeps its versions unique: ten
+    renewals raced on one task on both sides of a boundary leave versions 1..n, each once, in a
+    chain that verifies."""
+    boundary = split_log_at(database_url, 1.5)
+    worker, a = await first_half(world)
+
+    async def race() -> None:
+        await asyncio.gather(*(world.lifecycle.renew(worker, a.task.id, a.attempt.id, a.lease_token)
+                               for _ in range(10)))
+
+    await race()
+    wait_until_past(database_url, boundary)
+    await race()
+    assert len(partitions_of(database_url, a.task.id)) == 2
+    with psycopg.connect(database_url) as conn:
+        versions = [r[0] for r in conn.execute("SELECT originator_version FROM events WHERE originator_id = %s"
+                                               " ORDER BY 1", (a.task.id,)).fetchall()]
+    assert versions == list(range(1, len(versions) + 1)) and len(versions) >= 20
+    code, report = await cli_json("replay", "verify-chain", "--database-url", database_url)
+    assert code == 0 and report["ok"], report["problems"]
