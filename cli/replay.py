@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import Checkpoint, find_checkpoint, write_checkpoint
 from persistence.codec import DecodeError
 from persistence.connection import connect
+from persistence.partitions import archive_records
 from persistence.queries import QUERIES
 from persistence.seals import SealKeyError, load_private_key, load_public_key
 from persistence.snapshot import snapshot
@@ -226,6 +228,18 @@ async def _connect(args: argparse.Namespace) -> Any:
     return conn
 
 
+async def _note_archived(conn: Any, action: str) -> None:
+    """Say on stderr when partitions of the log were archived: ``action`` reads the live log only."""
+    records = await archive_records(conn)
+    await conn.rollback()
+    if records:
+        print(f"leasehold: note: {_n(len(records), 'partition')} of the log"
+              f" {'was' if len(records) == 1 else 'were'} archived (up to"
+              f" {records[-1].upper_bound.isoformat()}); {action} reads the live log only, so streams whose"
+              " early events were archived are not covered (verify-chain and timeline take --archive)",
+              file=sys.stderr)
+
+
 async def _estimated_events(conn: Any) -> int | None:
     """The planner's estimate of the log size (instant), for the progress bar's total."""
     cur = await conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'events'::regclass")
@@ -264,6 +278,7 @@ async def _timeline(args: argparse.Namespace) -> int:
 async def _rebuild(args: argparse.Namespace) -> int:
     check_schema_name(args.schema)
     async with await _connect(args) as source, await _connect(args) as target:
+        await _note_archived(source, "rebuild")
         total = await _estimated_events(source)
         with render.progress_bar("rebuild", total, not args.no_progress) as update:
             result = await rebuild_schema(source, target, args.schema, replace=args.replace, progress=update,
@@ -284,6 +299,7 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 async def _verify(args: argparse.Namespace) -> int:
     async with await _connect(args) as conn:
+        await _note_archived(conn, "verify")
         since = None
         if args.since is not None:
             since = await _checkpoint_of(conn, args.since)

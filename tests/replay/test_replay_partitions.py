@@ -235,6 +235,8 @@ async def test_retention_end_to_end(world: World, database_url: str, tmp_path: P
     assert code == 0 and scan_after["events"] == scan_before["events"]
     code, _, err = await cli("replay", "timeline", str(a.task.id), "--database-url", database_url)
     assert code == 1 and "were archived and are in no archive given" in err
+    code, _, err = await cli("replay", "verify", "--database-url", database_url)
+    assert "1 partition of the log was archived" in err and "reads the live log only" in err
     code, report = await cli_json("replay", "verify-bundle", str(archive), "--public-key", str(keys[1]))
     assert code == 0 and report["ok"], report
 
