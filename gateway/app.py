@@ -28,7 +28,7 @@ from gateway.api.http import (
     listeners_of,
     request_log_middleware,
 )
-from gateway.background import checkpointer, sampler, scheduler, sweeper
+from gateway.background import checkpointer, partitioner, sampler, scheduler, sweeper
 from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
 from gateway.console.site import routes as console_routes
@@ -133,6 +133,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     elif settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
                                          name="leasehold-checkpoints"))
+    if settings.partition_interval_seconds > 0:
+        loops.append(asyncio.create_task(partitioner.run(db, settings.partition_interval_seconds,
+                                                         span=settings.partition_span, ahead=settings.partition_ahead),
+                                         name="leasehold-partitions"))
     if settings.schedule_interval_seconds > 0:
         loops.append(asyncio.create_task(scheduler.run(services.schedules, settings.schedule_interval_seconds),
                                          name="leasehold-scheduler"))

@@ -7,6 +7,9 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: A PostgreSQL interval the partition settings accept: a count and a unit.
+_INTERVAL = r"^[1-9][0-9]* (hour|day|week|month|year)s?$"
+
 
 class GatewaySettings(BaseSettings):
     """Every setting the Gateway reads. Environment variables are ``LEASEHOLD_<NAME>``."""
@@ -77,6 +80,12 @@ class GatewaySettings(BaseSettings):
                           "UTC day); put it where the database host cannot rewrite it")
     seal_interval_seconds: float = Field(
         5.0, gt=0, le=3600, description="how often to write and publish a signed seal (with seal_key_file)")
+    partition_interval_seconds: float = Field(
+        3600.0, ge=0, le=86400, description="how often to create the event log's time partitions ahead of time "
+                                            "(also at start); 0 disables")
+    partition_span: str = Field("1 month", pattern=_INTERVAL, description="range of each new event log partition")
+    partition_ahead: str = Field("2 months", pattern=_INTERVAL,
+                                 description="how far ahead of now the event log's partitions must reach")
     schedule_interval_seconds: float = Field(
         1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
