@@ -82,6 +82,9 @@ GROUP_COMMIT_ENV = "LEASEHOLD_BENCH_GROUP_COMMIT"
 #: "1": the final batch is submitted on its own before complete (4 commands a lifecycle instead of 3,
 #: the worker API's step-by-step shape); set from --step-by-step.
 STEP_BY_STEP_ENV = "LEASEHOLD_BENCH_STEP_BY_STEP"
+#: "1": psycopg prepares nothing on the server (as the Gateway behind a transaction pooler, with
+#: --no-prepared-statements); set from --no-prepared-statements.
+NO_PREPARE_ENV = "LEASEHOLD_BENCH_NO_PREPARE"
 DEFAULT_YARDSTICK_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench"
 TASK_TYPE = "probe"
 SPEC = TaskSpec(task_type=TASK_TYPE, scope={"host": "bench.example.test"}, lease_seconds=60,
@@ -258,7 +261,7 @@ PROFILE = tuple(ProfileStep(task_type=TASK_TYPE, lease_seconds=60, execution_tim
 async def profile_scans(url: str, conc: int, seconds: float, warmup: float) -> dict[str, Any]:
     """``conc`` loops, each running scans of :data:`PROFILE` one after the other for ``seconds``
     (after ``warmup``): acquire, then complete carrying the step's batch; tasks per second."""
-    pool = create_pool(url, min_size=conc, max_size=conc)
+    pool = create_pool(url, min_size=conc, max_size=conc, prepare=_prepare())
     await pool.open(wait=True)
     try:
         services = build_services(Database(pool))
@@ -296,6 +299,10 @@ async def new_scan(scans: Scans, loop: BenchLoop) -> UUID:
 async def provision(scans: Scans, loop: BenchLoop, count: int) -> None:
     for _ in range(count):
         loop.scans.append(await new_scan(scans, loop))
+
+
+def _prepare() -> bool:
+    return os.environ.get(NO_PREPARE_ENV) != "1"
 
 
 async def one_lifecycle(lifecycle: Lifecycle, scans: Scans, loop: BenchLoop,
@@ -366,7 +373,7 @@ async def throughput_process(url: str, proc: int, conc: int, seconds: float, war
                              barrier: Barrier | None, root_pid: int, profiler: cProfile.Profile | None = None,
                              ) -> dict[str, Any]:
     """One process's share of a throughput run: set up, warm up, provision scans, run timed."""
-    pool = create_pool(url, min_size=conc, max_size=conc)
+    pool = create_pool(url, min_size=conc, max_size=conc, prepare=_prepare())
     await pool.open(wait=True)
     try:
         db = Database(pool)
@@ -460,7 +467,7 @@ async def paced_latencies(url: str, conc: int, rate: float, seconds: float, lane
     """``conc`` loops sharing ``rate`` lifecycles/s between them (each starts its next lifecycle on a
     fixed schedule, so the offered load does not depend on the answers), for ``seconds``; each
     command's latency as the loop saw it. ``lanes`` > 0 runs the commands through group commit."""
-    pool = create_pool(url, min_size=conc, max_size=conc)
+    pool = create_pool(url, min_size=conc, max_size=conc, prepare=_prepare())
     await pool.open(wait=True)
     try:
         db = Database(pool)
@@ -710,7 +717,7 @@ async def measure_cost(server_url: str, url: str, lifecycles: int) -> dict[str, 
     relayed = relayed_conninfo(url, port)
     warm = 20
     try:
-        setup = create_pool(relayed, min_size=1, max_size=1)
+        setup = create_pool(relayed, min_size=1, max_size=1, prepare=_prepare())
         await setup.open(wait=True)
         services = build_services(Database(setup))
         registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
@@ -722,7 +729,7 @@ async def measure_cost(server_url: str, url: str, lifecycles: int) -> dict[str, 
         await asyncio.to_thread(vacuum_analyze, url)
         before_db = await asyncio.to_thread(settled_counters, server_url, BENCH_DB)
 
-        pool = create_pool(relayed, min_size=1, max_size=1)
+        pool = create_pool(relayed, min_size=1, max_size=1, prepare=_prepare())
         await pool.open(wait=True)
         backend = await asyncio.to_thread(bench_backend_pid, server_url)
         services = build_services(Database(pool))
@@ -1160,6 +1167,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8, help="asyncio loops per process (default 8)")
     p.add_argument("--step-by-step", action="store_true",
                    help="submit the final batch on its own, then complete (4 commands a lifecycle instead of 3)")
+    p.add_argument("--no-prepared-statements", action="store_true",
+                   help="psycopg prepares no statement on the server (as the Gateway behind a transaction pooler)")
     p.add_argument("--group-commit", type=int, default=0, metavar="LANES",
                    help="share transactions between concurrent commands in LANES lanes per process (0: off)")
     p.add_argument("--processes", type=int, default=2, help="processes of the multi-process run (default 2)")
@@ -1191,6 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
                                       f"{args.scratch_prefix}_replica")
     os.environ[GROUP_COMMIT_ENV] = str(args.group_commit)  # spawned processes inherit these
     os.environ[STEP_BY_STEP_ENV] = "1" if args.step_by_step else "0"
+    os.environ[NO_PREPARE_ENV] = "1" if args.no_prepared_statements else "0"
     server_url, origin = resolve_server_url(args.database_url)
     log(f"server: {redact_url(server_url)} ({origin})")
     conc, seconds = args.concurrency, args.seconds

@@ -52,6 +52,9 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
     CommandModule("cli.replay", (
         ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
     CommandModule("cli.seal", (("seal", "signed seals of the event log: the signing key, a seal on demand"),)),
+    CommandModule("cli.retention", (
+        ("partitions", "the event log's time partitions: list them, create them ahead"),
+        ("retention", "archive old partitions of the event log as signed bundles, then drop them"))),
     CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
     CommandModule("cli.admin", (("admin", "operator administration (API keys, target policies, fair shares)"),)),
     CommandModule("cli.operator_api", (

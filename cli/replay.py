@@ -1,10 +1,10 @@
 """``leasehold replay …``: the auditor's command line.
 
-    leasehold replay timeline (TASK_ID | --scan SCAN_ID)
+    leasehold replay timeline (TASK_ID | --scan SCAN_ID) [--archive PATH ...]
     leasehold replay rebuild --schema NAME [--replace] [--jobs N]
     leasehold replay verify [--schema NAME] [--jobs N] [--since CHECKPOINT|SEAL|TIME]
     leasehold replay as-of TIME (TASK_ID | --scan SCAN_ID) [--clock event|recorded]
-    leasehold replay verify-chain [--digests PATH --public-key KEY]
+    leasehold replay verify-chain [--digests PATH] [--public-key KEY] [--archive PATH ...]
     leasehold replay checkpoint
     leasehold replay export (TASK_ID | --scan SCAN_ID) OUT [--signing-key KEY]
     leasehold replay verify-bundle OUT [--public-key KEY]
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
@@ -35,14 +36,16 @@ from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.checkpoints import Checkpoint, find_checkpoint, write_checkpoint
 from persistence.codec import DecodeError
 from persistence.connection import connect
+from persistence.partitions import archive_records
 from persistence.queries import QUERIES
 from persistence.seals import SealKeyError, load_private_key, load_public_key
 from persistence.snapshot import snapshot
 from persistence.urls import database_label
 from projections.memory import ProjectionError
 from replay import render
+from replay.archive import ArchiveSet, verify_bundle_or_archive
 from replay.asof import scan_as_of, task_as_of
-from replay.bundle import export_bundle, verify_bundle
+from replay.bundle import export_bundle
 from replay.digests import load_digests
 from replay.integrity import verify_log
 from replay.log import NotFound
@@ -76,8 +79,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parser.add_argument("task_id", nargs="?", type=_uuid, metavar="TASK_ID")
         parser.add_argument("--scan", type=_uuid, metavar="SCAN_ID", help="a scan and all its tasks instead")
 
+    def archives(parser: argparse.ArgumentParser, what: str) -> None:
+        parser.add_argument("--archive", type=_archive_dir, action="append", default=[], metavar="PATH",
+                            help=f"an archived partition (from `leasehold retention run`) {what}; repeatable")
+
     p = actions.add_parser("timeline", parents=[common], help="every event of a task or scan, in order")
     subject(p)
+    archives(p, "whose events come before the live log's")
     p.set_defaults(func=_run(_timeline))
 
     p = actions.add_parser("rebuild", parents=[common], help="rebuild every projection into a fresh schema")
@@ -108,7 +116,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--digests", type=Path, metavar="PATH",
                    help="also hold the log against the signed seals in this digest directory (needs --public-key)")
     p.add_argument("--public-key", type=Path, metavar="KEY",
-                   help="the seal public key (PEM, from `leasehold seal keygen`) the digests are checked with")
+                   help="the seal public key (PEM, from `leasehold seal keygen`) the digests and the archives'"
+                        " signatures are checked with")
+    archives(p, "to verify and to continue the chains from")
     p.set_defaults(func=_run(_verify_chain))
 
     p = actions.add_parser("checkpoint", parents=[common], help="seal the current heads of all streams")
@@ -151,6 +161,13 @@ def _positive(text: str) -> int:
 
 
 _SEAL = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _archive_dir(text: str) -> Path:
+    path = Path(text)
+    if not (path / "manifest.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: not an archive directory (no manifest.json)")
+    return path
 
 
 def _since(text: str) -> int | bytes | datetime:
@@ -211,6 +228,18 @@ async def _connect(args: argparse.Namespace) -> Any:
     return conn
 
 
+async def _note_archived(conn: Any, action: str) -> None:
+    """Say on stderr when partitions of the log were archived: ``action`` reads the live log only."""
+    records = await archive_records(conn)
+    await conn.rollback()
+    if records:
+        print(f"leasehold: note: {_n(len(records), 'partition')} of the log"
+              f" {'was' if len(records) == 1 else 'were'} archived (up to"
+              f" {records[-1].upper_bound.isoformat()}); {action} reads the live log only, so streams whose"
+              " early events were archived are not covered (verify-chain and timeline take --archive)",
+              file=sys.stderr)
+
+
 async def _estimated_events(conn: Any) -> int | None:
     """The planner's estimate of the log size (instant), for the progress bar's total."""
     cur = await conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'events'::regclass")
@@ -235,7 +264,7 @@ def _out(*lines: str) -> None:
 async def _timeline(args: argparse.Namespace) -> int:
     subject, kind = _subject(args)
     async with await _connect(args) as conn, snapshot(conn):
-        entries = await (scan_timeline if kind == "scan" else task_timeline)(conn, subject)
+        entries = await (scan_timeline if kind == "scan" else task_timeline)(conn, subject, archives=args.archive)
     if args.json:
         render.print_json({"subject": {"kind": kind, "id": str(subject)}, "events": [e.as_json() for e in entries]})
     else:
@@ -249,6 +278,7 @@ async def _timeline(args: argparse.Namespace) -> int:
 async def _rebuild(args: argparse.Namespace) -> int:
     check_schema_name(args.schema)
     async with await _connect(args) as source, await _connect(args) as target:
+        await _note_archived(source, "rebuild")
         total = await _estimated_events(source)
         with render.progress_bar("rebuild", total, not args.no_progress) as update:
             result = await rebuild_schema(source, target, args.schema, replace=args.replace, progress=update,
@@ -269,6 +299,7 @@ async def _rebuild(args: argparse.Namespace) -> int:
 
 async def _verify(args: argparse.Namespace) -> int:
     async with await _connect(args) as conn:
+        await _note_archived(conn, "verify")
         since = None
         if args.since is not None:
             since = await _checkpoint_of(conn, args.since)
@@ -353,17 +384,20 @@ def _public_key(path: Path) -> Any:
 
 
 async def _verify_chain(args: argparse.Namespace) -> int:
-    if (args.digests is None) != (args.public_key is None):
-        raise CommandError("--digests and --public-key go together", EXIT_USAGE)
+    if (args.digests is not None and args.public_key is None) or (
+            args.public_key is not None and args.digests is None and not args.archive):
+        raise CommandError("--digests needs --public-key (which checks the digests and the archives)", EXIT_USAGE)
     digests = None
-    if args.digests is not None:
+    public_key = _public_key(args.public_key) if args.public_key is not None else None
+    if args.digests is not None and public_key is not None:
         if not args.digests.is_dir():
             raise CommandError(f"{args.digests}: not a digest directory", EXIT_USAGE)
-        digests = load_digests(args.digests, _public_key(args.public_key))
+        digests = load_digests(args.digests, public_key)
+    archives = ArchiveSet.load(args.archive, public_key=public_key) if args.archive else None
     async with await _connect(args) as conn:
         total = await _estimated_events(conn)
         with render.progress_bar("verify-chain", total, not args.no_progress) as update:
-            report = await verify_log(conn, progress=update, digests=digests)
+            report = await verify_log(conn, progress=update, digests=digests, archives=archives)
     latest = report.latest
     ok = report.ok and report.events > 0  # an empty log verifies nothing: never "OK"
     newest = digests.newest if digests is not None else None
@@ -376,6 +410,7 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         render.print_json({
             "digests": digest_json,
             "ok": ok, "empty": report.events == 0, "streams": report.streams, "events": report.events,
+            "archives": len(args.archive), "archived_events": report.archived_events,
             "checkpoints": len(report.checkpoints), "seconds": round(report.seconds, 3),
             "latest_checkpoint": None if latest is None else {
                 "id": latest.id, "created_at": latest.created_at.isoformat(), "seal": latest.seal.hex(),
@@ -388,7 +423,9 @@ async def _verify_chain(args: argparse.Namespace) -> int:
         sealed = (f"; latest checkpoint {latest.id} at {latest.created_at.isoformat()} seals {latest.head_count}"
                   f" streams, seal {latest.seal.hex()}" if latest else "; no checkpoint yet (run: replay checkpoint)")
         verdict = "OK" if ok else "EMPTY" if report.ok else _n(len(report.problems), "problem").upper()
-        _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')},"
+        archived = (f" (and {_n(report.archived_events, 'archived event')} in {_n(len(args.archive), 'archive')})"
+                    if args.archive else "")
+        _out(f"{verdict}: {_n(report.streams, 'stream')}, {_n(report.events, 'event')}{archived},"
              f" {_n(len(report.checkpoints), 'checkpoint')}"
              f" checked in {report.seconds:.2f}s{sealed}"
              + (" (the log holds no events: nothing was verified)" if report.events == 0 else ""))
@@ -447,7 +484,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 def _verify_bundle(args: argparse.Namespace) -> int:
     public_key = _public_key(args.public_key) if args.public_key is not None else None
-    summary, problems = verify_bundle(args.out, public_key=public_key)
+    summary, problems = verify_bundle_or_archive(args.out, public_key=public_key)
     if args.json:
         render.print_json({"ok": not problems, **summary, "problems": problems})
     else:

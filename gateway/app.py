@@ -28,7 +28,7 @@ from gateway.api.http import (
     listeners_of,
     request_log_middleware,
 )
-from gateway.background import checkpointer, sampler, scheduler, sweeper
+from gateway.background import checkpointer, partitioner, sampler, scheduler, sweeper
 from gateway.background.hints import Hints
 from gateway.background.notify import Notifier
 from gateway.console.site import routes as console_routes
@@ -40,6 +40,7 @@ from gateway.keys import (
     METRICS,
     NOTIFIER,
     OBSERVE_REQUEST,
+    READ_DATABASE,
     ROUTE_LISTENERS,
     ROUTES,
     SEALER,
@@ -50,7 +51,7 @@ from gateway.metrics import Metrics
 from gateway.schema import expected_revision
 from gateway.services import build_services
 from gateway.settings import GatewaySettings
-from gateway.startup import check_database
+from gateway.startup import check_databases
 from persistence.connection import create_pool
 from persistence.roles import privilege_warnings
 from persistence.seals import Sealer, load_private_key, open_sink
@@ -66,14 +67,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[SETTINGS], app[METRICS]
     url = settings.resolved_database_url()
     # Unreachable, or at another schema revision than this Gateway's: refuse to start (one line).
-    await check_database(url)
-    notifier = Notifier(url)
+    await check_databases(settings)
+    notifier = Notifier(settings.notify_url())
     hints = None
     if settings.redis_url:
         hints = Hints(settings.redis_url, notifier.dispatch, registry=metrics.registry)
         app[HINTS] = hints
-    pool = create_pool(url, min_size=2, max_size=settings.pool_size)
+    pool = create_pool(url, min_size=2, max_size=settings.pool_size, prepare=settings.prepared_statements)
     await pool.open(wait=False)
+    read_pool = None
+    if settings.read_database_url:
+        read_pool = create_pool(settings.read_database_url, min_size=1, max_size=settings.pool_size,
+                                prepare=settings.prepared_statements)
+        await read_pool.open(wait=False)
     # The topics a committed transaction NOTIFYed also go to Redis, when it is configured.
     db = Database(pool, on_commit=hints.publish if hints is not None else None)
     failures = Counter("leasehold_schedule_failures_total",
@@ -84,6 +90,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                               fair_shares=settings.fair_shares)
     services.lifecycle.observe_cancel = metrics.observe_cancel
     app[SERVICES] = services
+    app[READ_DATABASE] = Database(read_pool) if read_pool is not None else db
     # A lost LISTEN connection means the database went away: once it is back, drop the pool's
     # dead idle connections at once, rather than letting requests find them one by one.
     notifier.on_reconnect = pool.check
@@ -126,6 +133,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     elif settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
                                          name="leasehold-checkpoints"))
+    if settings.partition_interval_seconds > 0:
+        loops.append(asyncio.create_task(partitioner.run(db, settings.partition_interval_seconds,
+                                                         span=settings.partition_span, ahead=settings.partition_ahead),
+                                         name="leasehold-partitions"))
     if settings.schedule_interval_seconds > 0:
         loops.append(asyncio.create_task(scheduler.run(services.schedules, settings.schedule_interval_seconds),
                                          name="leasehold-scheduler"))
@@ -141,6 +152,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if hints is not None:
             await hints.stop()
         await notifier.stop()
+        if read_pool is not None:
+            await read_pool.close()
         await pool.close()
 
 

@@ -13,6 +13,7 @@ from gateway.metrics import Metrics
 from gateway.services import Services
 from gateway.settings import GatewaySettings
 from persistence.seals import Sealer
+from persistence.transaction import Database
 
 #: Called once per request with (method, route template, status, seconds): metrics hook.
 ObserveRequest = Callable[[str, str, int, float], None]
@@ -20,6 +21,8 @@ ObserveRequest = Callable[[str, str, int, float], None]
 # Per application (one per process).
 SETTINGS = web.AppKey("settings", GatewaySettings)
 SERVICES = web.AppKey("services", Services)
+#: Where the operator reads that tolerate lag go: a replica (``read_database_url``) or the primary.
+READ_DATABASE = web.AppKey("read_database", Database)
 NOTIFIER = web.AppKey("notifier", Notifier)
 HINTS = web.AppKey("hints", Hints)
 METRICS = web.AppKey("metrics", Metrics)

@@ -42,7 +42,7 @@ from gateway.keys import GUARDS, LISTENER_PORTS, METRICS
 from gateway.logs import configure_logging
 from gateway.metrics import MULTIPROCESS_ENV
 from gateway.settings import GatewaySettings
-from gateway.startup import Listeners, StartupError, bind, check_database, tls_contexts, tls_paths
+from gateway.startup import Listeners, StartupError, bind, check_databases, tls_contexts, tls_paths
 
 __all__ = ["EXIT_STARTUP", "StartupError", "serve", "start", "tls_paths"]
 
@@ -157,7 +157,7 @@ def serve(settings: GatewaySettings) -> int:
     try:
         tls_contexts(settings)
         bind(settings, reuse_port=True).close()
-        asyncio.run(check_database(settings.resolved_database_url()))
+        asyncio.run(check_databases(settings))
     except StartupError as exc:
         print(f"leasehold: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_STARTUP

@@ -7,6 +7,9 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: A PostgreSQL interval the partition settings accept: a count and a unit.
+_INTERVAL = r"^[1-9][0-9]* (hour|day|week|month|year)s?$"
+
 
 class GatewaySettings(BaseSettings):
     """Every setting the Gateway reads. Environment variables are ``LEASEHOLD_<NAME>``."""
@@ -16,6 +19,15 @@ class GatewaySettings(BaseSettings):
     database_url: str | None = Field(
         None, validation_alias=AliasChoices("database_url", "LEASEHOLD_DATABASE_URL", "DATABASE_URL"),
         description="PostgreSQL URL, postgresql://USER@HOST:PORT/DB (also read from DATABASE_URL); required")
+    read_database_url: str | None = Field(
+        None, description="PostgreSQL URL of a streaming replica for the operator reads that tolerate lag (GET of "
+                          "lists, details, counts, findings, events; the console's pages); not set: the primary")
+    notify_database_url: str | None = Field(
+        None, description="PostgreSQL URL for the LISTEN connection of wake-ups; behind a transaction-pooling proxy "
+                          "point it at the server itself (not set: the database URL)")
+    prepared_statements: bool = Field(
+        True, description="let the database driver prepare frequent statements on the server; turn off behind a "
+                          "transaction-pooling proxy that does not track them (PgBouncer before 1.21)")
     host: str = Field("127.0.0.1", description="address to listen on")
     worker_port: int = Field(8443, ge=0, le=65535, description="HTTPS port of the worker API (mTLS required)")
     operator_port: int = Field(8444, ge=0, le=65535,
@@ -68,6 +80,12 @@ class GatewaySettings(BaseSettings):
                           "UTC day); put it where the database host cannot rewrite it")
     seal_interval_seconds: float = Field(
         5.0, gt=0, le=3600, description="how often to write and publish a signed seal (with seal_key_file)")
+    partition_interval_seconds: float = Field(
+        3600.0, ge=0, le=86400, description="how often to create the event log's time partitions ahead of time "
+                                            "(also at start); 0 disables")
+    partition_span: str = Field("1 month", pattern=_INTERVAL, description="range of each new event log partition")
+    partition_ahead: str = Field("2 months", pattern=_INTERVAL,
+                                 description="how far ahead of now the event log's partitions must reach")
     schedule_interval_seconds: float = Field(
         1.0, ge=0, le=600, description="how often to start due scheduled scans; 0 disables")
     cancel_grace_seconds: int = Field(30, ge=1, le=3600,
@@ -97,6 +115,10 @@ class GatewaySettings(BaseSettings):
         if self.admin_api_key_file is not None:
             return self.admin_api_key_file.read_text().strip() or None
         return None
+
+    def notify_url(self) -> str:
+        """Where the LISTEN connection goes: ``notify_database_url``, else the database URL."""
+        return self.notify_database_url or self.resolved_database_url()
 
     def resolved_database_url(self) -> str:
         """The database to use; the command line resolves "none given" before the Gateway starts."""

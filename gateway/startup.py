@@ -22,8 +22,8 @@ from gateway.settings import GatewaySettings
 from gateway.tls import PkiError, PkiPaths, load_pki, server_ssl_context
 from persistence.urls import database_label
 
-__all__ = ["CONNECT_TIMEOUT_SECONDS", "Listeners", "StartupError", "bind", "check_database", "operator_ssl_context",
-           "tls_contexts", "tls_paths"]
+__all__ = ["CONNECT_TIMEOUT_SECONDS", "Listeners", "StartupError", "bind", "check_database", "check_databases",
+           "operator_ssl_context", "tls_contexts", "tls_paths"]
 
 #: How long the start-up check waits for the database to answer.
 CONNECT_TIMEOUT_SECONDS = 5
@@ -153,16 +153,16 @@ def bind(settings: GatewaySettings, *, reuse_port: bool = False) -> Listeners:
     return Listeners(bound[0], bound[1], bound[2] if len(bound) > 2 else None)
 
 
-async def check_database(url: str) -> str | None:
+async def check_database(url: str, what: str = "database") -> str | None:
     """Connect once and read the schema revision: unreachable, refusing or at another revision
     than this Gateway's is a :class:`StartupError`. Returns the revision."""
     label = database_label(url)
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=True)
     except psycopg.ProgrammingError as exc:
-        raise StartupError(f"invalid database URL for {label}: {_first_line(exc)}") from exc
+        raise StartupError(f"invalid {what} URL for {label}: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
-        raise StartupError(f"cannot connect to the database at {label}: {_first_line(exc)}") from exc
+        raise StartupError(f"cannot connect to the {what} at {label}: {_first_line(exc)}") from exc
     try:
         found = await read_revision_async(conn)
     except psycopg.Error as exc:
@@ -174,6 +174,15 @@ async def check_database(url: str) -> str | None:
     if problem is not None:
         raise StartupError(f"{label}: {problem}")
     return status.found
+
+
+async def check_databases(settings: GatewaySettings) -> None:
+    """:func:`check_database` on the database, then on the read database (a replica must be at
+    this Gateway's revision too) and the notify database when they are set."""
+    await check_database(settings.resolved_database_url())
+    for url, what in ((settings.read_database_url, "read database"), (settings.notify_database_url, "notify database")):
+        if url:
+            await check_database(url, what)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -70,9 +70,12 @@ class ChainWalk:
 
 
 async def walk_chains(conn: AsyncConnection[Any], *, batch_size: int = 20_000,
-                      progress: Callable[[int], None] | None = None) -> ChainWalk:
+                      progress: Callable[[int], None] | None = None,
+                      seed: dict[UUID, tuple[int, bytes]] | None = None) -> ChainWalk:
     """Walk every stream's chain in order, in one pass over the log; the first break of each
     broken stream. ``progress`` is called with the events walked so far after each batch.
+    ``seed`` gives, for streams whose earlier events are archived, the (version, hash) their
+    first event in the log must follow (else a stream starts at v1 from 32 zero bytes).
 
     The log is read through a server-side cursor (memory holds one batch), inside the caller's
     transaction, or in one of its own when ``conn`` has none.
@@ -86,7 +89,7 @@ async def walk_chains(conn: AsyncConnection[Any], *, batch_size: int = 20_000,
         while rows := await cur.fetchmany(batch_size):
             for oid, version, topic, state, prev_hash, h in rows:
                 if oid != current:
-                    current, prev, broken = oid, None, False
+                    current, prev, broken = oid, seed.get(oid) if seed else None, False
                     walk.streams += 1
                 if not broken:
                     problem = check_link(prev, oid, version, topic, state, prev_hash, h)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -225,9 +225,15 @@ class CheckpointProblem:
         return f"{where}checkpoint {self.checkpoint_id}: {self.problem}"
 
 
-async def verify_checkpoints(conn: AsyncConnection[Any]) -> tuple[list[Checkpoint], list[CheckpointProblem]]:
+ArchivedHashes = Callable[[set[tuple[UUID, int]]], dict[tuple[UUID, int], bytes]]
+
+
+async def verify_checkpoints(conn: AsyncConnection[Any], *, archived: ArchivedHashes | None = None
+                             ) -> tuple[list[Checkpoint], list[CheckpointProblem]]:
     """Check the checkpoint chain itself (seals, counts, no regressions), then the log against
-    every sealed head; the first problem per stream, and every problem of the chain.
+    every sealed head; the first problem per stream, and every problem of the chain. A sealed
+    head no longer in the log is held against ``archived`` (the hashes of archived events,
+    looked up by (stream, version)) when given.
 
     Runs in the caller's transaction (a :func:`persistence.snapshot.snapshot`, as ``verify_log`` does).
     """
@@ -268,13 +274,13 @@ async def verify_checkpoints(conn: AsyncConnection[Any]) -> tuple[list[Checkpoin
         if seal_of(c.prev_seal, c.created_at, c.head_count, c.event_count, deltas[c.id]) != c.seal:
             problems.append(CheckpointProblem(c.id, "seal does not match its heads (the checkpoint was edited)"))
         prev_seal = c.seal
-    problems.extend(await _log_against_heads(conn))
+    problems.extend(await _log_against_heads(conn, archived))
     return checkpoints, problems
 
 
 _MISMATCHES = """
 SELECT h.checkpoint_id, h.originator_id, h.originator_version, e.hash IS NOT NULL,
-       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.originator_id)
+       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.originator_id), h.hash
 FROM checkpoint_heads h
 LEFT JOIN events e ON e.originator_id = h.originator_id AND e.originator_version = h.originator_version
 WHERE e.hash IS DISTINCT FROM h.hash
@@ -282,16 +288,27 @@ ORDER BY h.originator_id, h.checkpoint_id
 """
 
 
-async def _log_against_heads(conn: AsyncConnection[Any]) -> list[CheckpointProblem]:
-    """Every sealed head must still be in the log, with the same hash: the first miss per stream."""
+async def _log_against_heads(conn: AsyncConnection[Any], archived: ArchivedHashes | None
+                             ) -> list[CheckpointProblem]:
+    """Every sealed head must still be in the log (or in an archive), with the same hash: the
+    first miss per stream."""
     cur = await conn.execute(_MISMATCHES)
+    rows = await cur.fetchall()
+    found: dict[tuple[UUID, int], bytes] = {}
+    if archived is not None:
+        found = archived({(r[1], r[2]) for r in rows if not r[3]})
     out: list[CheckpointProblem] = []
     seen: set[UUID] = set()
-    for cid, oid, version, present, live_head in await cur.fetchall():
+    for cid, oid, version, present, live_head, sealed in rows:
+        in_archive = found.get((oid, version))
+        if not present and in_archive is not None and in_archive == bytes(sealed):
+            continue
         if oid in seen:
             continue
         seen.add(oid)
-        if live_head is None:
+        if in_archive is not None:
+            problem = "hash in the archive differs from the sealed one (the archive or the seal was rewritten)"
+        elif live_head is None:
             problem = "stream deleted: sealed here, but the log has no event of it"
         elif not present:
             problem = f"tail truncated: sealed here, but the log ends at v{live_head}"

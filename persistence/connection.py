@@ -52,7 +52,14 @@ async def connect(url: str, **kwargs: Any) -> AsyncConnection[Any]:
     return conn
 
 
-def create_pool(url: str, *, min_size: int = 2, max_size: int = 20, **kwargs: Any) -> AsyncConnectionPool:
-    """A connection pool whose connections are configured; open it with ``await pool.open()``."""
+def create_pool(url: str, *, min_size: int = 2, max_size: int = 20, prepare: bool = True,
+                **kwargs: Any) -> AsyncConnectionPool:
+    """A connection pool whose connections are configured; open it with ``await pool.open()``.
+
+    ``prepare=False``: psycopg never prepares a statement on the server (``prepare_threshold=None``).
+    A transaction-pooling proxy hands each transaction to any server connection, where a statement
+    prepared by an earlier transaction may be missing, or already exist under the same name."""
+    if not prepare:
+        kwargs["kwargs"] = {**kwargs.get("kwargs", {}), "prepare_threshold": None}
     return AsyncConnectionPool(url, min_size=min_size, max_size=max_size, configure=configure,
                                open=False, **kwargs)

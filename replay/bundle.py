@@ -76,7 +76,7 @@ def _json_or_raw(raw: bytes, *, sort_keys: bool = False) -> tuple[Any, str | Non
     return value, base64.b64encode(raw).decode()
 
 
-def _event_line(row: StoredRow) -> dict[str, Any]:
+def event_line(row: StoredRow) -> dict[str, Any]:
     state, raw = _json_or_raw(row.state)
     line: dict[str, Any] = {
         "notification_id": row.notification_id, "originator_id": str(row.originator_id),
@@ -96,7 +96,7 @@ async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, ou
 
     Reads everything in the caller's transaction: run it inside :func:`persistence.snapshot.snapshot`.
     """
-    _require_empty(out)
+    require_empty(out)
     if kind == "task":
         await require_stream(conn, subject, "TaskCreated")
         rows = await stream_rows(conn, subject)
@@ -107,7 +107,7 @@ async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, ou
         task_ids = await scan_task_ids(conn, subject, scan_rows)
         rows = sorted(scan_rows + await rows_of_streams(conn, task_ids), key=lambda r: r.notification_id)
         types = {subject: "scan", **{t: "task" for t in task_ids}}
-    batches = await _batch_lines(conn, rows)
+    batches = await batch_lines(conn, rows)
     files = _write_files(out, rows, batches)
     streams: dict[UUID, list[StoredRow]] = {}
     for row in rows:
@@ -132,11 +132,11 @@ async def export_bundle(conn: AsyncConnection[Any], subject: UUID, kind: str, ou
         (out / SIGNATURE).write_bytes(orjson.dumps({
             "format": SIGNATURE_FORMAT, "key_id": key_id(signing_key.public_key()),
             "signature": base64.b64encode(signing_key.sign(body)).decode()}, option=orjson.OPT_INDENT_2))
-    problems = _chain_problems(_event_line(r) for r in rows)
+    problems = _chain_problems(event_line(r) for r in rows)
     return Exported(out, len(streams), len(rows), len(batches), hashlib.sha256(body).hexdigest(), problems)
 
 
-async def _batch_lines(conn: AsyncConnection[Any], rows: list[StoredRow]) -> list[dict[str, Any]]:
+async def batch_lines(conn: AsyncConnection[Any], rows: list[StoredRow]) -> list[dict[str, Any]]:
     accepted = [(row, event) for row in rows
                 if row.event_type == "ResultBatchAccepted" and isinstance(event := row.decode(), ResultBatchAccepted)]
     found = await Reader(conn).all("payloads_by_sha256", {"sha256s": sorted({e.payload_sha256 for _, e in accepted})})
@@ -175,7 +175,7 @@ async def _checkpoint_section(conn: AsyncConnection[Any], streams: list[UUID]) -
             "head_count": latest.head_count, "event_count": latest.event_count, "sealed_heads": heads}
 
 
-def _require_empty(out: Path) -> None:
+def require_empty(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory")
 
@@ -183,7 +183,7 @@ def _require_empty(out: Path) -> None:
 def _write_files(out: Path, rows: list[StoredRow], batches: list[dict[str, Any]]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     return {
-        "events.jsonl": _write_lines(out / "events.jsonl", (_event_line(r) for r in rows)),
+        "events.jsonl": _write_lines(out / "events.jsonl", (event_line(r) for r in rows)),
         "batches.jsonl": _write_lines(out / "batches.jsonl", batches),
     }
 
@@ -208,7 +208,7 @@ def _write_lines(path: Path, lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
 # --- verification (offline) ------------------------------------------------------------------
 
 
-def _raw_state(line: dict[str, Any]) -> bytes:
+def raw_state(line: dict[str, Any]) -> bytes:
     if "state_raw_base64" in line:
         return base64.b64decode(line["state_raw_base64"])
     return orjson.dumps(line["state"])
@@ -224,7 +224,7 @@ def _chain_problems(lines: Iterable[dict[str, Any]]) -> list[str]:
         prev: tuple[int, bytes] | None = None
         for line in sorted(slines, key=lambda x: x["originator_version"]):
             version = line["originator_version"]
-            problem = check_link(prev, UUID(oid), version, line["topic"], _raw_state(line),
+            problem = check_link(prev, UUID(oid), version, line["topic"], raw_state(line),
                                  bytes.fromhex(line["prev_hash"]), bytes.fromhex(line["hash"]))
             if problem is not None:
                 problems.append(f"stream {oid} v{version}: {problem}")
@@ -244,7 +244,7 @@ def verify_bundle(directory: Path, *, public_key: Ed25519PublicKey | None = None
     except (OSError, orjson.JSONDecodeError) as exc:
         return {}, [f"manifest.json: cannot be read ({exc})"]
     if public_key is not None:
-        problems += _signature_problems(directory, body, public_key)
+        problems += signature_problems(directory, body, public_key)
     if manifest.get("format") != FORMAT:
         problems.append(f"manifest.json: unknown format {manifest.get('format')!r}")
     contents: dict[str, bytes] = {}
@@ -275,7 +275,7 @@ def verify_bundle(directory: Path, *, public_key: Ed25519PublicKey | None = None
     return {"subject": manifest.get("subject"), **counts}, problems
 
 
-def _signature_problems(directory: Path, body: bytes, public_key: Ed25519PublicKey) -> list[str]:
+def signature_problems(directory: Path, body: bytes, public_key: Ed25519PublicKey) -> list[str]:
     try:
         sig = orjson.loads((directory / SIGNATURE).read_bytes())
         signature = base64.b64decode(sig["signature"], validate=True)
@@ -303,7 +303,7 @@ def _parse_lines(name: str, data: bytes, problems: list[str]) -> list[dict[str, 
 def _event_problems(events: list[dict[str, Any]]) -> list[str]:
     problems = []
     for line in events:
-        raw = _raw_state(line)
+        raw = raw_state(line)
         if "state_raw_base64" in line and line.get("state") is not None and orjson.loads(raw) != line["state"]:
             problems.append(f"stream {line['originator_id']} v{line['originator_version']}:"
                             " state and state_raw_base64 disagree")

@@ -28,7 +28,7 @@ from uuid import UUID
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from psycopg import AsyncConnection
 
-from persistence.checkpoints import GENESIS_SEAL, Checkpoint, seal_of
+from persistence.checkpoints import GENESIS_SEAL, ArchivedHashes, Checkpoint, seal_of
 from persistence.seals import FORMAT, DigestSink, heads_of, open_sink, signature_problem
 from persistence.transaction import Reader
 
@@ -123,16 +123,21 @@ def load_digests(location: str | Path | DigestSink, public_key: Ed25519PublicKey
     return out
 
 
-async def log_against_digests(conn: AsyncConnection[Any], digests: Digests, checkpoints: list[Checkpoint]
-                              ) -> tuple[list[DigestProblem], Unsealed]:
+async def log_against_digests(conn: AsyncConnection[Any], digests: Digests, checkpoints: list[Checkpoint],
+                              archived: ArchivedHashes | None = None) -> tuple[list[DigestProblem], Unsealed]:
     """Compare the log (and the database's checkpoints) with the folded digests, in the caller's
-    snapshot; the problems, and the unsealed window."""
+    snapshot; the problems, and the unsealed window. A sealed head no longer in the log is looked
+    up in ``archived`` (the archives' hashes by (stream, version)) when given."""
     problems: list[DigestProblem] = []
     oids = list(digests.heads)
     versions = [digests.heads[o][0] for o in oids]
     reader = Reader(conn)
-    for oid, version, present, live_head in await reader.all("events_against_sealed_heads", {
-            "oids": oids, "versions": versions, "hashes": [digests.heads[o][1] for o in oids]}):
+    mismatches = await reader.all("events_against_sealed_heads", {
+        "oids": oids, "versions": versions, "hashes": [digests.heads[o][1] for o in oids]})
+    in_archives = archived({(r[0], r[1]) for r in mismatches if not r[2]}) if archived is not None else {}
+    for oid, version, present, live_head in mismatches:
+        if not present and in_archives.get((oid, version)) == digests.heads[oid][1]:
+            continue  # archived, as sealed
         if live_head is None:
             message = "stream deleted: a digest sealed it, but the log has no event of it"
         elif not present:

@@ -20,7 +20,9 @@ from psycopg import AsyncConnection
 
 from persistence.chain import walk_chains
 from persistence.checkpoints import Checkpoint, CheckpointProblem, verify_checkpoints
+from persistence.partitions import archive_records
 from persistence.snapshot import snapshot
+from replay.archive import ArchiveSet
 from replay.digests import DigestProblem, Digests, Unsealed, log_against_digests
 
 
@@ -35,7 +37,8 @@ class Problem:
     checkpoint_id: int | None = None
 
     def __str__(self) -> str:
-        where = f"stream {self.originator_id} v{self.version}" if self.originator_id else "checkpoints"
+        where = (f"stream {self.originator_id} v{self.version}" if self.originator_id
+                 else "archives" if self.source == "archive" else "checkpoints")
         cp = f" [checkpoint {self.checkpoint_id}]" if self.checkpoint_id is not None else ""
         return f"{where}: {self.message}{cp}"
 
@@ -50,6 +53,8 @@ class IntegrityReport:
     #: With digests: how many records, the newest one, and what no digest covers yet.
     digests: Digests | None = None
     unsealed: Unsealed | None = None
+    #: Events read from archives (``--archive``), besides the live log's ``events``.
+    archived_events: int = 0
 
     @property
     def ok(self) -> bool:
@@ -61,24 +66,44 @@ class IntegrityReport:
 
 
 async def verify_log(conn: AsyncConnection[Any], *, progress: Callable[[int], None] | None = None,
-                     digests: Digests | None = None) -> IntegrityReport:
+                     digests: Digests | None = None, archives: ArchiveSet | None = None) -> IntegrityReport:
     """Chains and checkpoints (and the log against ``digests``, when given: see
-    :mod:`replay.digests`), in one snapshot; problems sorted by stream and version."""
+    :mod:`replay.digests`), in one snapshot; problems sorted by stream and version.
+
+    With ``archives`` (verified and joined already), each stream's chain continues from where
+    its archived part ends, a sealed head that was archived is found in its archive, every
+    partition the register says was archived must be among them, and each of them must be in
+    the register. Without them, a log whose old partitions were archived reports those
+    partitions as missing."""
     started = time.perf_counter()
     unsealed = None
     digest_problems: list[DigestProblem] = list(digests.problems) if digests is not None else []
+    given = archives or ArchiveSet([])
     async with snapshot(conn):
-        walk = await walk_chains(conn, progress=progress)
-        checkpoints, cp_problems = await verify_checkpoints(conn)
+        walk = await walk_chains(conn, progress=progress, seed=given.tails)
+        checkpoints, cp_problems = await verify_checkpoints(conn, archived=given.hashes_at)
         if digests is not None:
-            found, unsealed = await log_against_digests(conn, digests, checkpoints)
+            found, unsealed = await log_against_digests(conn, digests, checkpoints, given.hashes_at)
             digest_problems += found
-    problems = [Problem("chain", b.originator_id, b.originator_version, b.problem) for b in walk.breaks]
+        register = await archive_records(conn)
+    problems = [Problem("archive", None, None, p) for p in given.problems]
+    for record in register:
+        if record.manifest_sha256 not in given.manifests:
+            problems.append(Problem("archive", None, None, (
+                f"partition {record.partition_name} (up to {record.upper_bound.isoformat()}, {record.events} events)"
+                f" was archived with manifest sha256 {record.manifest_sha256}: give that archive (--archive)")))
+    registered = {r.manifest_sha256 for r in register}
+    for check in given.checks:
+        if check.manifest_sha256 and check.manifest_sha256 not in registered:
+            problems.append(Problem("archive", None, None, (
+                f"archive {check.directory}: its manifest (sha256 {check.manifest_sha256}) is not in the"
+                " log's register of archived partitions")))
+    problems += [Problem("chain", b.originator_id, b.originator_version, b.problem) for b in walk.breaks]
     problems += [_from_checkpoint(p) for p in cp_problems]
     problems += [Problem("digest", p.originator_id, p.version, p.message, p.checkpoint_id) for p in digest_problems]
     problems.sort(key=lambda p: (p.originator_id is not None, str(p.originator_id), p.version or 0, p.source))
     return IntegrityReport(walk.streams, walk.events, checkpoints, problems, time.perf_counter() - started,
-                           digests, unsealed)
+                           digests, unsealed, sum(c.events for c in given.checks))
 
 
 def _from_checkpoint(p: CheckpointProblem) -> Problem:

@@ -9,8 +9,10 @@ their "transition" stays put and they are flagged ``rejected``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -21,7 +23,8 @@ from domain.task import TaskState, evolve
 from persistence.event_log import StoredRow, rows_of_streams, stream_rows
 from projections.memory import MemoryTables
 from projections.projector import project
-from replay.log import require_stream, scan_task_ids
+from replay.archive import archived_rows
+from replay.log import NotFound, require_stream, scan_task_ids
 
 _BASE_FIELDS = frozenset({"originator_id", "originator_version", "timestamp", "actor"})
 
@@ -65,25 +68,54 @@ class Entry:
         }
 
 
-async def task_timeline(conn: AsyncConnection[Any], task_id: UUID) -> list[Entry]:
-    """The task's events in version order."""
-    await require_stream(conn, task_id, "TaskCreated")
-    return _task_entries(await stream_rows(conn, task_id))
+async def task_timeline(conn: AsyncConnection[Any], task_id: UUID, *,
+                        archives: Sequence[Path] = ()) -> list[Entry]:
+    """The task's events in version order; with ``archives`` (archived partitions), its
+    archived events first."""
+    rows = _joined(archived_rows(list(archives), {task_id}) if archives else [], await stream_rows(conn, task_id))
+    await _require_first(conn, task_id, rows, "TaskCreated", archived=bool(archives))
+    return _task_entries(rows)
 
 
-async def scan_timeline(conn: AsyncConnection[Any], scan_id: UUID) -> list[Entry]:
-    """The scan's events and all its tasks' events, merged by time (then log order)."""
-    await require_stream(conn, scan_id, "ScanCreated")
-    scan_rows = await stream_rows(conn, scan_id)
+async def scan_timeline(conn: AsyncConnection[Any], scan_id: UUID, *,
+                        archives: Sequence[Path] = ()) -> list[Entry]:
+    """The scan's events and all its tasks' events, merged by time (then log order); with
+    ``archives``, their archived events too."""
+    scan_rows = _joined(archived_rows(list(archives), {scan_id}) if archives else [], await stream_rows(conn, scan_id))
+    await _require_first(conn, scan_id, scan_rows, "ScanCreated", archived=bool(archives))
     task_ids = await scan_task_ids(conn, scan_id, scan_rows)
     by_stream: dict[UUID, list[StoredRow]] = {t: [] for t in task_ids}
-    for row in await rows_of_streams(conn, task_ids):
+    live = await rows_of_streams(conn, task_ids)
+    for row in archived_rows(list(archives), set(task_ids)) + live if archives else live:
         by_stream[row.originator_id].append(row)
     entries = _scan_entries(scan_rows)
     for rows in by_stream.values():
         entries += _task_entries(sorted(rows, key=lambda r: r.originator_version))
     entries.sort(key=lambda e: (e.time, e.notification_id))
     return _with_scan_status(scan_id, entries)
+
+
+def _joined(archived: list[StoredRow], live: list[StoredRow]) -> list[StoredRow]:
+    """One stream's archived and live events, in version order (a version in both: the live one)."""
+    by_version = {r.originator_version: r for r in archived}
+    by_version.update((r.originator_version, r) for r in live)
+    return [by_version[v] for v in sorted(by_version)]
+
+
+async def _require_first(conn: AsyncConnection[Any], stream_id: UUID, rows: list[StoredRow], expected: str, *,
+                         archived: bool) -> None:
+    """Raise :class:`NotFound` unless ``rows`` are a whole stream of the ``expected`` kind."""
+    if not archived and (not rows or rows[0].originator_version == 1):
+        await require_stream(conn, stream_id, expected)
+        return
+    if not rows:
+        raise NotFound(f"no events for {stream_id} in the log or the archives given")
+    if rows[0].originator_version != 1:
+        raise NotFound(f"{stream_id}: its events before v{rows[0].originator_version} were archived and are in"
+                       " no archive given (--archive)")
+    if rows[0].event_type != expected:
+        raise NotFound(f"{stream_id} is a {rows[0].event_type} stream, not a {expected.removesuffix('Created')}"
+                       " stream")
 
 
 def _with_scan_status(scan_id: UUID, entries: list[Entry]) -> list[Entry]:

@@ -117,11 +117,11 @@ from gateway.auth import operator_identity
 from gateway.commands.lifecycle import TaskSpec
 from gateway.commands.registry import IssuedKey
 from gateway.identity import Operator
-from gateway.keys import SEALER, SERVICES
+from gateway.keys import READ_DATABASE, SEALER, SERVICES
 from gateway.services import Services
 from persistence.event_log import decode_event
 from persistence.task_rows import task_from_row
-from persistence.transaction import Reader
+from persistence.transaction import Database, Reader
 
 log = logging.getLogger("leasehold.gateway")
 routes = RouteTable()
@@ -146,6 +146,19 @@ def _services(request: web.Request) -> Services:
     return request.app[SERVICES]
 
 
+#: Methods whose reads may be served by the read database (a replica when one is configured).
+_LAG_TOLERANT = frozenset({"GET", "HEAD"})
+
+
+def reads(request: web.Request) -> Database:
+    """Where this request's reads go (the console's pages' too): a GET's to the read database
+    (``read_database_url``: a replica, which may lag the primary by its replay delay); a request
+    that writes reads back from the primary, so its answer shows its own change."""
+    if request.method in _LAG_TOLERANT:
+        return request.app[READ_DATABASE]
+    return _services(request).db
+
+
 def _path_id(request: web.Request, name: str, what: str) -> UUID:
     raw = request.match_info[name]
     try:
@@ -161,7 +174,7 @@ def _see_organization(operator: Operator, organization_id: UUID) -> None:
 
 async def _organization(request: web.Request, operator: Operator, organization_id: UUID) -> Organization:
     _see_organization(operator, organization_id)
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("organization_get", {"organization_id": organization_id})
     if row is None:
         raise NotFound("no such organisation", organization_id=str(organization_id))
@@ -193,7 +206,7 @@ async def _workers(reader: Reader, operator: Operator, rows: list[Any], *, with_
 async def read_worker(request: web.Request, operator: Operator, worker_id: UUID, *,
                       with_leases: bool = True) -> Worker:
     """The worker as ``operator`` may see it; 404 when it does not exist or is not theirs."""
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("worker_get", {"worker_id": worker_id, "organization_id": operator.organization_id})
         if row is None:
             raise NotFound("no such worker", worker_id=str(worker_id))
@@ -202,7 +215,7 @@ async def read_worker(request: web.Request, operator: Operator, worker_id: UUID,
 
 
 async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
     if row is None or not operator.can_see(row[1]):
         raise NotFound("no such scan", scan_id=str(scan_id))
@@ -210,7 +223,7 @@ async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> 
 
 
 async def see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         row = await reader.one("task_organization", {"task_id": task_id})
     if row is None or not operator.can_see(row[0]):
         raise NotFound("no such task", task_id=str(task_id))
@@ -218,7 +231,7 @@ async def see_task(request: web.Request, operator: Operator, task_id: UUID) -> N
 
 async def read_task(request: web.Request, operator: Operator, task_id: UUID) -> Task:
     """The task with every attempt, read in one snapshot."""
-    async with _services(request).db.snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         row = await reader.one("task_get", {"task_id": task_id})
         if row is None or not operator.can_see(row[5]):
             raise NotFound("no such task", task_id=str(task_id))
@@ -249,7 +262,7 @@ async def create_organization(request: web.Request) -> web.StreamResponse:
 async def list_organizations(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     page = read_query(request, PageQuery)
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         items = [Organization.of(r) for r in await reader.all("organizations_page", {
             "after": page.after, "visible_to": operator.organization_id, "limit": page.limit + 1})]
     return ok(OrganizationPage(items=items[:page.limit], next_after=_next_after(items, page.limit)))
@@ -373,7 +386,7 @@ async def list_workers(request: web.Request) -> web.StreamResponse:
 async def workers_page(request: web.Request, operator: Operator, page: PageQuery, *,
                        with_leases: bool = True) -> WorkerPage:
     """One page of the workers ``operator`` may see, in id order."""
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         rows = await reader.all("workers_page", {
             "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1})
         items = await _workers(reader, operator, rows, with_leases=with_leases) if rows else []
@@ -584,7 +597,7 @@ async def cancel_scan(request: web.Request) -> web.StreamResponse:
 async def _findings(request: web.Request, query_name: str, **params: Any) -> list[Any]:
     """Rows of a findings query (assets, threats), limited by the request's ``?limit=``."""
     query = read_query(request, FindingsQuery)
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         return await reader.all(query_name, {**params, "limit": query.limit})
 
 
@@ -648,7 +661,7 @@ async def task_events(request: web.Request) -> web.StreamResponse:
 
 async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> EventPage:
     """A page of the task's events, decoded and redacted (the caller checked visibility)."""
-    async with _services(request).db.read() as reader:
+    async with reads(request).read() as reader:
         rows = await reader.all("events_of_stream", {
             "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
     items = []
@@ -988,7 +1001,7 @@ async def list_scans(request: web.Request) -> web.StreamResponse:
 async def scans_page(request: web.Request, operator: Operator, query: ScanListQuery) -> ScanPage:
     """One page of the scans ``operator`` may see (404 naming an organisation it cannot)."""
     params = {**_page_params(operator, query), "status": query.status}
-    async with _services(request).db.snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
         items = [Scan.of(r) for r in await reader.all("scans_page", params)]
     return ScanPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit))
@@ -1004,7 +1017,7 @@ async def get_scan_detail(request: web.Request) -> web.StreamResponse:
 
 async def scan_detail(request: web.Request, operator: Operator, scan_id: UUID) -> ScanDetail:
     """The scan with its jobs and their tasks, read in one snapshot (404 when not visible)."""
-    async with _services(request).db.snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
         if row is None or not operator.can_see(row[1]):
             raise NotFound("no such scan", scan_id=str(scan_id))
@@ -1022,7 +1035,7 @@ async def list_tasks(request: web.Request) -> web.StreamResponse:
     query = read_query(request, TaskListQuery)
     params = {**_page_params(operator, query), "state": query.state, "task_type": query.task_type,
               "scan_id": query.scan_id, "worker_id": query.worker_id}
-    async with _services(request).db.snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
         items = [task_summary(r) for r in await reader.all("tasks_page", params)]
     return ok(TaskPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
@@ -1044,7 +1057,7 @@ async def get_counts(request: web.Request) -> web.StreamResponse:
 async def counts(request: web.Request, operator: Operator, organization_id: UUID | None) -> Counts:
     """Tasks by state, scans by status and the queue per organisation ``operator`` may see."""
     params = {"organization_id": scope(operator, organization_id), "now": None}
-    async with _services(request).db.snapshot() as reader:
+    async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
         tasks = await reader.all("task_counts", params)
         scans = await reader.all("scan_counts", params)

@@ -165,7 +165,7 @@ async def last_hour(request: web.Request, operator: Operator) -> LastHour:
     """Attempts completed and failed per 5 minutes, lease expiries and rejected writes over the
     last hour, of the organisations the key sees; every read bounded by time through an index."""
     org = operator.organization_id
-    async with request.app[SERVICES].db.snapshot() as reader:
+    async with api.reads(request).snapshot() as reader:
         await reader.one("console_plans", {})
         (now,) = await reader.one("snapshot_now", {"now": None}) or (None,)
         since = now - BUCKET * BUCKETS
@@ -245,7 +245,7 @@ async def scan(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                      '<input id="reason" name="reason" maxlength="1000" value="{}">'
                      '<p><button type="submit">Cancel this scan</button></p></form>', ROOT, s.id, csrf,
                      CancelScan().reason)
-    async with request.app[SERVICES].db.read() as reader:
+    async with api.reads(request).read() as reader:
         found = [Asset.of(r) for r in await reader.all("scan_assets", {"scan_id": s.id, "limit": ASSETS_SHOWN + 1})]
     assets = table(f"Assets found (the first {ASSETS_SHOWN}; all through GET /v1/scans/{{id}}/assets)"
                    if len(found) > ASSETS_SHOWN else "Assets found", ["Kind", "Value", "First seen", "Last seen"],
@@ -329,7 +329,7 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
 
 async def _chain_links(request: web.Request, task_id: UUID, through: int) -> dict[int, str | None]:
     """Each event's hash-chain link, through version ``through``: None when it holds, else what is wrong."""
-    async with request.app[SERVICES].db.read() as reader:
+    async with api.reads(request).read() as reader:
         rows = await reader.all("console_chain_links", {"originator_id": task_id, "through": through})
     found: dict[int, str | None] = {}
     prev: tuple[int, bytes] | None = None

@@ -28,7 +28,6 @@ from gateway.console.web import (
     task_link,
 )
 from gateway.identity import Operator
-from gateway.keys import SERVICES
 
 WORKERS = ROOT + "/workers"
 WORKER = WORKERS + "/{worker_id:" + UUID_PATTERN + "}"
@@ -57,7 +56,7 @@ async def workers(request: web.Request, operator: Operator, csrf: str) -> web.St
     after = query_id(request, "after")
     found = await api.workers_page(request, operator, PageQuery(limit=WORKERS_PER_PAGE, after=after),
                                    with_leases=False)
-    async with request.app[SERVICES].db.read() as reader:
+    async with api.reads(request).read() as reader:
         live: dict[UUID, int] = dict(await reader.all("console_live_lease_counts", {
             "worker_ids": [w.id for w in found.items], "organization_id": operator.organization_id}))
     head = join(fmt('<th scope="col">{}</th>', h) for h in
@@ -95,7 +94,7 @@ async def worker(request: web.Request, operator: Operator, csrf: str) -> web.Str
     w = await api.read_worker(request, operator, path_id(request, "worker_id", "worker"), with_leases=False)
     params = {"worker_ids": [w.id], "worker_id": w.id, "organization_id": operator.organization_id,
               "limit": LEASES_SHOWN}
-    async with request.app[SERVICES].db.read() as reader:
+    async with api.reads(request).read() as reader:
         ((_, live),) = await reader.all("console_live_lease_counts", params) or [(w.id, 0)]
         shown = [live_lease(r) for r in await reader.all("console_live_leases", params)]
     facts = fmt('<table id="worker"><caption>The worker</caption><thead><tr><th scope="col">Name</th>'
@@ -134,7 +133,7 @@ async def _confirmable(request: web.Request, operator: Operator) -> Worker:
 
 async def _live(request: web.Request, operator: Operator, worker_id: UUID) -> int:
     """How many live leases the worker holds (of the key's organisation's tasks, for an organisation key)."""
-    async with request.app[SERVICES].db.read() as reader:
+    async with api.reads(request).read() as reader:
         found = await reader.all("console_live_lease_counts", {"worker_ids": [worker_id],
                                                                "organization_id": operator.organization_id})
     return int(found[0][1]) if found else 0

@@ -87,6 +87,25 @@ def test_unreachable_database(pki: PkiPaths) -> None:
     assert "s3cret" not in stderr
 
 
+@pytest.mark.parametrize("setting", ["read", "notify"])
+def test_unreachable_read_or_notify_database(database_url: str, pki: PkiPaths, setting: str) -> None:
+    code, stderr, _ = serve("--database-url", database_url, f"--{setting}-database-url",
+                            "postgresql://leasehold:s3cret@127.0.0.1:1/replica", "--pki-dir", str(pki.directory),
+                            *ports())
+    assert code == 1
+    line = error_line(stderr)
+    assert f"cannot connect to the {setting} database at 127.0.0.1:1/replica" in line, line
+    assert "s3cret" not in stderr
+
+
+def test_read_database_at_another_revision(database_url: str, empty_database_url: str, pki: PkiPaths) -> None:
+    code, stderr, _ = serve("--database-url", database_url, "--read-database-url", empty_database_url,
+                            "--pki-dir", str(pki.directory), *ports())
+    assert code == 1
+    line = error_line(stderr)
+    assert "not migrated" in line, line
+
+
 def test_unmigrated_database(empty_database_url: str, pki: PkiPaths) -> None:
     code, stderr, _ = serve("--database-url", empty_database_url, "--pki-dir", str(pki.directory), *ports())
     assert code == 1

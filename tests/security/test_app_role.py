@@ -57,8 +57,14 @@ async def test_the_role_may_read_and_append_only(world: World, database_url: str
     "DELETE FROM events WHERE notification_id = (SELECT max(notification_id) FROM events)",
     "TRUNCATE events",
     "TRUNCATE events CASCADE",
+    # The partitioned log has no unique index across partitions, so an upsert on it cannot even
+    # be planned (InvalidColumnReference); on a partition, where the key is, the role has no right.
     "INSERT INTO events SELECT * FROM events LIMIT 1"
     " ON CONFLICT (originator_id, originator_version) DO UPDATE SET topic = 'x'",
+    "INSERT INTO events_p_initial SELECT * FROM events LIMIT 1"
+    " ON CONFLICT (originator_id, originator_version) DO UPDATE SET topic = 'x'",
+    "ALTER TABLE events DETACH PARTITION events_p_initial",
+    "DROP TABLE events_p_initial",
     "ALTER TABLE events DISABLE TRIGGER events_no_update",
     "ALTER TABLE events DISABLE TRIGGER ALL",
     "DROP TABLE events",
@@ -73,7 +79,10 @@ async def test_the_role_cannot_rewrite_the_log(world: World, database_url: str, 
         await conn.execute(f"SET ROLE {ROLE}")
         cur = await conn.execute("SELECT current_user")
         assert await cur.fetchone() == (ROLE,)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        refused: tuple[type[Exception], ...] = (psycopg.errors.InsufficientPrivilege,)
+        if statement.startswith("INSERT INTO events SELECT"):
+            refused = (psycopg.errors.InvalidColumnReference,)
+        with pytest.raises(refused):
             await conn.execute(statement)
         await conn.execute("RESET ROLE")
         assert await fingerprint(conn) == before
