@@ -131,7 +131,7 @@ async def test_filter_scans_by_status_and_organisation(console: Console, gateway
 async def test_an_expired_and_retried_task_shows_both_attempts_on_the_time_axis(
         console: Console, gateway: RunningGateway) -> None:
     gateway.lifecycle.retry_policy = RetryPolicy(base_seconds=0.05, cap_seconds=0.05)  # retried at once
-    task_id = await gateway.task(lease_seconds=1)
+    task_id = await gateway.task(lease_seconds=2)  # the retry must end inside its lease too
     first, second = await gateway.worker(), await gateway.worker()
     assert (await first.acquire()).body["lease"]["task"]["id"] == str(task_id)
     deadline = time.monotonic() + 15
