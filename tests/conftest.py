@@ -61,6 +61,12 @@ from support.gateway import LOOPBACK_ALLOWED, RunningGateway, running_gateway
 
 logger = logging.getLogger("tests.conftest")
 
+# pytest-xdist's worker processes inherit COLUMNS=80/LINES=24 from their launcher; the commands under
+# test size their tables by COLUMNS when stdout is not a terminal, so a run in one process and a run
+# in several would print differently. Tests see what a pipe in a plain shell sees: neither set.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_PREFIX = "leasehold_tmpl_"
 TEST_DB_PREFIX = "t_"

@@ -122,7 +122,9 @@ async def test_verify_since_a_checkpoint_refolds_only_the_groups_touched_after_i
         assert code == 0
         cur = await blocker.execute("SELECT transaction_xmin::text::bigint FROM checkpoints WHERE id = %s",
                                     (cp["id"],))
-        assert held is not None and await cur.fetchone() == held
+        # At most ours: the horizon is the server's, and another test's transaction may be older.
+        xmin = await cur.fetchone()
+        assert held is not None and xmin is not None and xmin[0] <= held[0]
     scan = await world.scans.create_scan(world.org, {"targets": ["10.9.0.0/24"]})
     fresh = await world.task(scan=scan)
     code, full = await cli_json("replay", "verify", *url)

@@ -376,6 +376,11 @@ async def test_lease_lost_on_renewal_stops_the_plugin_and_writes_nothing_more(
         pid = await read_pid(pid_file)
         try:
             [acquired] = [r for r in caplog.records if r.getMessage() == "task acquired"]
+
+            async def started() -> bool:  # the agent's start landed, so its renewal (not its start) meets the 409
+                return (await task_state(gateway, task_id))[0] == "running"
+
+            await eventually(started, what="the agent's start to land")
             # Someone else with this worker's identity takes the lease over (a fresh token for the
             # same attempt): the agent's token is now stale, and its next renewal gets a 409.
             taken = await worker.client.acquire(request_id=acquired.request_id)  # type: ignore[attr-defined]
