@@ -159,3 +159,10 @@ def test_replay_of_an_unmigrated_database_says_so(cli: Any, empty_database_url: 
     code, _, err = cli("replay", "verify", "--no-progress", "--database-url", empty_database_url)
     assert code == 1
     assert "is not a leasehold database (never migrated)" in err
+
+
+@pytest.mark.parametrize("action", [("verify", "--no-progress"), ("rebuild", "--no-progress", "--schema", "rebuilt")])
+def test_replay_names_its_database_once(action: tuple[str, ...], cli: Any, database_url: str) -> None:
+    """Replay's commands open several connections; the database is named in one line all the same."""
+    _, _, err = cli("replay", *action, env={"LEASEHOLD_DATABASE_URL": database_url})
+    assert err.splitlines().count(f"leasehold: database {database_label(database_url)}") == 1, err
