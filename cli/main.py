@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args))
     except CommandError as exc:
-        print(f"leasehold: error: {exc}", file=sys.stderr)
+        print(f"leasehold: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("leasehold: interrupted", file=sys.stderr)
