@@ -46,10 +46,14 @@ SPEC = TaskSpec(task_type="capacity", scope={"hosts": ["capacity.example.test"]}
 #: Sizes of the model's daily volumes (tasks a day).
 DAILY = (100_000, 1_000_000, 10_000_000)
 
+# A partition counts under its partitioned table (the event log is partitioned by time).
 _SIZES = """
-SELECT c.relname, pg_total_relation_size(c.oid)
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+SELECT root.relname, sum(pg_total_relation_size(c.oid))
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_class root ON root.oid = coalesce(pg_partition_root(c.oid), c.oid)
+WHERE n.nspname = 'public' AND c.relkind = 'r'
+GROUP BY root.relname
 """
 
 

@@ -32,7 +32,7 @@ from uuid import UUID
 import orjson
 
 from cli.arguments import iso_time
-from cli.dburl import add_database_options, check_reachable, resolve_database_url
+from cli.dburl import add_database_options, check_migrated, resolve_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from domain.errors import LeaseholdError
 from domain.targets import DEFAULT_DENIED_DOMAINS, DEFAULT_DENIED_NETWORKS, TargetPolicy, parse_policy
@@ -186,7 +186,7 @@ def _rotate_key(args: argparse.Namespace) -> int:
 def _database(args: argparse.Namespace) -> str:
     """The database this command works on (the one setting of every command), checked reachable."""
     url = resolve_database_url(args.database_url, embedded=args.embedded)
-    check_reachable(url)
+    check_migrated(url)
     return url
 
 

@@ -15,7 +15,7 @@ import sys
 
 from cli.main import EXIT_USAGE, CommandError
 
-__all__ = ["DATABASE_ENV", "add_database_options", "announce", "check_reachable", "configured_url",
+__all__ = ["DATABASE_ENV", "add_database_options", "announce", "check_migrated", "configured_url",
            "resolve_database_url"]
 
 #: Environment variables read, in order, when ``--database-url`` is not given.
@@ -67,19 +67,24 @@ def resolve_database_url(explicit: str | None = None, *, embedded: bool = False,
     return url
 
 
-def check_reachable(url: str, timeout: int = 10) -> None:
+def check_migrated(url: str, timeout: int = 10) -> None:
     """One plain connection, so that an unreachable database is one clear line at once rather
-    than a pool's retries."""
+    than a pool's retries; and a database that was never migrated is said to be one, rather than
+    left to fail on the first table it lacks."""
     import psycopg
 
+    from persistence.queries import QUERIES
     from persistence.urls import database_label
 
     try:
-        with psycopg.connect(url, connect_timeout=timeout):
-            pass
+        with psycopg.connect(url, connect_timeout=timeout) as conn:
+            row = conn.execute(QUERIES["schema_migrated"]).fetchone()
     except psycopg.Error as exc:
         raise CommandError(f"cannot connect to the database at {database_label(url)}: "
                            f"{' '.join(str(exc).split())}") from exc
+    if not (row and row[0]):
+        raise CommandError(f"{database_label(url)} is not a leasehold database (never migrated): "
+                           "run `leasehold migrate`, or check --database-url / LEASEHOLD_DATABASE_URL")
 
 
 def announce(url: str) -> None:

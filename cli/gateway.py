@@ -38,6 +38,8 @@ def _metavar(name: str) -> str:
     last = name.rsplit("_", 1)[-1]
     if last in ("seconds", "port", "file", "dir", "url", "host", "level", "size", "bytes"):
         return last.upper()
+    if last in ("span", "ahead"):
+        return "INTERVAL"
     return "N"
 
 

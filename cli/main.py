@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -193,6 +194,18 @@ def _database_error_message(exc: BaseException) -> str | None:
     return None
 
 
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (its write end then polls POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``leasehold`` command line; return the process exit code."""
     command = _chosen_command(argv)
@@ -210,10 +223,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args))
     except CommandError as exc:
-        print(f"leasehold: error: {exc}", file=sys.stderr)
+        print(f"leasehold: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("leasehold: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
+    except BrokenPipeError as exc:
+        if not _stdout_closed():
+            print(f"leasehold: error: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        # The reader of stdout went away (``leasehold … | head``): nothing to say, and nobody to
+        # say it to; stdout goes to /dev/null so that the interpreter's last flush stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return EXIT_FAILURE
     except Exception as exc:
         message = _database_error_message(exc)

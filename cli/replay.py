@@ -190,7 +190,11 @@ def _subject(args: argparse.Namespace) -> tuple[UUID, str]:
 
 
 def _url(args: argparse.Namespace) -> str:
-    return resolve_database_url(args.database_url, embedded=args.embedded)
+    """The database of this run, resolved (and named on stderr) once however often asked."""
+    if getattr(args, "_url", None) is None:
+        args._url = resolve_database_url(args.database_url, embedded=args.embedded)
+    url: str = args._url
+    return url
 
 
 def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
@@ -212,9 +216,7 @@ def _run(handler: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> C
 
 async def _connect(args: argparse.Namespace) -> Any:
     """A connection to the audited database, which must be a migrated leasehold database."""
-    if getattr(args, "_url", None) is None:
-        args._url = _url(args)
-    conn = await connect(args._url, application_name="leasehold-replay")
+    conn = await connect(_url(args), application_name="leasehold-replay")
     try:
         cur = await conn.execute(QUERIES["schema_migrated"])
         row = await cur.fetchone()

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from cli.dburl import add_database_options, check_reachable, resolve_database_url
+from cli.dburl import add_database_options, check_migrated, resolve_database_url
 from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from persistence.connection import connect
 from persistence.partitions import ensure_partitions, list_partitions
@@ -84,7 +84,7 @@ def _age(text: str) -> timedelta:
 
 def _url(args: argparse.Namespace) -> str:
     url = resolve_database_url(args.database_url, embedded=args.embedded)
-    check_reachable(url)
+    check_migrated(url)
     return url
 
 

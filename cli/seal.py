@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from cli.dburl import add_database_options, check_reachable, resolve_database_url
+from cli.dburl import add_database_options, check_migrated, resolve_database_url
 from cli.main import EXIT_OK, EXIT_USAGE, CommandError
 from persistence.connection import connect
 from persistence.seals import Sealer, SealKeyError, generate_keypair, load_private_key, open_sink
@@ -77,7 +77,7 @@ def _now(args: argparse.Namespace) -> int:
     except SealKeyError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
     url = resolve_database_url(args.database_url, embedded=args.embedded)
-    check_reachable(url)
+    check_migrated(url)
     record = asyncio.run(_seal(url, sealer))
     if args.json:
         print(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode())

@@ -157,6 +157,8 @@ async def check_database(url: str, what: str = "database") -> str | None:
     """Connect once and read the schema revision: unreachable, refusing or at another revision
     than this Gateway's is a :class:`StartupError`. Returns the revision."""
     label = database_label(url)
+    # The read and notify databases are named as such: their URL may look like the primary's.
+    named = label if what == "database" else f"the {what} at {label}"
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=True)
     except psycopg.ProgrammingError as exc:
@@ -166,13 +168,13 @@ async def check_database(url: str, what: str = "database") -> str | None:
     try:
         found = await read_revision_async(conn)
     except psycopg.Error as exc:
-        raise StartupError(f"cannot read the schema revision of {label}: {_first_line(exc)}") from exc
+        raise StartupError(f"cannot read the schema revision of {named}: {_first_line(exc)}") from exc
     finally:
         await conn.close()
     status = status_of(found)
     problem = status.problem()
     if problem is not None:
-        raise StartupError(f"{label}: {problem}")
+        raise StartupError(f"{named}: {problem}")
     return status.found
 
 

@@ -4,6 +4,9 @@ flags, no secret on the command line, one-line errors, exit code 2 for usage err
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,3 +80,18 @@ def test_the_bootstrap_key_comes_from_its_file(tmp_path: Path) -> None:
     assert GatewaySettings(admin_api_key_file=key_file).bootstrap_key() == "k3y-from-a-file"
     assert GatewaySettings(admin_api_key="from-env", admin_api_key_file=key_file).bootstrap_key() == "from-env"
     assert GatewaySettings().bootstrap_key() is None
+
+
+def test_a_reader_that_stops_early_is_no_error() -> None:
+    """``leasehold migrate --sql | head``: the pipe's reader is gone before the output is; the
+    command stops without an error line (exit 1, as for any output it could not finish)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone: every write to the pipe fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "cli.main", "migrate", "--sql"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")})
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "", done.stderr

@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "replay timeline": ("replay", "timeline", "00000000-0000-0000-0000-000000000001"),
     "replay checkpoint": ("replay", "checkpoint"),
     "admin create-key": ("admin", "create-key"),
+    "admin list-keys": ("admin", "list-keys"),
+    "partitions list": ("partitions", "list"),
+    "partitions ensure": ("partitions", "ensure"),
+    "retention run": ("retention", "run", "--older-than", "90d", "--out", "never-written"),
     "legacy drain": ("legacy", "drain", "--redis-url", "redis://127.0.0.1:1/0", "--queue", "q"),
     "gateway serve": ("gateway", "serve", "--worker-port", "0", "--operator-port", "0"),
 }
@@ -159,3 +163,21 @@ def test_replay_of_an_unmigrated_database_says_so(cli: Any, empty_database_url: 
     code, _, err = cli("replay", "verify", "--no-progress", "--database-url", empty_database_url)
     assert code == 1
     assert "is not a leasehold database (never migrated)" in err
+
+
+@pytest.mark.parametrize("action", [("verify", "--no-progress"), ("rebuild", "--no-progress", "--schema", "rebuilt")])
+def test_replay_names_its_database_once(action: tuple[str, ...], cli: Any, database_url: str) -> None:
+    """Replay's commands open several connections; the database is named in one line all the same."""
+    _, _, err = cli("replay", *action, env={"LEASEHOLD_DATABASE_URL": database_url})
+    assert err.splitlines().count(f"leasehold: database {database_label(database_url)}") == 1, err
+
+
+@pytest.mark.parametrize("command", ["admin list-keys", "partitions list", "partitions ensure", "retention run"])
+def test_a_database_never_migrated_is_said_to_be_one(command: str, cli: Any, empty_database_url: str) -> None:
+    """Not the first missing table's SQL error: one line that names the cause and exit 1."""
+    code, _, err = cli(*COMMANDS[command], env={"LEASEHOLD_DATABASE_URL": empty_database_url})
+    errors = [line for line in err.splitlines() if line.startswith("leasehold: error:")]
+    assert code == 1, err
+    assert errors == [f"leasehold: error: {database_label(empty_database_url)} is not a leasehold database "
+                      "(never migrated): run `leasehold migrate`, or check --database-url / LEASEHOLD_DATABASE_URL"], err
+    assert len(err.splitlines()) == 2, err  # the database named, then the error

@@ -20,6 +20,7 @@ import pytest
 
 from cli.dev_ca import init_pki
 from gateway.tls import PkiPaths
+from persistence.urls import database_label
 
 DEADLINE_SECONDS = 10
 
@@ -104,6 +105,7 @@ def test_read_database_at_another_revision(database_url: str, empty_database_url
     assert code == 1
     line = error_line(stderr)
     assert "not migrated" in line, line
+    assert f"the read database at {database_label(empty_database_url)}" in line, line
 
 
 def test_unmigrated_database(empty_database_url: str, pki: PkiPaths) -> None:
