@@ -354,6 +354,14 @@ def empty_database_url(_test_databases: TestDatabases) -> Iterator[str]:
     _test_databases.drop(name)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a test marked ``slow`` (tens of seconds each) run first, each keeping its order:
+    with several pytest-xdist processes the longest modules are handed out first, so no process
+    is left running one of them alone at the end. The order is the same in every process."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: 0 if item.path in slow else 1)
+
+
 # --- the task core, for tests of every layer --------------------------------------------------
 
 

@@ -7,7 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 async def test_demo_runs_a_scan_survives_a_killed_worker_and_audits_clean(database_url: str,
                                                                            tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": database_url, "LEASEHOLD_HOME": str(tmp_path)}

@@ -64,7 +64,8 @@ label.inline{display:inline;margin-left:.25rem}
 input,select,button{font-size:1rem;padding:.3rem;max-width:100%}
 button{min-height:2.25rem;cursor:pointer}
 ul.actions{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;list-style:none;padding:0}
-.drawing{overflow-x:auto;margin:.5rem 0}
+/* a drawing wider than the screen scrolls, and opens at its right end: the newest time */
+.drawing{overflow-x:auto;margin:.5rem 0;direction:rtl}.drawing>*{direction:ltr}
 .drawing svg{display:block;box-sizing:border-box;min-width:40rem;height:auto;background:#fff;border:1px solid #e1e4e8}
 .legend{font-size:.9rem;color:#424a53}
 .error{color:#a00}

@@ -84,6 +84,7 @@ async def run(name: str, argv: list[str], env: dict[str, str], cwd: Path) -> dic
     return report
 
 
+@pytest.mark.slow
 async def test_schemathesis_finds_nothing(database_url: str, pki: PkiPaths, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     # Long-polls are capped at 1 s (the schema allows 30) and the per-certificate rate limit is out
