@@ -42,6 +42,7 @@ from replay.bundle import (
     SIGNATURE,
     SIGNATURE_FORMAT,
     batch_lines,
+    batch_payload_problems,
     event_line,
     raw_state,
     require_empty,
@@ -323,15 +324,7 @@ def _check_streams(check: ArchiveCheck, claimed: dict[str, dict[str, Any]]) -> N
 
 def _batch_line_problems(batch: dict[str, Any], event: dict[str, Any] | None) -> list[str]:
     bid = batch.get("batch_id")
-    problems = []
-    if batch.get("payload_missing"):
-        problems.append(f"batch {bid}: its payload {batch.get('payload_sha256')} was missing from the database")
-    else:
-        raw = (base64.b64decode(batch["payload_raw_base64"]) if "payload_raw_base64" in batch
-               else orjson.dumps(batch.get("payload"), option=orjson.OPT_SORT_KEYS))
-        if hashlib.sha256(raw).hexdigest() != batch.get("payload_sha256"):
-            problems.append(f"batch {bid}: payload sha256 is {hashlib.sha256(raw).hexdigest()},"
-                            f" recorded {batch.get('payload_sha256')}")
+    problems = batch_payload_problems(batch)
     if event is None:
         return [*problems, f"batch {bid}: no ResultBatchAccepted event in the archive"]
     state = event["state"]

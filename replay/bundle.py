@@ -347,6 +347,20 @@ def _stream_problems(manifest: dict[str, Any], events: list[dict[str, Any]]) -> 
     return problems
 
 
+def batch_payload_problems(batch: dict[str, Any]) -> list[str]:
+    """What is wrong with one exported batch line's payload: missing from the database when it was
+    exported, or not hashing to the sha256 its row recorded (empty when neither)."""
+    bid = batch.get("batch_id")
+    if batch.get("payload_missing"):
+        return [f"batch {bid}: its payload {batch.get('payload_sha256')} is missing from the database"]
+    raw = (base64.b64decode(batch["payload_raw_base64"]) if "payload_raw_base64" in batch
+           else orjson.dumps(batch.get("payload"), option=orjson.OPT_SORT_KEYS))
+    if hashlib.sha256(raw).hexdigest() != batch.get("payload_sha256"):
+        return [f"batch {bid}: payload sha256 is {hashlib.sha256(raw).hexdigest()},"
+                f" recorded {batch.get('payload_sha256')}"]
+    return []
+
+
 def _batch_problems(batches: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
     problems = []
     accepted = {}
@@ -357,14 +371,7 @@ def _batch_problems(batches: list[dict[str, Any]], events: list[dict[str, Any]])
     for batch in batches:
         bid = batch.get("batch_id")
         seen.add(bid)
-        if batch.get("payload_missing"):
-            problems.append(f"batch {bid}: its payload {batch.get('payload_sha256')} is missing from the database")
-        else:
-            raw = (base64.b64decode(batch["payload_raw_base64"]) if "payload_raw_base64" in batch
-                   else orjson.dumps(batch.get("payload"), option=orjson.OPT_SORT_KEYS))
-            if hashlib.sha256(raw).hexdigest() != batch.get("payload_sha256"):
-                problems.append(f"batch {bid}: payload sha256 is {hashlib.sha256(raw).hexdigest()},"
-                                f" recorded {batch.get('payload_sha256')}")
+        problems.extend(batch_payload_problems(batch))
         match = accepted.get(bid)
         if match is None:
             problems.append(f"batch {bid}: no ResultBatchAccepted event in the bundle")
