@@ -1,5 +1,5 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
-#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included), TEST_JOBS=2 processes
+#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included), TEST_JOBS=3 processes
 #   make test-unit                              the fast tier: pure logic, no PostgreSQL, seconds
 #   make mutation                               mutation testing of domain/ against tests/unit (minutes);
 #                                               writes docs/mutation-report.md (score, surviving mutants)
@@ -15,7 +15,7 @@ VENV_PY := $(VENV)/bin/python
 STAMP := $(VENV)/.leasehold-installed
 MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
-TEST_JOBS ?= 2
+TEST_JOBS ?= 3
 MUTATION_JOBS ?= 2
 # The packages listed in pyproject's [tool.mypy] that exist yet.
 MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations leasehold_client,$(if $(wildcard $(p)/__init__.py),-p $(p)))
