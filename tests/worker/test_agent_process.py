@@ -49,7 +49,12 @@ async def test_sigterm_lets_running_plugins_finish_within_the_grace_then_fails_t
             await eventually(lambda: asyncio.sleep(0, result=(started / "brief").exists()), what="brief to start")
             agent.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
-            late = await gateway.task(task_type="brief")  # arrives after the signal: never taken
+            # Once the agent has begun shutting down, a new task is never taken. (A long-poll the
+            # Gateway answers while the signal is still on its way is lost with the process's
+            # stop, and that lease ends by expiry.)
+            await eventually(lambda: asyncio.sleep(0, result="shutting down" in agent.log_text()),
+                             what="the agent to begin shutting down")
+            late = await gateway.task(task_type="brief")
             code = await asyncio.wait_for(agent.process.wait(), 15)
             took = time.monotonic() - signalled
         finally:
