@@ -48,6 +48,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
+from replicas.replicas_support import RedisServer
 
 from cli.dev_ca import init_pki
 from cli.embedded import EmbeddedPostgres, redact_url, with_database
@@ -57,7 +58,7 @@ from migrations import runner as migrate
 from persistence.connection import create_pool
 from persistence.transaction import Database
 from support.core import ManualClock, World
-from support.gateway import LOOPBACK_ALLOWED, RunningGateway, running_gateway
+from support.gateway import LOOPBACK_ALLOWED, RunningGateway, free_port, running_gateway
 
 logger = logging.getLogger("tests.conftest")
 
@@ -360,6 +361,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     is left running one of them alone at the end. The order is the same in every process."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: 0 if item.path in slow else 1)
+
+
+@pytest.fixture
+async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    """A private ``redis-server`` (no persistence) the test may kill; skipped without the binary."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(binary, free_port(), tmp_path)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.kill()
 
 
 # --- the task core, for tests of every layer --------------------------------------------------

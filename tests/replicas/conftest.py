@@ -9,21 +9,20 @@ setup and for checking the database. Everything is stopped at teardown.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from replicas_support import Cluster, RedisServer
+from replicas_support import Cluster
 
 from gateway.commands.lifecycle import TaskSpec
 from gateway.services import build_services
 from gateway.tls import PkiPaths
 from persistence.connection import create_pool
 from persistence.transaction import Database
-from support.gateway import LOOPBACK_ALLOWED, GatewayProcess, free_port
+from support.gateway import LOOPBACK_ALLOWED, GatewayProcess
 
 
 @pytest.fixture
@@ -57,17 +56,3 @@ async def cluster(pki: PkiPaths, tmp_path: Path) -> AsyncIterator[Callable[..., 
                 await session.close()
         await asyncio.gather(*(g.stop() for g in c.gateways if g.proc is not None))
         await c.pool.close()
-
-
-@pytest.fixture
-async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    """A private ``redis-server`` (no persistence) the test may kill; skipped without the binary."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(binary, free_port(), tmp_path)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.kill()

@@ -10,10 +10,8 @@ the LISTEN connection of the wake-ups goes to the server directly (``--notify-da
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,13 +19,8 @@ import pytest
 from replicas.replicas_support import RedisServer
 
 from gateway.keys import HINTS, NOTIFIER
-from persistence.chain import verify_chains
-from persistence.connection import connect
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from projections.compare import diff
-from replay.fold import fold
-from support.gateway import RunningGateway, WorkerClient, free_port, running_gateway
+from support.core import assert_log_rebuilds_live
+from support.gateway import RunningGateway, WorkerClient, running_gateway
 from support.servers import PgBouncer, free_port_in, pgbouncer_binary
 
 #: PgBouncer's ports in these tests.
@@ -105,25 +98,7 @@ async def test_worker_lifecycles_run_through_pgbouncer_in_transaction_mode(
             assert time.monotonic() < deadline, "no checkpoint sealed every event"
             await asyncio.sleep(0.05)
     # The log the pooled transactions wrote is whole: chains intact, rebuild equals live.
-    async with await connect(database_url) as conn:
-        async with snapshot(conn):
-            rebuilt = await fold(conn)
-            live = await load_tables(conn)
-        assert diff(live, rebuilt.tables.tables) == []
-        assert await verify_chains(conn) == []
-
-
-@pytest.fixture
-async def redis_url(tmp_path: Path) -> AsyncIterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(binary, free_port(), tmp_path)
-    await server.start()
-    try:
-        yield server.url
-    finally:
-        await server.kill()
+    await assert_log_rebuilds_live(database_url)
 
 
 async def test_a_long_poll_behind_pgbouncer_wakes_on_the_task_created(
@@ -134,10 +109,10 @@ async def test_a_long_poll_behind_pgbouncer_wakes_on_the_task_created(
 
 
 async def test_without_listen_behind_pgbouncer_redis_hints_wake_the_long_poll(
-        database_url: str, pki: Any, pgbouncer: PgBouncer, redis_url: str) -> None:
+        database_url: str, pki: Any, pgbouncer: PgBouncer, redis_server: RedisServer) -> None:
     """No direct connection at all: ``--no-listen``, and the Redis hints carry the wake-ups."""
     async with running_gateway(pgbouncer.url(_dbname(database_url)), pki, prepared_statements=False, listen=False,
-                               redis_url=redis_url, pool_size=12, poll_interval_seconds=30) as gateway:
+                               redis_url=redis_server.url, pool_size=12, poll_interval_seconds=30) as gateway:
         hints = gateway.app[HINTS]
         deadline = time.monotonic() + 10
         while not hints.connected:
