@@ -17,8 +17,6 @@ MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
 TEST_JOBS ?= 3
 MUTATION_JOBS ?= 2
-# The packages listed in pyproject's [tool.mypy] that exist yet.
-MYPY_PACKAGES := $(foreach p,domain projections persistence gateway replay cli worker migrations leasehold_client,$(if $(wildcard $(p)/__init__.py),-p $(p)))
 
 .DEFAULT_GOAL := test
 .PHONY: install test test-unit mutation openapi cli-help lint demo screenshots
@@ -67,7 +65,7 @@ cli-help: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy $(MYPY_PACKAGES)
+	$(VENV)/bin/mypy -p leasehold
 	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)

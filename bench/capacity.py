@@ -33,13 +33,13 @@ from typing import Any
 import psycopg
 from common import recreate_database
 
-from cli.embedded import EmbeddedPostgres, redact_url
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import ResultBatch, TaskSpec
-from gateway.services import Services, build_services
-from migrations import runner as migrate
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.embedded import EmbeddedPostgres, redact_url
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import ResultBatch, TaskSpec
+from leasehold.gateway.services import Services, build_services
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 
 SPEC = TaskSpec(task_type="capacity", scope={"hosts": ["capacity.example.test"]}, lease_seconds=60,
                 execution_timeout_seconds=600)

@@ -61,13 +61,13 @@ import psycopg
 from common import recreate_database
 from psycopg_pool import AsyncConnectionPool
 
-from cli.dev_ca import init_pki, issue_worker_certificate
-from cli.embedded import EmbeddedPostgres, _bin_dir
-from domain.events import ProfileStep
-from gateway.services import Services, build_services
-from migrations import runner as migrate
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
+from leasehold.cli.embedded import EmbeddedPostgres, _bin_dir
+from leasehold.domain.events import ProfileStep
+from leasehold.gateway.services import Services, build_services
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the test suite's fault proxy is the one to use

@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from cli.embedded import EmbeddedPostgres, with_database
+from leasehold.cli.embedded import EmbeddedPostgres, with_database
 
 MACHINE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 

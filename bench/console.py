@@ -57,14 +57,14 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from bench.common import percentile, recreate_database, resolve_server_url  # noqa: E402
-from cli.dev_ca import init_pki  # noqa: E402
-from cli.embedded import with_database  # noqa: E402
-from domain.results import payload_sha256  # noqa: E402
-from gateway.commands.lifecycle import ResultBatch, TaskSpec  # noqa: E402
-from gateway.services import build_services  # noqa: E402
-from migrations import runner as migrate  # noqa: E402
-from persistence.connection import create_pool  # noqa: E402
-from persistence.transaction import Database  # noqa: E402
+from leasehold.cli.dev_ca import init_pki  # noqa: E402
+from leasehold.cli.embedded import with_database  # noqa: E402
+from leasehold.domain.results import payload_sha256  # noqa: E402
+from leasehold.gateway.commands.lifecycle import ResultBatch, TaskSpec  # noqa: E402
+from leasehold.gateway.services import build_services  # noqa: E402
+from leasehold.migrations import runner as migrate  # noqa: E402
+from leasehold.persistence.connection import create_pool  # noqa: E402
+from leasehold.persistence.transaction import Database  # noqa: E402
 
 GOAL_MS = 300.0
 JOBS_PER_SCAN = 4
@@ -429,7 +429,7 @@ def free_port() -> int:
 
 def start_gateway(url: str, pki: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     worker_port, operator_port = free_port(), free_port()
-    args = [sys.executable, "-m", "cli.main", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki),
+    args = [sys.executable, "-m", "leasehold.cli.main", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki),
             "--worker-port", str(worker_port), "--operator-port", str(operator_port), "--log-level", "WARNING",
             "--sweep-interval-seconds", "600", "--checkpoint-interval-seconds", "0"]
     with log_path.open("ab") as out:

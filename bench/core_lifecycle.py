@@ -58,19 +58,19 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from cli.embedded import redact_url
-from domain.events import ProfileStep
-from domain.results import payload_sha256
-from domain.task import project_task
-from gateway.commands.lifecycle import Lifecycle, ResultBatch, TaskSpec
-from gateway.commands.registry import Registry
-from gateway.commands.scans import Scans
-from gateway.services import build_services
-from migrations import runner as migrate
-from persistence.connection import connect, create_pool
-from persistence.event_log import read_stream
-from persistence.group_commit import GroupCommit
-from persistence.transaction import Database
+from leasehold.cli.embedded import redact_url
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.results import payload_sha256
+from leasehold.domain.task import project_task
+from leasehold.gateway.commands.lifecycle import Lifecycle, ResultBatch, TaskSpec
+from leasehold.gateway.commands.registry import Registry
+from leasehold.gateway.commands.scans import Scans
+from leasehold.gateway.services import build_services
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import connect, create_pool
+from leasehold.persistence.event_log import read_stream
+from leasehold.persistence.group_commit import GroupCommit
+from leasehold.persistence.transaction import Database
 
 # Scratch databases (dropped and recreated): --scratch-prefix renames them, e.g. for the suite's smoke run.
 BENCH_DB = "leasehold_bench"
@@ -1005,7 +1005,7 @@ def analyze(url: str) -> None:
 def acquire_plan(url: str, worker: UUID) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the acquire query for ``worker`` (rolled back): how it reads
     worker_tasks and how many buffers it touched, a figure the load of the machine cannot skew."""
-    from persistence.queries import QUERIES  # the service's own statement
+    from leasehold.persistence.queries import QUERIES  # the service's own statement
 
     try:
         with psycopg.connect(url) as conn:

@@ -40,13 +40,13 @@ import psycopg
 from common import percentile, recreate_database, resolve_server_url
 from psycopg import sql
 
-from cli.embedded import with_database
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import ResultBatch, TaskSpec
-from gateway.services import Services, build_services
-from migrations import runner as migrate
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.embedded import with_database
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import ResultBatch, TaskSpec
+from leasehold.gateway.services import Services, build_services
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 
 TASK_TYPE = "probe"
 SPEC = TaskSpec(task_type=TASK_TYPE, scope={"host": "bench.example.test"}, lease_seconds=300,
@@ -265,7 +265,7 @@ async def candidates_plan(pool: Any, worker: UUID) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the organisations' probe as acquire runs it (after
     worker_live_attempts, which sets the plan settings; rolled back): buffers touched, a figure
     the load of the machine cannot skew, and its server time."""
-    from persistence.queries import QUERIES  # the service's own statements
+    from leasehold.persistence.queries import QUERIES  # the service's own statements
 
     async with pool.connection() as conn:
         params = {"worker_id": worker, "now": None}

@@ -26,7 +26,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from persistence.queries import QUERIES
+from leasehold.persistence.queries import QUERIES
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STATES = ("completed", "completed", "completed", "failed_terminal", "cancelled", "pending", "running")
@@ -143,7 +143,7 @@ def _rows_read(node: dict[str, Any], tables: set[str]) -> int:
 def main() -> None:
     from common import recreate_database, resolve_server_url  # the bench directory's own module
 
-    from migrations import runner as migrate
+    from leasehold.migrations import runner as migrate
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--database-url", help="maintenance URL of the server (default: BENCH_DATABASE_URL, the "

@@ -38,15 +38,15 @@ import orjson
 from common import CpuMeter, recreate_database, resolve_server_url
 from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
 
-from cli.dev_ca import init_pki, issue_worker_certificate
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import Lifecycle, TaskSpec
-from gateway.commands.scans import Scans
-from gateway.services import build_services
-from migrations import runner as migrate
-from persistence.connection import create_pool
-from persistence.transaction import Database
-from worker.client import client_ssl_context
+from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import Lifecycle, TaskSpec
+from leasehold.gateway.commands.scans import Scans
+from leasehold.gateway.services import build_services
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
+from leasehold.worker.client import client_ssl_context
 
 RECORDS = [{"type": "asset", "kind": "service", "value": "127.0.0.1:443/tcp"}]
 SHA = payload_sha256(RECORDS)
@@ -76,7 +76,7 @@ class GatewayProcess:
         cmd = [sys.executable]
         if profile is not None:
             cmd += ["-m", "cProfile", "-o", str(profile)]
-        cmd += ["-m", "cli.main", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki_dir),
+        cmd += ["-m", "leasehold.cli.main", "gateway", "serve", "--database-url", url, "--pki-dir", str(pki_dir),
                 "--worker-port", str(self.worker_port), "--operator-port", str(self.operator_port),
                 "--processes", str(processes), "--pool-size", "12", "--log-level", "WARNING",
                 "--rate-limit-per-second", "100000", "--rate-limit-burst", "100000"]

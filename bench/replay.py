@@ -60,20 +60,20 @@ sys.path.insert(0, str(ROOT))
 
 from common import recreate_database, resolve_server_url  # noqa: E402
 
-from cli.embedded import redact_url, with_database  # noqa: E402
-from domain.errors import LeaseholdError  # noqa: E402
-from domain.results import payload_sha256  # noqa: E402
-from gateway.commands.lifecycle import Lifecycle, TaskSpec  # noqa: E402
-from gateway.services import build_services  # noqa: E402
-from migrations import runner as migrate  # noqa: E402
-from persistence.chain import GENESIS, chain_hash  # noqa: E402
-from persistence.checkpoints import write_checkpoint  # noqa: E402
-from persistence.connection import connect, create_pool  # noqa: E402
-from persistence.event_log import event_batches  # noqa: E402
-from persistence.transaction import Database  # noqa: E402
-from projections.rows import TABLE_ORDER  # noqa: E402
-from replay.integrity import verify_log  # noqa: E402
-from replay.rebuild import rebuild_schema  # noqa: E402
+from leasehold.cli.embedded import redact_url, with_database  # noqa: E402
+from leasehold.domain.errors import LeaseholdError  # noqa: E402
+from leasehold.domain.results import payload_sha256  # noqa: E402
+from leasehold.gateway.commands.lifecycle import Lifecycle, TaskSpec  # noqa: E402
+from leasehold.gateway.services import build_services  # noqa: E402
+from leasehold.migrations import runner as migrate  # noqa: E402
+from leasehold.persistence.chain import GENESIS, chain_hash  # noqa: E402
+from leasehold.persistence.checkpoints import write_checkpoint  # noqa: E402
+from leasehold.persistence.connection import connect, create_pool  # noqa: E402
+from leasehold.persistence.event_log import event_batches  # noqa: E402
+from leasehold.persistence.transaction import Database  # noqa: E402
+from leasehold.projections.rows import TABLE_ORDER  # noqa: E402
+from leasehold.replay.integrity import verify_log  # noqa: E402
+from leasehold.replay.rebuild import rebuild_schema  # noqa: E402
 
 BENCH_DB = "leasehold_replay_bench"  # the default --database-name
 SHAPES = ("success", "retry", "expire", "cancel", "stale", "success", "terminal", "cancel_pending")
@@ -320,7 +320,7 @@ async def _checkpoint(url: str) -> None:
 #: (this benchmark, which holds every checkpoint head after verify-chain) across ``exec``.
 RUNNER = """
 import re, resource, sys
-from cli.main import main
+from leasehold.cli.main import main
 try:
     code = main(sys.argv[1:])
 finally:

@@ -48,15 +48,15 @@ sys.path.insert(0, str(ROOT))  # the project's replay package, not bench/replay.
 import core_lifecycle as core  # noqa: E402
 from common import recreate_database, resolve_server_url  # noqa: E402
 
-from cli.embedded import redact_url  # noqa: E402
-from gateway.services import build_services  # noqa: E402
-from migrations import runner as migrate  # noqa: E402
-from persistence.chain import GENESIS, chain_hash  # noqa: E402
-from persistence.connection import create_pool  # noqa: E402
-from persistence.partitions import list_partitions  # noqa: E402
-from persistence.seals import generate_keypair, load_private_key  # noqa: E402
-from persistence.transaction import Database  # noqa: E402
-from replay.retention import archive_partition  # noqa: E402
+from leasehold.cli.embedded import redact_url  # noqa: E402
+from leasehold.gateway.services import build_services  # noqa: E402
+from leasehold.migrations import runner as migrate  # noqa: E402
+from leasehold.persistence.chain import GENESIS, chain_hash  # noqa: E402
+from leasehold.persistence.connection import create_pool  # noqa: E402
+from leasehold.persistence.partitions import list_partitions  # noqa: E402
+from leasehold.persistence.seals import generate_keypair, load_private_key  # noqa: E402
+from leasehold.persistence.transaction import Database  # noqa: E402
+from leasehold.replay.retention import archive_partition  # noqa: E402
 
 SCALE_DB = "leasehold_scale"
 PARTITIONS = 12

@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 from common import recreate_database, resolve_server_url  # noqa: E402
 
-from migrations import runner as migrate  # noqa: E402
-from persistence.chain import GENESIS, chain_hash  # noqa: E402
-from persistence.checkpoints import verify_checkpoints  # noqa: E402
-from persistence.connection import connect  # noqa: E402
-from persistence.seals import (  # noqa: E402
+from leasehold.migrations import runner as migrate  # noqa: E402
+from leasehold.persistence.chain import GENESIS, chain_hash  # noqa: E402
+from leasehold.persistence.checkpoints import verify_checkpoints  # noqa: E402
+from leasehold.persistence.connection import connect  # noqa: E402
+from leasehold.persistence.seals import (  # noqa: E402
     DirectorySink,
     Sealer,
     generate_keypair,
@@ -51,8 +51,8 @@ from persistence.seals import (  # noqa: E402
     record_of,
     sign_record,
 )
-from persistence.snapshot import snapshot  # noqa: E402
-from replay.digests import load_digests, log_against_digests  # noqa: E402
+from leasehold.persistence.snapshot import snapshot  # noqa: E402
+from leasehold.replay.digests import load_digests, log_against_digests  # noqa: E402
 
 TOPIC = "bench:Event"
 STATE = b'{"n":1}'
@@ -128,7 +128,7 @@ async def measure(url: str, n: int, changed: int, rounds: int, tmp: Path) -> dic
 def _fake_checkpoint(changed: int) -> tuple[Any, ...]:
     from datetime import UTC, datetime
 
-    from persistence.checkpoints import Checkpoint, Head
+    from leasehold.persistence.checkpoints import Checkpoint, Head
 
     cp = Checkpoint(1, datetime.now(UTC), 1, changed, changed, changed, bytes(32), bytes(32))
     return cp, [Head(uuid4(), 1, bytes(32)) for _ in range(changed)], 1

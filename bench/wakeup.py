@@ -41,14 +41,14 @@ from common import recreate_database, resolve_server_url
 from core_lifecycle import percentile
 from gateway_lifecycle import free_port
 
-from cli.dev_ca import init_pki, issue_worker_certificate
-from gateway.commands.lifecycle import TaskSpec
-from gateway.services import build_services
-from gateway.tls import PkiPaths
-from migrations import runner as migrate
-from persistence.connection import create_pool
-from persistence.transaction import Database
-from worker.client import client_ssl_context
+from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
+from leasehold.gateway.commands.lifecycle import TaskSpec
+from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
+from leasehold.worker.client import client_ssl_context
 
 
 class Gateway:
@@ -56,7 +56,7 @@ class Gateway:
 
     def __init__(self, url: str, pki: PkiPaths, admin_key: str, **settings: Any) -> None:
         self.pki, self.worker_port, self.operator_port = pki, free_port(), free_port()
-        cmd = [sys.executable, "-m", "cli.main", "gateway", "serve", "--database-url", url,
+        cmd = [sys.executable, "-m", "leasehold.cli.main", "gateway", "serve", "--database-url", url,
                "--pki-dir", str(pki.directory), "--worker-port", str(self.worker_port),
                "--operator-port", str(self.operator_port), "--log-level", "WARNING"]
         for name, value in settings.items():

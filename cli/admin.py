@@ -31,15 +31,20 @@ from uuid import UUID
 
 import orjson
 
-from cli.arguments import iso_time
-from cli.dburl import add_database_options, check_migrated, resolve_database_url
-from cli.main import EXIT_OK, EXIT_USAGE, CommandError
-from domain.errors import LeaseholdError
-from domain.targets import DEFAULT_DENIED_DOMAINS, DEFAULT_DENIED_NETWORKS, TargetPolicy, parse_policy
-from gateway.commands.registry import FairShareState, IssuedKey, Registry
-from gateway.services import build_services
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.arguments import iso_time
+from leasehold.cli.dburl import add_database_options, check_migrated, resolve_database_url
+from leasehold.cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.domain.errors import LeaseholdError
+from leasehold.domain.targets import (
+    DEFAULT_DENIED_DOMAINS,
+    DEFAULT_DENIED_NETWORKS,
+    TargetPolicy,
+    parse_policy,
+)
+from leasehold.gateway.commands.registry import FairShareState, IssuedKey, Registry
+from leasehold.gateway.services import build_services
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 
 __all__ = ["register"]
 

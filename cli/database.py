@@ -32,12 +32,12 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from alembic.util import CommandError as AlembicCommandError
 
-from cli.dburl import add_database_options, configured_url, resolve_database_url
-from cli.embedded import EmbeddedPostgres, redact_url
-from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
-from migrations import runner as migrate
-from persistence.roles import APP_ROLE, DEFAULT_LOGIN, create_app_login
-from persistence.urls import database_label
+from leasehold.cli.dburl import add_database_options, configured_url, resolve_database_url
+from leasehold.cli.embedded import EmbeddedPostgres, redact_url
+from leasehold.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.roles import APP_ROLE, DEFAULT_LOGIN, create_app_login
+from leasehold.persistence.urls import database_label
 
 
 def with_credentials(url: str, user: str, password: str) -> str:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from cli.main import EXIT_USAGE, CommandError
+from leasehold.cli.main import EXIT_USAGE, CommandError
 
 __all__ = ["DATABASE_ENV", "add_database_options", "announce", "check_migrated", "configured_url",
            "resolve_database_url"]
@@ -53,7 +53,7 @@ def resolve_database_url(explicit: str | None = None, *, embedded: bool = False,
     if embedded:
         if explicit:
             raise CommandError("--embedded and --database-url exclude each other", EXIT_USAGE)
-        from cli.embedded import embedded_database_url
+        from leasehold.cli.embedded import embedded_database_url
 
         url = embedded_database_url()
     else:
@@ -73,8 +73,8 @@ def check_migrated(url: str, timeout: int = 10) -> None:
     left to fail on the first table it lacks."""
     import psycopg
 
-    from persistence.queries import QUERIES
-    from persistence.urls import database_label
+    from leasehold.persistence.queries import QUERIES
+    from leasehold.persistence.urls import database_label
 
     try:
         with psycopg.connect(url, connect_timeout=timeout) as conn:
@@ -89,6 +89,6 @@ def check_migrated(url: str, timeout: int = 10) -> None:
 
 def announce(url: str) -> None:
     """``leasehold: database HOST:PORT/DB (user U)`` on stderr."""
-    from persistence.urls import database_label
+    from leasehold.persistence.urls import database_label
 
     print(f"leasehold: database {database_label(url)}", file=sys.stderr, flush=True)

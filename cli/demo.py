@@ -30,24 +30,24 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from cli.database import with_credentials
-from cli.dburl import configured_url
-from cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
-from cli.embedded import embedded_database_url, with_database
-from domain.events import ProfileStep
-from domain.targets import parse_policy
-from gateway.keys import SERVICES
-from gateway.serve import start
-from gateway.settings import GatewaySettings
-from migrations import runner as migrate
-from persistence.chain import verify_chains
-from persistence.connection import connect
-from persistence.roles import DEFAULT_LOGIN, create_app_login
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from persistence.urls import database_label
-from projections.compare import diff
-from replay.fold import fold
+from leasehold.cli.database import with_credentials
+from leasehold.cli.dburl import configured_url
+from leasehold.cli.dev_ca import init_pki, issue_self_signed, issue_worker_certificate
+from leasehold.cli.embedded import embedded_database_url, with_database
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.targets import parse_policy
+from leasehold.gateway.keys import SERVICES
+from leasehold.gateway.serve import start
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
+from leasehold.persistence.roles import DEFAULT_LOGIN, create_app_login
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import load_tables
+from leasehold.persistence.urls import database_label
+from leasehold.projections.compare import diff
+from leasehold.replay.fold import fold
 
 HOME = Path(os.environ.get("LEASEHOLD_HOME", ".")) / ".leasehold" / "demo"
 SLOW_PLUGIN = """#!/usr/bin/env python3
@@ -116,7 +116,7 @@ async def start_worker(name: str, gateway_port: int, pki: Any, plugins: Path) ->
     cert = pki.directory / "workers" / f"{name}.pem"
     key = pki.directory / "workers" / f"{name}-key.pem"
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", "worker", "run", "--gateway", f"https://localhost:{gateway_port}",
+        sys.executable, "-m", "leasehold.cli.main", "worker", "run", "--gateway", f"https://localhost:{gateway_port}",
         "--cert", str(cert), "--key", str(key), "--ca", str(pki.ca_cert), "--plugins-dir", str(plugins),
         "--max-concurrency", "2", "--log-format", "json", "--log-level", "WARNING",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,

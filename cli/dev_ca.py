@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gateway.tls import SERVER_CERT_FILE, PkiError, PkiNotFoundError, PkiPaths, fingerprint_of_der
+from leasehold.gateway.tls import SERVER_CERT_FILE, PkiError, PkiNotFoundError, PkiPaths, fingerprint_of_der
 
 DEFAULT_SERVER_NAMES: tuple[str, ...] = ("localhost", "127.0.0.1")
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cli.dburl import add_database_options, resolve_database_url
-from cli.main import EXIT_USAGE, CommandError
-from gateway.serve import serve
-from gateway.settings import GatewaySettings
+from leasehold.cli.dburl import add_database_options, resolve_database_url
+from leasehold.cli.main import EXIT_USAGE, CommandError
+from leasehold.gateway.serve import serve
+from leasehold.gateway.settings import GatewaySettings
 
 #: Settings that are secrets: read from the environment or a file only, never from a flag (a flag
 #: would show the secret to everyone who can list processes).

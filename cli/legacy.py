@@ -37,15 +37,15 @@ import redis.asyncio as redis
 from psycopg import AsyncConnection, OperationalError
 from psycopg_pool import PoolTimeout
 
-from cli.dburl import add_database_options, resolve_database_url
-from cli.embedded import redact_url
-from cli.main import EXIT_OK, EXIT_USAGE, CommandError
-from domain.errors import Conflict, LeaseholdError, Unavailable
-from domain.legacy import InvalidMessage, parse_message
-from gateway.commands.legacy import Conversion, LegacyScans
-from gateway.services import build_services
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.dburl import add_database_options, resolve_database_url
+from leasehold.cli.embedded import redact_url
+from leasehold.cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.domain.errors import Conflict, LeaseholdError, Unavailable
+from leasehold.domain.legacy import InvalidMessage, parse_message
+from leasehold.gateway.commands.legacy import Conversion, LegacyScans
+from leasehold.gateway.services import build_services
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 
 __all__ = ["drain", "register"]
 

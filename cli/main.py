@@ -47,31 +47,30 @@ class CommandModule:
 
 #: Dispatch table: modules whose ``register(subparsers)`` contributes subcommands, in help order.
 SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
-    CommandModule("cli.database", (("migrate", "upgrade the database schema (alembic)"),
+    CommandModule("leasehold.cli.database", (("migrate", "upgrade the database schema (alembic)"),
                                    ("db", "manage the embedded PostgreSQL server"))),
-    CommandModule("cli.pki", (("pki", "manage the Gateway's mTLS certificate authority"),)),
-    CommandModule("cli.replay", (
+    CommandModule("leasehold.cli.pki", (("pki", "manage the Gateway's mTLS certificate authority"),)),
+    CommandModule("leasehold.cli.replay", (
         ("replay", "audit the event log: timelines, rebuild, verify, as-of, checkpoints, export"),)),
-    CommandModule("cli.seal", (("seal", "signed seals of the event log: the signing key, a seal on demand"),)),
-    CommandModule("cli.retention", (
+    CommandModule("leasehold.cli.seal", (("seal", "signed seals of the event log: the signing key, a seal on demand"),)),
+    CommandModule("leasehold.cli.retention", (
         ("partitions", "the event log's time partitions: list them, create them ahead"),
         ("retention", "archive old partitions of the event log as signed bundles, then drop them"))),
-    CommandModule("cli.gateway", (("gateway", "run the Gateway"),)),
-    CommandModule("cli.admin", (("admin", "operator administration (API keys, target policies, fair shares)"),)),
-    CommandModule("cli.operator_api", (
+    CommandModule("leasehold.cli.gateway", (("gateway", "run the Gateway"),)),
+    CommandModule("leasehold.cli.admin", (("admin", "operator administration (API keys, target policies, fair shares)"),)),
+    CommandModule("leasehold.cli.operator_api", (
         ("scans", "list and show scans (operator API)"),
         ("tasks", "list, show and retry tasks (operator API)"),
         ("workers", "list workers with last seen and live leases (operator API)"),
         ("counts", "tasks by state, scans by status and queues per organisation (operator API)"),
     ), needs_server=False),
-    CommandModule("cli.legacy", (("legacy", "the legacy Redis scan queue (moving it to the Gateway)"),)),
-    CommandModule("worker.cli", (("worker", "run the remote worker agent"),), needs_server=False),
-    CommandModule("cli.demo", (("demo", "run the end-to-end demo (what `make demo` runs)"),)),
+    CommandModule("leasehold.cli.legacy", (("legacy", "the legacy Redis scan queue (moving it to the Gateway)"),)),
+    CommandModule("leasehold.worker.cli", (("worker", "run the remote worker agent"),), needs_server=False),
+    CommandModule("leasehold.cli.demo", (("demo", "run the end-to-end demo (what `make demo` runs)"),)),
 )
 
-#: Top-level packages of this project: a missing one is a broken install, not a missing extra.
-_OWN_PACKAGES = frozenset({"cli", "domain", "gateway", "migrations", "persistence", "projections", "replay",
-                           "worker", "leasehold_client"})
+#: This project's own package: a missing module of it is a broken install, not a missing extra.
+_OWN_PACKAGES = frozenset({"leasehold"})
 
 _SERVER_EXTRA_HINT = "pip install 'leasehold[server]'"
 
@@ -184,7 +183,7 @@ def _database_error_message(exc: BaseException) -> str | None:
     """Return a one-paragraph message for driver/SQLAlchemy/embedded-server errors, else ``None``."""
     # An EmbeddedPostgresError can only come from an imported cli.embedded; looking it up rather
     # than importing it keeps the module (and its start-up cost) out of commands that never use it.
-    embedded = sys.modules.get("cli.embedded")
+    embedded = sys.modules.get("leasehold.cli.embedded")
     if embedded is not None and isinstance(exc, embedded.EmbeddedPostgresError):
         return str(exc)
     module = type(exc).__module__
@@ -251,6 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from cli.main import main as _main  # same CommandError class as the subcommand modules
+    from leasehold.cli.main import main as _main  # same CommandError class as the subcommand modules
 
     sys.exit(_main())

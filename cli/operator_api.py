@@ -1,7 +1,7 @@
 """``leasehold scans|tasks|workers|counts``: find work through the operator API.
 
 Every command talks to a running Gateway's operator API with the Python client
-(:mod:`leasehold_client`), so it needs neither the database nor the ``server`` extra:
+(:mod:`leasehold.client`), so it needs neither the database nor the ``server`` extra:
 
 * ``--url`` (or ``LEASEHOLD_OPERATOR_URL``; default ``https://localhost:8444``),
 * the API key from ``LEASEHOLD_API_KEY`` or ``--api-key-file FILE`` (never on the command line,
@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.cli.main import EXIT_OK, EXIT_USAGE, CommandError
 
 __all__ = ["register"]
 
@@ -153,7 +153,7 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``body(client)`` against the operator API; API and connection errors as one line."""
     import aiohttp
 
-    from leasehold_client import ApiError, OperatorClient
+    from leasehold.client import ApiError, OperatorClient
 
     key = _api_key(args)
     url = args.url or os.environ.get("LEASEHOLD_OPERATOR_URL") or DEFAULT_URL

@@ -3,7 +3,7 @@
 ``register(subparsers)`` adds the ``pki`` command group to the ``leasehold`` CLI; each leaf
 parser sets ``func`` (``Callable[[argparse.Namespace], int]``) as its default, so the CLI runs
 ``args.func(args)`` and exits with the returned code. ``main(argv)`` runs the group on its own:
-``python -m cli.pki init DIR``.
+``python -m leasehold.cli.pki init DIR``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cli.dev_ca import DEFAULT_SERVER_NAMES, init_pki, issue_worker_certificate
-from gateway.tls import PkiError
+from leasehold.cli.dev_ca import DEFAULT_SERVER_NAMES, init_pki, issue_worker_certificate
+from leasehold.gateway.tls import PkiError
 
 __all__ = ["add_pki_commands", "main", "register"]
 

@@ -30,29 +30,29 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from cli.arguments import iso_time
-from cli.dburl import add_database_options, resolve_database_url
-from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
-from persistence.checkpoints import Checkpoint, find_checkpoint, write_checkpoint
-from persistence.codec import DecodeError
-from persistence.connection import connect
-from persistence.partitions import archive_records
-from persistence.queries import QUERIES
-from persistence.seals import SealKeyError, load_private_key, load_public_key
-from persistence.snapshot import snapshot
-from persistence.urls import database_label
-from projections.memory import ProjectionError
-from replay import render
-from replay.archive import ArchiveSet, verify_bundle_or_archive
-from replay.asof import scan_as_of, task_as_of
-from replay.bundle import export_bundle
-from replay.digests import load_digests
-from replay.integrity import verify_log
-from replay.log import NotFound
-from replay.parallel import EVENTS_PER_JOB, default_jobs
-from replay.rebuild import RebuildError, check_schema_name, rebuild_schema
-from replay.timeline import scan_timeline, task_timeline
-from replay.verify import verify_projections
+from leasehold.cli.arguments import iso_time
+from leasehold.cli.dburl import add_database_options, resolve_database_url
+from leasehold.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.persistence.checkpoints import Checkpoint, find_checkpoint, write_checkpoint
+from leasehold.persistence.codec import DecodeError
+from leasehold.persistence.connection import connect
+from leasehold.persistence.partitions import archive_records
+from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.seals import SealKeyError, load_private_key, load_public_key
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.urls import database_label
+from leasehold.projections.memory import ProjectionError
+from leasehold.replay import render
+from leasehold.replay.archive import ArchiveSet, verify_bundle_or_archive
+from leasehold.replay.asof import scan_as_of, task_as_of
+from leasehold.replay.bundle import export_bundle
+from leasehold.replay.digests import load_digests
+from leasehold.replay.integrity import verify_log
+from leasehold.replay.log import NotFound
+from leasehold.replay.parallel import EVENTS_PER_JOB, default_jobs
+from leasehold.replay.rebuild import RebuildError, check_schema_name, rebuild_schema
+from leasehold.replay.timeline import scan_timeline, task_timeline
+from leasehold.replay.verify import verify_projections
 
 __all__ = ["register"]
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import orjson
 
-from cli.dburl import add_database_options, check_migrated, resolve_database_url
-from cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
-from persistence.connection import connect
-from persistence.partitions import ensure_partitions, list_partitions
-from persistence.seals import SealKeyError, load_private_key
-from replay.retention import ArchiveFailed, archive_partition, due_partitions
+from leasehold.cli.dburl import add_database_options, check_migrated, resolve_database_url
+from leasehold.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.persistence.connection import connect
+from leasehold.persistence.partitions import ensure_partitions, list_partitions
+from leasehold.persistence.seals import SealKeyError, load_private_key
+from leasehold.replay.retention import ArchiveFailed, archive_partition, due_partitions
 
 __all__ = ["register"]
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from cli.dburl import add_database_options, check_migrated, resolve_database_url
-from cli.main import EXIT_OK, EXIT_USAGE, CommandError
-from persistence.connection import connect
-from persistence.seals import Sealer, SealKeyError, generate_keypair, load_private_key, open_sink
+from leasehold.cli.dburl import add_database_options, check_migrated, resolve_database_url
+from leasehold.cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.persistence.connection import connect
+from leasehold.persistence.seals import Sealer, SealKeyError, generate_keypair, load_private_key, open_sink
 
 __all__ = ["register"]
 

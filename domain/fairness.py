@@ -48,8 +48,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
 
-from domain.errors import InvalidRequest
-from domain.events import (
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.events import (
     AttemptFailed,
     AttemptRevoked,
     AttemptTimedOut,

@@ -34,10 +34,10 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from domain.errors import InvalidRequest, LeaseholdError
-from domain.events import ProfileStep
-from domain.limits import check_body, check_field
-from domain.scan import MAX_LEGACY_SCAN_ID, validate_steps
+from leasehold.domain.errors import InvalidRequest, LeaseholdError
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.limits import check_body, check_field
+from leasehold.domain.scan import MAX_LEGACY_SCAN_ID, validate_steps
 
 MAX_MESSAGE_BYTES = 1 << 20
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from domain.errors import InvalidRequest, LeaseholdError
+from leasehold.domain.errors import InvalidRequest, LeaseholdError
 
 #: The deepest a whole request body may nest.
 MAX_BODY_DEPTH = 64

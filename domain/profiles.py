@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from domain.errors import Conflict, InvalidRequest
-from domain.events import (
+from leasehold.domain.errors import Conflict, InvalidRequest
+from leasehold.domain.events import (
     ExecutionMode,
     OrganizationGatewayExecutionSet,
     ProfileDeleted,
@@ -38,7 +38,7 @@ from domain.events import (
     ProfileStep,
     ProfileStored,
 )
-from domain.scan import validate_steps
+from leasehold.domain.scan import validate_steps
 
 #: Visible characters at both ends, at most 100 in all (the API's label rule). ``\Z``, not ``$``,
 #: which would let a trailing newline through.

@@ -25,8 +25,8 @@ from functools import singledispatch
 from types import MappingProxyType
 from uuid import UUID
 
-from domain.errors import InvalidRequest, InvalidTransition, NotFound
-from domain.events import (
+from leasehold.domain.errors import InvalidRequest, InvalidTransition, NotFound
+from leasehold.domain.events import (
     AssignmentChanged,
     DomainEvent,
     OrganizationCreated,

@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from domain.errors import InvalidRequest, InvalidTransition
-from domain.events import (
+from leasehold.domain.errors import InvalidRequest, InvalidTransition
+from leasehold.domain.events import (
     AttemptFailed,
     AttemptRevoked,
     AttemptTimedOut,
@@ -37,7 +37,7 @@ from domain.events import (
     TaskLeased,
     TaskRetried,
 )
-from domain.limits import check_field
+from leasehold.domain.limits import check_field
 
 TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"success", "failed", "timeout", "cancelled"})
 TERMINAL_SCAN_STATUSES: frozenset[str] = frozenset({"success", "failed", "cancelled"})

@@ -27,8 +27,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
-from domain.errors import InvalidRequest
-from domain.events import (
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.events import (
     DomainEvent,
     MisfirePolicy,
     ProfileStep,
@@ -38,7 +38,7 @@ from domain.events import (
     ScheduleFired,
     ScheduleSkipped,
 )
-from domain.limits import check_field
+from leasehold.domain.limits import check_field
 
 MIN_INTERVAL_SECONDS = 1
 #: Where a cron expression is tried once when a schedule is made (a leap-year start, so that

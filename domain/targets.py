@@ -31,8 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from domain.errors import Forbidden, InvalidRequest
-from domain.events import OrganizationTargetPolicySet
+from leasehold.domain.errors import Forbidden, InvalidRequest
+from leasehold.domain.events import OrganizationTargetPolicySet
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

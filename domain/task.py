@@ -36,7 +36,7 @@ from functools import singledispatch
 from typing import Any
 from uuid import UUID
 
-from domain.errors import (
+from leasehold.domain.errors import (
     DeadlineExceeded,
     IdempotencyConflict,
     InvalidRequest,
@@ -45,7 +45,7 @@ from domain.errors import (
     LeaseLost,
     TaskWasCancelled,
 )
-from domain.events import (
+from leasehold.domain.events import (
     AttemptFailed,
     AttemptRevoked,
     AttemptStatus,
@@ -68,8 +68,8 @@ from domain.events import (
     TaskStateName,
     WriteRejected,
 )
-from domain.limits import check_field
-from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from leasehold.domain.limits import check_field
+from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 
 LIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"leased", "running"})
 ACQUIRABLE_STATES: frozenset[str] = frozenset({"pending", "retry_wait"})

@@ -18,22 +18,22 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from psycopg_pool import AsyncConnectionPool
 
-from gateway.api import operator as operator_api
-from gateway.api import service as service_api
-from gateway.api import worker as worker_api
-from gateway.api.http import (
+from leasehold.gateway.api import operator as operator_api
+from leasehold.gateway.api import service as service_api
+from leasehold.gateway.api import worker as worker_api
+from leasehold.gateway.api.http import (
     Route,
     error_middleware,
     listener_middleware,
     listeners_of,
     request_log_middleware,
 )
-from gateway.background import checkpointer, partitioner, sampler, scheduler, sweeper
-from gateway.background.hints import Hints
-from gateway.background.notify import Notifier
-from gateway.console.site import routes as console_routes
-from gateway.identity import KnownCertificates, TokenBuckets
-from gateway.keys import (
+from leasehold.gateway.background import checkpointer, partitioner, sampler, scheduler, sweeper
+from leasehold.gateway.background.hints import Hints
+from leasehold.gateway.background.notify import Notifier
+from leasehold.gateway.console.site import routes as console_routes
+from leasehold.gateway.identity import KnownCertificates, TokenBuckets
+from leasehold.gateway.keys import (
     BUCKETS,
     CERTIFICATES,
     HINTS,
@@ -47,15 +47,15 @@ from gateway.keys import (
     SERVICES,
     SETTINGS,
 )
-from gateway.metrics import Metrics
-from gateway.schema import expected_revision
-from gateway.services import build_services
-from gateway.settings import GatewaySettings
-from gateway.startup import check_databases
-from persistence.connection import create_pool
-from persistence.roles import privilege_warnings
-from persistence.seals import Sealer, load_private_key, open_sink
-from persistence.transaction import Database
+from leasehold.gateway.metrics import Metrics
+from leasehold.gateway.schema import expected_revision
+from leasehold.gateway.services import build_services
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.gateway.startup import check_databases
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.roles import privilege_warnings
+from leasehold.persistence.seals import Sealer, load_private_key, open_sink
+from leasehold.persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
 

@@ -13,11 +13,11 @@ import math
 
 from aiohttp import web
 
-from domain.errors import Forbidden, LeaseholdError
-from gateway.identity import Operator, WorkerIdentity
-from gateway.keys import BUCKETS, CERTIFICATES, OPERATOR, SERVICES, WORKER, WORKER_FINGERPRINT
-from gateway.tls import peer_fingerprint
-from worker.logs import LOG_CONTEXT
+from leasehold.domain.errors import Forbidden, LeaseholdError
+from leasehold.gateway.identity import Operator, WorkerIdentity
+from leasehold.gateway.keys import BUCKETS, CERTIFICATES, OPERATOR, SERVICES, WORKER, WORKER_FINGERPRINT
+from leasehold.gateway.tls import peer_fingerprint
+from leasehold.protocol.logs import LOG_CONTEXT
 
 
 class Unauthorized(LeaseholdError):

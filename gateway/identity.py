@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from uuid import UUID
 
-from domain.errors import Forbidden
+from leasehold.domain.errors import Forbidden
 
 
 @dataclass(frozen=True, slots=True)

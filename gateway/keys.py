@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.background.hints import Hints
-from gateway.background.notify import Notifier
-from gateway.identity import KnownCertificates, Operator, TokenBuckets, WorkerIdentity
-from gateway.metrics import Metrics
-from gateway.services import Services
-from gateway.settings import GatewaySettings
-from persistence.seals import Sealer
-from persistence.transaction import Database
+from leasehold.gateway.background.hints import Hints
+from leasehold.gateway.background.notify import Notifier
+from leasehold.gateway.identity import KnownCertificates, Operator, TokenBuckets, WorkerIdentity
+from leasehold.gateway.metrics import Metrics
+from leasehold.gateway.services import Services
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.persistence.seals import Sealer
+from leasehold.persistence.transaction import Database
 
 #: Called once per request with (method, route template, status, seconds): metrics hook.
 ObserveRequest = Callable[[str, str, int, float], None]

@@ -1,5 +1,5 @@
 """The Gateway's logs: one JSON object per line on stderr, with the worker agent's formatter
-(:class:`worker.logs.JsonFormatter`: UTC timestamps with milliseconds, pid, the request id and
+(:class:`leasehold.protocol.logs.JsonFormatter`: UTC timestamps with milliseconds, pid, the request id and
 operator key id of the request being handled, secrets redacted). Never log bodies: they carry
 tokens."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from worker.logs import JsonFormatter
+from leasehold.protocol.logs import JsonFormatter
 
 __all__ = ["JsonFormatter", "configure_logging"]
 

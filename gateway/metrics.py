@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from domain.events import TaskLeased
+from leasehold.domain.events import TaskLeased
 
 #: Set by the ``--processes`` supervisor for its children: counters and histograms then live in
 #: files there, summed over every process (alive or dead) by whichever process answers.

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from persistence.queries import QUERIES
-from persistence.transaction import Database
+from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.transaction import Database
 
 __all__ = ["SchemaStatus", "expected_revision", "read_revision", "read_revision_async", "schema_status", "status_of"]
 
@@ -19,7 +19,7 @@ __all__ = ["SchemaStatus", "expected_revision", "read_revision", "read_revision_
 @cache
 def expected_revision() -> str | None:
     """The head revision of the migrations installed with this Gateway."""
-    from migrations.runner import head  # alembic's script directory: read once, when needed
+    from leasehold.migrations.runner import head  # alembic's script directory: read once, when needed
 
     return head()
 

@@ -36,13 +36,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Gauge
 
-from gateway.app import create_app
-from gateway.guard import ConnectionGuard
-from gateway.keys import GUARDS, LISTENER_PORTS, METRICS
-from gateway.logs import configure_logging
-from gateway.metrics import MULTIPROCESS_ENV
-from gateway.settings import GatewaySettings
-from gateway.startup import Listeners, StartupError, bind, check_databases, tls_contexts, tls_paths
+from leasehold.gateway.app import create_app
+from leasehold.gateway.guard import ConnectionGuard
+from leasehold.gateway.keys import GUARDS, LISTENER_PORTS, METRICS
+from leasehold.gateway.logs import configure_logging
+from leasehold.gateway.metrics import MULTIPROCESS_ENV
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.gateway.startup import Listeners, StartupError, bind, check_databases, tls_contexts, tls_paths
 
 __all__ = ["EXIT_STARTUP", "StartupError", "serve", "start", "tls_paths"]
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID, uuid4
 
-from domain.events import DomainEvent
-from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from gateway.commands.legacy import LegacyScans
-from gateway.commands.lifecycle import Lifecycle
-from gateway.commands.profiles import Profiles
-from gateway.commands.registry import Registry
-from gateway.commands.scans import Scans
-from gateway.commands.schedules import FailureBackoff, Schedules
-from persistence.transaction import Clock, Database, system_clock
+from leasehold.domain.events import DomainEvent
+from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from leasehold.gateway.commands.legacy import LegacyScans
+from leasehold.gateway.commands.lifecycle import Lifecycle
+from leasehold.gateway.commands.profiles import Profiles
+from leasehold.gateway.commands.registry import Registry
+from leasehold.gateway.commands.scans import Scans
+from leasehold.gateway.commands.schedules import FailureBackoff, Schedules
+from leasehold.persistence.transaction import Clock, Database, system_clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import psycopg
 
-from gateway.schema import read_revision_async, status_of
-from gateway.settings import GatewaySettings
-from gateway.tls import PkiError, PkiPaths, load_pki, server_ssl_context
-from persistence.urls import database_label
+from leasehold.gateway.schema import read_revision_async, status_of
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.gateway.tls import PkiError, PkiPaths, load_pki, server_ssl_context
+from leasehold.persistence.urls import database_label
 
 __all__ = ["CONNECT_TIMEOUT_SECONDS", "Listeners", "StartupError", "bind", "check_database", "check_databases",
            "operator_ssl_context", "tls_contexts", "tls_paths"]

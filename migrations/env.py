@@ -14,7 +14,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from migrations.runner import MIGRATION_LOCK_KEY, sqlalchemy_url
+from leasehold.migrations.runner import MIGRATION_LOCK_KEY, sqlalchemy_url
 
 config = context.config
 

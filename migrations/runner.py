@@ -21,7 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
-import migrations as _migrations_package
+from leasehold import migrations as _migrations_package
 
 __all__ = [
     "MIGRATIONS_DIR",

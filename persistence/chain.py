@@ -18,7 +18,7 @@ from uuid import UUID
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
-from persistence.queries import QUERIES
+from leasehold.persistence.queries import QUERIES
 
 GENESIS = bytes(32)
 

@@ -38,7 +38,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection, errors, sql
 
-from persistence.queries import QUERIES
+from leasehold.persistence.queries import QUERIES
 
 logger = logging.getLogger(__name__)
 

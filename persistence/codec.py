@@ -14,9 +14,10 @@ from uuid import UUID
 
 import orjson
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder, Transcoding
-from eventsourcing.utils import TopicError, get_topic, resolve_topic
+from eventsourcing.utils import TopicError, get_topic, register_topic, resolve_topic
 
-from domain.events import DomainEvent
+from leasehold.domain import events as domain_events
+from leasehold.domain.events import DomainEvent
 
 _POSITION = ("originator_id", "originator_version")
 
@@ -59,13 +60,18 @@ class EventMapper(Mapper[Any]):
 
 
 _TOPICS: dict[type, str] = {}
+#: Stored topics name our modules without the package's name (``domain.events:TaskLeased``): the
+#: log was first written so, and a topic is hashed into its stream's chain, so it never changes.
+_PACKAGE = "leasehold."
+register_topic(domain_events.__name__.removeprefix(_PACKAGE), domain_events)
 
 
 def topic_of(cls: type) -> str:
-    """eventsourcing's topic (``module:Class``) of an event class, cached."""
+    """eventsourcing's topic (``module:Class``) of an event class, cached; ours without the
+    ``leasehold.`` prefix (see :data:`_PACKAGE`)."""
     topic = _TOPICS.get(cls)
     if topic is None:
-        topic = _TOPICS[cls] = get_topic(cls)
+        topic = _TOPICS[cls] = get_topic(cls).removeprefix(_PACKAGE)
     return topic
 
 

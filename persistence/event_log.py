@@ -21,10 +21,10 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from psycopg import AsyncConnection
 
-from domain.events import DomainEvent
-from persistence.chain import GENESIS, chain_hash
-from persistence.codec import MAPPER, decode_event
-from persistence.queries import QUERIES
+from leasehold.domain.events import DomainEvent
+from leasehold.persistence.chain import GENESIS, chain_hash
+from leasehold.persistence.codec import MAPPER, decode_event
+from leasehold.persistence.queries import QUERIES
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from domain.errors import LeaseholdError
-from persistence.transaction import Database, Transaction, abandon
+from leasehold.domain.errors import LeaseholdError
+from leasehold.persistence.transaction import Database, Transaction, abandon
 
 T = TypeVar("T")
 Body = Callable[[Transaction], Awaitable[Any]]

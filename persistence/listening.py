@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import psycopg
 from psycopg import sql
 
-from persistence.transaction import NOTIFY_CHANNEL
+from leasehold.persistence.transaction import NOTIFY_CHANNEL
 
 
 @asynccontextmanager

@@ -17,7 +17,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from persistence.event_log import StoredRow
+from leasehold.persistence.event_log import StoredRow
 
 #: How long retention waits for the locks that detach a partition before giving up.
 LOCK_TIMEOUT_MS = 5_000

@@ -49,8 +49,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from psycopg import AsyncConnection, sql
 
-from persistence.checkpoints import CHECKPOINT_COLUMNS as _COLUMNS
-from persistence.checkpoints import Checkpoint, Head, checkpoint_from_row, write_checkpoint
+from leasehold.persistence.checkpoints import CHECKPOINT_COLUMNS as _COLUMNS
+from leasehold.persistence.checkpoints import Checkpoint, Head, checkpoint_from_row, write_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from uuid import UUID
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import JsonbBinaryDumper
 
-from persistence.queries import QUERIES
-from projections.memory import PRIMARY_KEY_OF, Tables
-from projections.rows import PRIMARY_KEYS, TABLE_ORDER, Row
+from leasehold.persistence.queries import QUERIES
+from leasehold.projections.memory import PRIMARY_KEY_OF, Tables
+from leasehold.projections.rows import PRIMARY_KEYS, TABLE_ORDER, Row
 
 
 async def load_tables(conn: AsyncConnection[Any], schema: str = "public") -> Tables:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from domain.errors import Forbidden
-from domain.task import AttemptState, BatchRecord, TaskState
-from persistence.event_log import StreamHead
+from leasehold.domain.errors import Forbidden
+from leasehold.domain.task import AttemptState, BatchRecord, TaskState
+from leasehold.persistence.event_log import StreamHead
 
 TASK_COLUMNS = 24
 ATTEMPT_COLUMNS = 13

@@ -34,14 +34,14 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from domain.events import DomainEvent
-from persistence.event_log import StreamHead, record
-from persistence.queries import QUERIES
-from persistence.snapshot import snapshot
-from persistence.writes import WriteBuffer
-from projections.projector import project
-from projections.rows import RowOp
+from leasehold.domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from leasehold.domain.events import DomainEvent
+from leasehold.persistence.event_log import StreamHead, record
+from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.writes import WriteBuffer
+from leasehold.projections.projector import project
+from leasehold.projections.rows import RowOp
 
 T = TypeVar("T")
 Clock = Callable[[], datetime | None]

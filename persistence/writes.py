@@ -33,7 +33,7 @@ from typing import Any
 
 from psycopg import AsyncCursor, sql
 
-from projections.rows import PRIMARY_KEYS, Insert, RowOp, Update, Upsert
+from leasehold.projections.rows import PRIMARY_KEYS, Insert, RowOp, Update, Upsert
 
 _cache: dict[tuple[Any, ...], sql.Composed] = {}
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from projections.memory import Tables
-from projections.rows import PRIMARY_KEYS, Row
+from leasehold.projections.memory import Tables
+from leasehold.projections.rows import PRIMARY_KEYS, Row
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
-from projections.rows import PRIMARY_KEYS, Insert, Row, RowOp, Update, Upsert
+from leasehold.projections.rows import PRIMARY_KEYS, Insert, Row, RowOp, Update, Upsert
 
 #: Projected tables as ``{table: {primary key tuple: row}}``: what a rebuild makes and what
 #: verification reads from the database to compare with it.

@@ -18,9 +18,9 @@ from __future__ import annotations
 from functools import singledispatch
 from typing import Any
 
-from domain import events as ev
-from domain.task import ACKNOWLEDGED_BY_WORKER, TIMEOUT_ERROR
-from projections.rows import Insert, RowOp, Update, Upsert
+from leasehold.domain import events as ev
+from leasehold.domain.task import ACKNOWLEDGED_BY_WORKER, TIMEOUT_ERROR
+from leasehold.projections.rows import Insert, RowOp, Update, Upsert
 
 
 @singledispatch

@@ -7,6 +7,6 @@ The command line lives in :mod:`cli.replay` (``leasehold replay …``); the Gate
 :func:`write_checkpoint` periodically.
 """
 
-from persistence.checkpoints import Checkpoint, write_checkpoint
+from leasehold.persistence.checkpoints import Checkpoint, write_checkpoint
 
 __all__ = ["Checkpoint", "write_checkpoint"]

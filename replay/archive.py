@@ -31,13 +31,13 @@ import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from psycopg import AsyncConnection
 
-from persistence.chain import check_link
-from persistence.codec import decode_event
-from persistence.event_log import StoredRow
-from persistence.partitions import Partition, PartitionContents, partition_rows
-from persistence.seals import key_id
-from persistence.transaction import Reader
-from replay.bundle import (
+from leasehold.persistence.chain import check_link
+from leasehold.persistence.codec import decode_event
+from leasehold.persistence.event_log import StoredRow
+from leasehold.persistence.partitions import Partition, PartitionContents, partition_rows
+from leasehold.persistence.seals import key_id
+from leasehold.persistence.transaction import Reader
+from leasehold.replay.bundle import (
     FORMAT,
     SIGNATURE,
     SIGNATURE_FORMAT,

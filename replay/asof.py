@@ -20,12 +20,12 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from domain.task import TaskState, project_task
-from persistence.event_log import StoredRow, rows_of_streams, stream_rows
-from projections.memory import MemoryTables
-from projections.projector import project
-from projections.rows import Row
-from replay.log import require_stream, scan_task_ids
+from leasehold.domain.task import TaskState, project_task
+from leasehold.persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from leasehold.projections.memory import MemoryTables
+from leasehold.projections.projector import project
+from leasehold.projections.rows import Row
+from leasehold.replay.log import require_stream, scan_task_ids
 
 Clock = Literal["event", "recorded"]
 

@@ -39,14 +39,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from psycopg import AsyncConnection
 
-from domain.events import ResultBatchAccepted
-from persistence.chain import check_link
-from persistence.checkpoints import latest_checkpoint, sealed_heads
-from persistence.codec import decode_event
-from persistence.event_log import StoredRow, rows_of_streams, stream_rows
-from persistence.seals import key_id
-from persistence.transaction import Reader
-from replay.log import require_stream, scan_task_ids
+from leasehold.domain.events import ResultBatchAccepted
+from leasehold.persistence.chain import check_link
+from leasehold.persistence.checkpoints import latest_checkpoint, sealed_heads
+from leasehold.persistence.codec import decode_event
+from leasehold.persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from leasehold.persistence.seals import key_id
+from leasehold.persistence.transaction import Reader
+from leasehold.replay.log import require_stream, scan_task_ids
 
 FORMAT = "leasehold-audit-bundle/1"
 SIGNATURE = "manifest.sig"

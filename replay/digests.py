@@ -28,9 +28,9 @@ from uuid import UUID
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from psycopg import AsyncConnection
 
-from persistence.checkpoints import GENESIS_SEAL, ArchivedHashes, Checkpoint, seal_of
-from persistence.seals import FORMAT, DigestSink, heads_of, open_sink, signature_problem
-from persistence.transaction import Reader
+from leasehold.persistence.checkpoints import GENESIS_SEAL, ArchivedHashes, Checkpoint, seal_of
+from leasehold.persistence.seals import FORMAT, DigestSink, heads_of, open_sink, signature_problem
+from leasehold.persistence.transaction import Reader
 
 
 @dataclass(frozen=True, slots=True)

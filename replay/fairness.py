@@ -18,12 +18,12 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from domain import events as ev
-from domain import fairness
-from persistence.codec import decode_event, topic_of
-from persistence.event_log import event_batches
-from persistence.snapshot import snapshot
-from persistence.tables import fair_share_rows
+from leasehold.domain import events as ev
+from leasehold.domain import fairness
+from leasehold.persistence.codec import decode_event, topic_of
+from leasehold.persistence.event_log import event_batches
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import fair_share_rows
 
 #: The events that move an organisation's fair-share state (and the one naming a task's organisation).
 _MOVERS: tuple[type[ev.DomainEvent], ...] = (ev.TaskCreated, ev.TaskLeased, *fairness.ATTEMPT_ENDING_EVENTS)

@@ -28,11 +28,11 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from persistence.codec import decode_event
-from persistence.event_log import event_batches
-from projections.memory import MemoryTables, Tables
-from projections.projector import project
-from replay.gcpause import gc_paused
+from leasehold.persistence.codec import decode_event
+from leasehold.persistence.event_log import event_batches
+from leasehold.projections.memory import MemoryTables, Tables
+from leasehold.projections.projector import project
+from leasehold.replay.gcpause import gc_paused
 
 Progress = Callable[[int], None]
 

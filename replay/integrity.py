@@ -18,12 +18,12 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from persistence.chain import walk_chains
-from persistence.checkpoints import Checkpoint, CheckpointProblem, verify_checkpoints
-from persistence.partitions import archive_records
-from persistence.snapshot import snapshot
-from replay.archive import ArchiveSet
-from replay.digests import DigestProblem, Digests, Unsealed, log_against_digests
+from leasehold.persistence.chain import walk_chains
+from leasehold.persistence.checkpoints import Checkpoint, CheckpointProblem, verify_checkpoints
+from leasehold.persistence.partitions import archive_records
+from leasehold.persistence.snapshot import snapshot
+from leasehold.replay.archive import ArchiveSet
+from leasehold.replay.digests import DigestProblem, Digests, Unsealed, log_against_digests
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from domain.events import ScanJobQueued
-from persistence.event_log import StoredRow, stream_rows, stream_type
-from persistence.transaction import Reader
+from leasehold.domain.events import ScanJobQueued
+from leasehold.persistence.event_log import StoredRow, stream_rows, stream_type
+from leasehold.persistence.transaction import Reader
 
 
 async def scan_task_ids(conn: AsyncConnection[Any], scan_id: UUID,

@@ -25,15 +25,15 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from persistence.connection import connect
-from persistence.event_log import batches_of_groups, count_events, group_batches
-from persistence.snapshot import export_snapshot, snapshot
-from persistence.tables import GroupRows, TableLoader, commit_without_flush_wait
-from projections.compare import Comparison
-from projections.memory import ProjectionError, Tables
-from projections.rows import PRIMARY_KEYS, TABLE_ORDER
-from replay.fold import CHUNK_EVENTS, Progress, fold_groups
-from replay.gcpause import gc_paused
+from leasehold.persistence.connection import connect
+from leasehold.persistence.event_log import batches_of_groups, count_events, group_batches
+from leasehold.persistence.snapshot import export_snapshot, snapshot
+from leasehold.persistence.tables import GroupRows, TableLoader, commit_without_flush_wait
+from leasehold.projections.compare import Comparison
+from leasehold.projections.memory import ProjectionError, Tables
+from leasehold.projections.rows import PRIMARY_KEYS, TABLE_ORDER
+from leasehold.replay.fold import CHUNK_EVENTS, Progress, fold_groups
+from leasehold.replay.gcpause import gc_paused
 
 RANGES_PER_JOB = 1
 #: Below this many (estimated) events per process, another process costs more than it saves.

@@ -25,9 +25,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from persistence.event_log import log_end
-from persistence.snapshot import snapshot
-from persistence.tables import (
+from leasehold.persistence.event_log import log_end
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import (
     add_primary_keys,
     comment_on_schema,
     commit_without_flush_wait,
@@ -36,8 +36,8 @@ from persistence.tables import (
     rename_schema,
     schema_comment,
 )
-from replay.fold import Progress
-from replay.parallel import over_ranges
+from leasehold.replay.fold import Progress
+from leasehold.replay.parallel import over_ranges
 
 MARK = "leasehold replay rebuild"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from domain.task import TaskState
-from replay.asof import ScanAsOf, TaskAsOf
-from replay.timeline import Entry
+from leasehold.domain.task import TaskState
+from leasehold.replay.asof import ScanAsOf, TaskAsOf
+from leasehold.replay.timeline import Entry
 
 
 def console() -> Console:

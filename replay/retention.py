@@ -21,7 +21,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg import AsyncConnection, errors
 
-from persistence.partitions import (
+from leasehold.persistence.partitions import (
     LOCK_TIMEOUT_MS,
     ArchiveRecord,
     Partition,
@@ -31,8 +31,8 @@ from persistence.partitions import (
     list_partitions,
     partition_contents,
 )
-from persistence.snapshot import snapshot
-from replay.archive import export_archive, verify_archive
+from leasehold.persistence.snapshot import snapshot
+from leasehold.replay.archive import export_archive, verify_archive
 
 
 class ArchiveFailed(RuntimeError):

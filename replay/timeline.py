@@ -18,13 +18,13 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from domain import events as ev
-from domain.task import TaskState, evolve
-from persistence.event_log import StoredRow, rows_of_streams, stream_rows
-from projections.memory import MemoryTables
-from projections.projector import project
-from replay.archive import archived_rows
-from replay.log import NotFound, require_stream, scan_task_ids
+from leasehold.domain import events as ev
+from leasehold.domain.task import TaskState, evolve
+from leasehold.persistence.event_log import StoredRow, rows_of_streams, stream_rows
+from leasehold.projections.memory import MemoryTables
+from leasehold.projections.projector import project
+from leasehold.replay.archive import archived_rows
+from leasehold.replay.log import NotFound, require_stream, scan_task_ids
 
 _BASE_FIELDS = frozenset({"originator_id", "originator_version", "timestamp", "actor"})
 

@@ -25,12 +25,12 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from persistence.checkpoints import Checkpoint, latest_checkpoint
-from persistence.event_log import streams_touched_since
-from persistence.snapshot import snapshot
-from projections.compare import Difference
-from replay.fold import Progress
-from replay.parallel import Part, over_ranges, verify_groups
+from leasehold.persistence.checkpoints import Checkpoint, latest_checkpoint
+from leasehold.persistence.event_log import streams_touched_since
+from leasehold.persistence.snapshot import snapshot
+from leasehold.projections.compare import Difference
+from leasehold.replay.fold import Progress
+from leasehold.replay.parallel import Part, over_ranges, verify_groups
 
 #: Groups per refold of an incremental verification.
 GROUPS_PER_CHUNK = 2_000

@@ -50,13 +50,13 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from replicas.replicas_support import RedisServer
 
-from cli.dev_ca import init_pki
-from cli.embedded import EmbeddedPostgres, redact_url, with_database
-from gateway.services import Services, build_services
-from gateway.tls import PkiPaths
-from migrations import runner as migrate
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.dev_ca import init_pki
+from leasehold.cli.embedded import EmbeddedPostgres, redact_url, with_database
+from leasehold.gateway.services import Services, build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.core import ManualClock, World
 from support.gateway import LOOPBACK_ALLOWED, RunningGateway, free_port, running_gateway
 

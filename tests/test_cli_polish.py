@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser, main
+from leasehold.cli.main import build_parser, main
 
 
 def parsers(parser: argparse.ArgumentParser, name: str = "leasehold") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -58,12 +58,12 @@ def test_file_and_unexpected_errors_are_one_line(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("leasehold: error: ") and "Traceback" not in err
 
-    import cli.database
+    from leasehold.cli import database as cli_database
 
     def broken(args: argparse.Namespace) -> int:
         raise RuntimeError("something no one expected")
 
-    monkeypatch.setattr(cli.database, "_migrate", broken)
+    monkeypatch.setattr(cli_database, "_migrate", broken)
     assert main(["migrate", "--database-url", "postgresql://127.0.0.1:1/x"]) == 1
     err = capsys.readouterr().err
     assert err == ("leasehold: error: unexpected RuntimeError: something no one expected "
@@ -73,7 +73,7 @@ def test_file_and_unexpected_errors_are_one_line(tmp_path: Path, capsys: pytest.
 
 
 def test_the_bootstrap_key_comes_from_its_file(tmp_path: Path) -> None:
-    from gateway.settings import GatewaySettings
+    from leasehold.gateway.settings import GatewaySettings
 
     key_file = tmp_path / "admin-key"
     key_file.write_text("k3y-from-a-file\n")
@@ -88,7 +88,7 @@ def test_a_reader_that_stops_early_is_no_error() -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader has gone: every write to the pipe fails with EPIPE
     try:
-        done = subprocess.run([sys.executable, "-m", "cli.main", "migrate", "--sql"], stdout=write_end,
+        done = subprocess.run([sys.executable, "-m", "leasehold.cli.main", "migrate", "--sql"], stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=60,
                               env={k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")})
     finally:

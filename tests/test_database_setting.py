@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from cli.main import main
-from gateway.tls import PkiPaths
-from migrations import runner as migrate
-from persistence.urls import database_label
+from leasehold.cli.main import main
+from leasehold.gateway.tls import PkiPaths
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.urls import database_label
 
 #: Every command that works on a database, with arguments that make it finish quickly.
 COMMANDS: dict[str, tuple[str, ...]] = {
@@ -62,7 +62,7 @@ def run_all(home: Path, commands: dict[str, list[str]], env: dict[str, str],
     the same environment."""
     serving = None
     if "gateway serve" in commands:
-        serving = subprocess.Popen([sys.executable, "-m", "cli.main", *commands["gateway serve"]],
+        serving = subprocess.Popen([sys.executable, "-m", "leasehold.cli.main", *commands["gateway serve"]],
                                    env=environment(home, env), cwd=home, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
     for name in [k for k in os.environ if k.endswith("DATABASE_URL")]:

@@ -14,7 +14,7 @@ import pytest
 async def test_demo_runs_a_scan_survives_a_killed_worker_and_audits_clean(database_url: str,
                                                                            tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": database_url, "LEASEHOLD_HOME": str(tmp_path)}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli.main", "demo", env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "leasehold.cli.main", "demo", env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     text = out.decode()

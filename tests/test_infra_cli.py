@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from migrations import runner as migrate
-from persistence.urls import database_label
+from leasehold.cli.main import main
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.urls import database_label
 
 
 def _closed_port() -> int:

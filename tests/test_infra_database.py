@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cli.embedded import (
+from leasehold.cli.embedded import (
     MAX_SOCKET_PATH,
     EmbeddedPostgres,
     default_data_dir,
@@ -72,7 +72,7 @@ def scratch_server() -> Iterator[EmbeddedPostgres]:
 
 def _leasehold(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "leasehold.cli.main", *args], capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -122,7 +122,7 @@ def test_embedded_server_lifecycle(scratch_server: EmbeddedPostgres) -> None:
 def test_stop_at_exit_only_for_auto_started_servers(scratch_server: EmbeddedPostgres) -> None:
     data_dir = str(scratch_server.data_dir)
     auto = (
-        "import sys; from cli.embedded import EmbeddedPostgres; "
+        "import sys; from leasehold.cli.embedded import EmbeddedPostgres; "
         "assert EmbeddedPostgres(sys.argv[1], stop_at_exit=True).start() is {}"
     )
     # Auto-started by a process with stop_at_exit: stopped when that process exits.

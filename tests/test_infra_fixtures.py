@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from migrations import runner as migrate
+from leasehold.migrations import runner as migrate
 
 
 def _tables(url: str) -> set[str]:

@@ -22,9 +22,9 @@ from uuid import UUID
 import orjson
 import pytest
 
-from cli import legacy as legacy_cli
-from cli.main import main
-from domain.events import ProfileStep
+from leasehold.cli import legacy as legacy_cli
+from leasehold.cli.main import main
+from leasehold.domain.events import ProfileStep
 from support.core import World, assert_log_rebuilds_live
 
 redis = pytest.importorskip("redis")

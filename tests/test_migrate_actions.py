@@ -5,9 +5,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from cli.main import main
-from migrations import runner as migrate
-from persistence.urls import database_label
+from leasehold.cli.main import main
+from leasehold.migrations import runner as migrate
+from leasehold.persistence.urls import database_label
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from migrations import runner as migrate
+from leasehold.migrations import runner as migrate
 
 # Each query yields (kind, description) rows; together they fingerprint the user schema: objects
 # outside pg_catalog / information_schema / pg_*, not owned by an extension, alembic's table excluded.

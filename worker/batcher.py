@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from domain.results import payload_sha256
+from leasehold.domain.results import payload_sha256
 
 __all__ = ["Batch", "Batcher", "idempotency_key"]
 

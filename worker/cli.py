@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.settings import ENV_PREFIX, WorkerSettings
+from leasehold.worker.settings import ENV_PREFIX, WorkerSettings
 
 __all__ = ["main", "register"]
 
@@ -106,9 +106,9 @@ def run_command(args: argparse.Namespace) -> int:
 def run(settings: WorkerSettings) -> int:
     """Run the agent in this process until it is stopped by a signal; the exit status."""
     # Deferred: the agent pulls in aiohttp and TLS; `worker run --help` must start without them.
-    from worker.agent import Agent, ConfigurationError
-    from worker.logs import configure_logging
-    from worker.status import LogStatusView, RichStatusView, Status
+    from leasehold.protocol.logs import configure_logging
+    from leasehold.worker.agent import Agent, ConfigurationError
+    from leasehold.worker.status import LogStatusView, RichStatusView, Status
 
     status = Status(settings.max_concurrency)
     console = None
@@ -134,7 +134,7 @@ def run(settings: WorkerSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m worker.cli run …`` (the same as ``leasehold worker run …``)."""
+    """``python -m leasehold.worker.cli run …`` (the same as ``leasehold worker run …``)."""
     parser = argparse.ArgumentParser(prog="leasehold worker")
     sub = parser.add_subparsers(dest="worker_command", metavar="COMMAND", required=True)
     run_parser = sub.add_parser("run", help="run the worker agent")

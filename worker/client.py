@@ -33,9 +33,9 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
-from worker.backoff import Backoff, sleep_unless
-from worker.batcher import Batch
-from worker.settings import WorkerSettings
+from leasehold.worker.backoff import Backoff, sleep_unless
+from leasehold.worker.batcher import Batch
+from leasehold.worker.settings import WorkerSettings
 
 log = logging.getLogger("leasehold.worker.client")
 

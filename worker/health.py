@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.status import OUTCOMES, Status
+from leasehold.worker.status import OUTCOMES, Status
 
 __all__ = ["HealthServer", "render_metrics"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-import worker.plugins
+from leasehold.worker import plugins as builtin_plugins
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -51,8 +51,8 @@ _TASK_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def _builtin_plugins() -> dict[str, str]:
     """Task type -> module of every plugin shipped in :mod:`worker.plugins`."""
-    return {info.name.replace("_", "-"): f"worker.plugins.{info.name}"
-            for info in pkgutil.iter_modules(worker.plugins.__path__)
+    return {info.name.replace("_", "-"): f"leasehold.worker.plugins.{info.name}"
+            for info in pkgutil.iter_modules(builtin_plugins.__path__)
             if info.name != "common" and not info.name.startswith("_")}
 
 

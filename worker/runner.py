@@ -47,8 +47,9 @@ from typing import Any, Literal
 
 import orjson
 
-from worker.batcher import Batcher
-from worker.client import (
+from leasehold.protocol.targets import refused_target
+from leasehold.worker.batcher import Batcher
+from leasehold.worker.client import (
     AttemptRef,
     GatewayClient,
     GatewayError,
@@ -58,7 +59,7 @@ from worker.client import (
     Rejected,
     TaskWasCancelled,
 )
-from worker.plugin import (
+from leasehold.worker.plugin import (
     EXIT_BAD_INPUT,
     InvalidOutput,
     PluginCommand,
@@ -66,9 +67,8 @@ from worker.plugin import (
     PluginProcess,
     PluginResolver,
 )
-from worker.settings import WorkerSettings
-from worker.status import RunningTask, Status
-from worker.targets import refused_target
+from leasehold.worker.settings import WorkerSettings
+from leasehold.worker.status import RunningTask, Status
 
 __all__ = ["AcquireTiming", "Ending", "TaskRunner"]
 

@@ -19,9 +19,9 @@ import orjson
 from aiohttp import web
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 
-from domain.errors import InvalidRequest, LeaseholdError
-from domain.limits import check_body, check_field
-from gateway.keys import (
+from leasehold.domain.errors import InvalidRequest, LeaseholdError
+from leasehold.domain.limits import check_body, check_field
+from leasehold.gateway.keys import (
     LISTENER_PORTS,
     METRICS,
     OBSERVE_REQUEST,
@@ -31,7 +31,7 @@ from gateway.keys import (
     SETTINGS,
     WORKER_FINGERPRINT,
 )
-from worker.logs import LOG_CONTEXT
+from leasehold.protocol.logs import LOG_CONTEXT
 
 log = logging.getLogger("leasehold.gateway")
 

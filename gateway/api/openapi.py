@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.api.http import Route
+from leasehold.gateway.api.http import Route
 
 # aiohttp path variables may carry a pattern (``{task_id:[0-9a-fA-F-]+}``); OpenAPI knows only names.
 _PATH_VARIABLE = re.compile(r"{(\w+)(?::[^{}/]*)?}")

@@ -32,11 +32,11 @@ from uuid import UUID
 from aiohttp import web
 from pydantic_core import to_jsonable_python
 
-from domain import targets as target_rules
-from domain.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from domain.events import ProfileStep
-from gateway.api.http import BadRequest, RouteTable, ok, read_json, read_query
-from gateway.api.operator_models import (
+from leasehold.domain import targets as target_rules
+from leasehold.domain.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from leasehold.domain.events import ProfileStep
+from leasehold.gateway.api.http import BadRequest, RouteTable, ok, read_json, read_query
+from leasehold.gateway.api.operator_models import (
     MAX_DETAIL_JOBS,
     NO_TASK_TYPES,
     AddAssignment,
@@ -113,15 +113,15 @@ from gateway.api.operator_models import (
     redact,
     task_summary,
 )
-from gateway.auth import operator_identity
-from gateway.commands.lifecycle import TaskSpec
-from gateway.commands.registry import IssuedKey
-from gateway.identity import Operator
-from gateway.keys import READ_DATABASE, SEALER, SERVICES
-from gateway.services import Services
-from persistence.event_log import decode_event
-from persistence.task_rows import task_from_row
-from persistence.transaction import Database, Reader
+from leasehold.gateway.auth import operator_identity
+from leasehold.gateway.commands.lifecycle import TaskSpec
+from leasehold.gateway.commands.registry import IssuedKey
+from leasehold.gateway.identity import Operator
+from leasehold.gateway.keys import READ_DATABASE, SEALER, SERVICES
+from leasehold.gateway.services import Services
+from leasehold.persistence.event_log import decode_event
+from leasehold.persistence.task_rows import task_from_row
+from leasehold.persistence.transaction import Database, Reader
 
 log = logging.getLogger("leasehold.gateway")
 routes = RouteTable()

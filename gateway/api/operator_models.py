@@ -23,19 +23,18 @@ from pydantic import (
     model_validator,
 )
 
-from domain.events import ScanStatus, TaskStateName
-from domain.task import TaskState
-from gateway.api.http import INTEGRAL, json_limits
-from gateway.api.worker_models import AttemptView
-
 # The finding-work answers are the client's own models: one definition, which the Gateway answers with.
-from leasehold_client.models import Counts as Counts
-from leasehold_client.models import Job as Job
-from leasehold_client.models import LiveLease as LiveLease
-from leasehold_client.models import OrganizationCounts as OrganizationCounts
-from leasehold_client.models import QueueCounts as QueueCounts
-from leasehold_client.models import TaskPage as TaskPage
-from leasehold_client.models import TaskSummary as TaskSummary
+from leasehold.client.models import Counts as Counts
+from leasehold.client.models import Job as Job
+from leasehold.client.models import LiveLease as LiveLease
+from leasehold.client.models import OrganizationCounts as OrganizationCounts
+from leasehold.client.models import QueueCounts as QueueCounts
+from leasehold.client.models import TaskPage as TaskPage
+from leasehold.client.models import TaskSummary as TaskSummary
+from leasehold.domain.events import ScanStatus, TaskStateName
+from leasehold.domain.task import TaskState
+from leasehold.gateway.api.http import INTEGRAL, json_limits
+from leasehold.gateway.api.worker_models import AttemptView
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).

@@ -10,12 +10,12 @@ import os
 
 from aiohttp import web
 
-from domain.errors import LeaseholdError, Unavailable
-from gateway.api.http import Listener, RouteTable, ok
-from gateway.api.openapi import build_openapi
-from gateway.auth import operator_identity
-from gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
-from gateway.schema import schema_status
+from leasehold.domain.errors import LeaseholdError, Unavailable
+from leasehold.gateway.api.http import Listener, RouteTable, ok
+from leasehold.gateway.api.openapi import build_openapi
+from leasehold.gateway.auth import operator_identity
+from leasehold.gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
+from leasehold.gateway.schema import schema_status
 
 routes = RouteTable()
 

@@ -16,8 +16,8 @@ from uuid import UUID
 import orjson
 from aiohttp import web
 
-from gateway.api.http import RouteTable, ok, read_json
-from gateway.api.worker_models import (
+from leasehold.gateway.api.http import RouteTable, ok, read_json
+from leasehold.gateway.api.worker_models import (
     AcquireRequest,
     AcquireResponse,
     AttemptView,
@@ -33,11 +33,11 @@ from gateway.api.worker_models import (
     TaskView,
     WorkerWriteRequest,
 )
-from gateway.auth import worker_identity
-from gateway.commands import wakeups
-from gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
-from gateway.identity import WorkerIdentity
-from gateway.keys import NOTIFIER, SERVICES, SETTINGS
+from leasehold.gateway.auth import worker_identity
+from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
+from leasehold.gateway.identity import WorkerIdentity
+from leasehold.gateway.keys import NOTIFIER, SERVICES, SETTINGS
 
 routes = RouteTable()
 B = TypeVar("B", bound=WorkerWriteRequest)

@@ -19,8 +19,8 @@ from pydantic import (
 )
 from typing_extensions import TypeAliasType
 
-from domain.task import AttemptState, TaskState
-from gateway.api.http import INTEGRAL, json_limits
+from leasehold.domain.task import AttemptState, TaskState
+from leasehold.gateway.api.http import INTEGRAL, json_limits
 
 Token = Annotated[str, Field(min_length=16, max_length=200, description="the lease token from acquire")]
 

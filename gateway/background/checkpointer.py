@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.background.loops import stop_if_cancelled
-from persistence.checkpoints import write_checkpoint
-from persistence.seals import Sealer
-from persistence.transaction import Database
+from leasehold.gateway.background.loops import stop_if_cancelled
+from leasehold.persistence.checkpoints import write_checkpoint
+from leasehold.persistence.seals import Sealer
+from leasehold.persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
 

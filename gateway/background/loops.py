@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from domain.errors import LeaseholdError
+from leasehold.domain.errors import LeaseholdError
 
 log = logging.getLogger("leasehold.loops")
 

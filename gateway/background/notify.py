@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from persistence.listening import listening
+from leasehold.persistence.listening import listening
 
 log = logging.getLogger("leasehold.notify")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from gateway.background.loops import every
-from persistence.partitions import ensure_partitions
-from persistence.transaction import Database
+from leasehold.gateway.background.loops import every
+from leasehold.persistence.partitions import ensure_partitions
+from leasehold.persistence.transaction import Database
 
 log = logging.getLogger("leasehold.gateway")
 

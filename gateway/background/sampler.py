@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.background.loops import stop_if_cancelled
-from gateway.metrics import Metrics
-from persistence.transaction import Database
+from leasehold.gateway.background.loops import stop_if_cancelled
+from leasehold.gateway.metrics import Metrics
+from leasehold.persistence.transaction import Database
 
 
 async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:

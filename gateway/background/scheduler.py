@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.background.loops import every
-from gateway.commands.schedules import Schedules
+from leasehold.gateway.background.loops import every
+from leasehold.gateway.commands.schedules import Schedules
 
 
 async def schedule_once(schedules: Schedules, *, batch: int = 50) -> int:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.background.loops import every
-from gateway.commands.lifecycle import Lifecycle
+from leasehold.gateway.background.loops import every
+from leasehold.gateway.commands.lifecycle import Lifecycle
 
 
 async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:

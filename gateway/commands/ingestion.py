@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from domain.task import TaskState
-from persistence.transaction import Transaction
+from leasehold.domain.task import TaskState
+from leasehold.persistence.transaction import Transaction
 
 #: Record types kept whole, one row per (batch, record index), and the statement that stores them.
 _KEYED = {"file": "ingest_file_records", "exposure": "ingest_exposure_changes",

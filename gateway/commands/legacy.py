@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID, uuid4
 
-from domain import scan as scan_rules
-from domain.errors import Conflict, NotFound
-from domain.events import ScanStatus
-from domain.legacy import LegacyMessage
-from domain.profiles import LegacyExecuted
-from gateway.commands.scans import open_scan
-from persistence.event_log import StreamHead
-from persistence.transaction import Clock, Database, one, system_clock
+from leasehold.domain import scan as scan_rules
+from leasehold.domain.errors import Conflict, NotFound
+from leasehold.domain.events import ScanStatus
+from leasehold.domain.legacy import LegacyMessage
+from leasehold.domain.profiles import LegacyExecuted
+from leasehold.gateway.commands.scans import open_scan
+from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.transaction import Clock, Database, one, system_clock
 
 DRAIN_ACTOR = "legacy-drain"
 

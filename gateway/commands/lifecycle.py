@@ -27,10 +27,10 @@ from uuid import UUID, uuid4
 
 import orjson
 
-from domain import fairness
-from domain import scan as scan_rules
-from domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
-from domain.events import (
+from leasehold.domain import fairness
+from leasehold.domain import scan as scan_rules
+from leasehold.domain.errors import Forbidden, InvalidRequest, InvalidTransition, NotFound
+from leasehold.domain.events import (
     CancelChannel,
     CancelDelivered,
     DomainEvent,
@@ -38,10 +38,10 @@ from domain.events import (
     TaskCancelled,
     WriteRejected,
 )
-from domain.results import canonical_payload
-from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from domain.targets import check_scope, policy_from_json, targets_of
-from domain.task import (
+from leasehold.domain.results import canonical_payload
+from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from leasehold.domain.targets import check_scope, policy_from_json, targets_of
+from leasehold.domain.task import (
     ACKNOWLEDGED_BY_WORKER,
     AcknowledgeCancel,
     AttemptState,
@@ -68,11 +68,11 @@ from domain.task import (
     project_task,
     rejection_error,
 )
-from gateway.commands import wakeups
-from gateway.commands.ingestion import ingest_batch
-from gateway.commands.scans import settle_scan
-from persistence.event_log import StreamHead
-from persistence.task_rows import (
+from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.ingestion import ingest_batch
+from leasehold.gateway.commands.scans import settle_scan
+from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.task_rows import (
     ATTEMPT_COLUMNS,
     TASK_COLUMNS,
     attempt_from_row,
@@ -80,8 +80,8 @@ from persistence.task_rows import (
     caller_standing,
     task_from_row,
 )
-from persistence.transaction import Clock, Database, Read, Transaction, one, rows, system_clock
-from worker.targets import resolve_names
+from leasehold.persistence.transaction import Clock, Database, Read, Transaction, one, rows, system_clock
+from leasehold.protocol.targets import resolve_names
 
 TERMINAL = frozenset({"completed", "failed_terminal", "cancelled"})
 #: How many refused writes of one attempt are recorded as ``WriteRejected`` events; the rest are

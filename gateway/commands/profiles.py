@@ -15,13 +15,13 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from domain import profiles as rules
-from domain.errors import Conflict, NotFound
-from domain.events import DomainEvent, ProfileStep
-from domain.profiles import StoredProfileState
-from gateway.commands.scans import profile_steps
-from persistence.event_log import StreamHead
-from persistence.transaction import Clock, Database, system_clock
+from leasehold.domain import profiles as rules
+from leasehold.domain.errors import Conflict, NotFound
+from leasehold.domain.events import DomainEvent, ProfileStep
+from leasehold.domain.profiles import StoredProfileState
+from leasehold.gateway.commands.scans import profile_steps
+from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.transaction import Clock, Database, system_clock
 
 _NAME_INDEX = "stored_profiles_name_idx"
 

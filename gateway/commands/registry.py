@@ -26,17 +26,17 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID, uuid4
 
-from domain import fairness
-from domain import profiles as profile_rules
-from domain import registry as rules
-from domain import targets as target_rules
-from domain.errors import Conflict, InvalidRequest, NotFound
-from domain.events import DomainEvent
-from domain.registry import Assignment, WorkerState
-from domain.targets import TargetPolicy, policy_from_json
-from persistence.event_log import StreamHead
-from persistence.task_rows import caller_standing
-from persistence.transaction import Clock, Database, Transaction, one, rows, system_clock
+from leasehold.domain import fairness
+from leasehold.domain import profiles as profile_rules
+from leasehold.domain import registry as rules
+from leasehold.domain import targets as target_rules
+from leasehold.domain.errors import Conflict, InvalidRequest, NotFound
+from leasehold.domain.events import DomainEvent
+from leasehold.domain.registry import Assignment, WorkerState
+from leasehold.domain.targets import TargetPolicy, policy_from_json
+from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.task_rows import caller_standing
+from leasehold.persistence.transaction import Clock, Database, Transaction, one, rows, system_clock
 
 API_KEY_PREFIX = "lh_"
 

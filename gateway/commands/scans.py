@@ -28,17 +28,17 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID, uuid4
 
-from domain import scan as scan_rules
-from domain.errors import InvalidRequest, NotFound
-from domain.events import DomainEvent, ExecutionMode, ProfileStep, ScanStatus
-from domain.profiles import LegacyExecuted, execution_mode
-from domain.schedule import ScheduleState
-from domain.targets import check_scope, policy_from_json
-from domain.task import CreateTask, TaskState, decide
-from gateway.commands import wakeups
-from persistence.event_log import StreamHead
-from persistence.transaction import Clock, Database, Transaction, one, system_clock
-from worker.targets import resolve_names
+from leasehold.domain import scan as scan_rules
+from leasehold.domain.errors import InvalidRequest, NotFound
+from leasehold.domain.events import DomainEvent, ExecutionMode, ProfileStep, ScanStatus
+from leasehold.domain.profiles import LegacyExecuted, execution_mode
+from leasehold.domain.schedule import ScheduleState
+from leasehold.domain.targets import check_scope, policy_from_json
+from leasehold.domain.task import CreateTask, TaskState, decide
+from leasehold.gateway.commands import wakeups
+from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
+from leasehold.protocol.targets import resolve_names
 
 Observer = Callable[[Sequence[DomainEvent]], None]
 

@@ -26,17 +26,17 @@ from uuid import UUID, uuid4
 
 import psycopg
 
-from domain import scan as scan_rules
-from domain import schedule as rules
-from domain.errors import LeaseholdError, NotFound
-from domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
-from domain.profiles import LegacyExecuted
-from domain.schedule import ScheduleState, Timing
-from domain.targets import check_scope, policy_from_json
-from gateway.commands.scans import open_scheduled_scan
-from persistence.event_log import StreamHead
-from persistence.transaction import Clock, Database, Transaction, one, system_clock
-from worker.targets import resolve_names
+from leasehold.domain import scan as scan_rules
+from leasehold.domain import schedule as rules
+from leasehold.domain.errors import LeaseholdError, NotFound
+from leasehold.domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
+from leasehold.domain.profiles import LegacyExecuted
+from leasehold.domain.schedule import ScheduleState, Timing
+from leasehold.domain.targets import check_scope, policy_from_json
+from leasehold.gateway.commands.scans import open_scheduled_scan
+from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
+from leasehold.protocol.targets import resolve_names
 
 SCHEDULER_ACTOR = "scheduler"
 

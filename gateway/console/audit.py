@@ -22,17 +22,17 @@ from uuid import UUID
 
 from aiohttp import web
 
-from domain.errors import NotFound
-from gateway.api import operator as api
-from gateway.api.http import BadRequest
-from gateway.console.markup import Html, fmt, join, page, table
-from gateway.console.web import ROOT, console, link, nav, query_id, signed_in
-from gateway.identity import Operator
-from gateway.keys import SEALER, SERVICES
-from persistence.checkpoints import latest_checkpoint
-from persistence.snapshot import snapshot
-from replay.bundle import Exported, export_bundle, verify_bundle
-from replay.log import NotFound as NoStream
+from leasehold.domain.errors import NotFound
+from leasehold.gateway.api import operator as api
+from leasehold.gateway.api.http import BadRequest
+from leasehold.gateway.console.markup import Html, fmt, join, page, table
+from leasehold.gateway.console.web import ROOT, console, link, nav, query_id, signed_in
+from leasehold.gateway.identity import Operator
+from leasehold.gateway.keys import SEALER, SERVICES
+from leasehold.persistence.checkpoints import latest_checkpoint
+from leasehold.persistence.snapshot import snapshot
+from leasehold.replay.bundle import Exported, export_bundle, verify_bundle
+from leasehold.replay.log import NotFound as NoStream
 
 AUDIT = ROOT + "/audit"
 

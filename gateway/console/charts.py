@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gateway.api.operator_models import Attempt, Event
-from gateway.console.markup import Html, fmt, join, table, utc
+from leasehold.gateway.api.operator_models import Attempt, Event
+from leasehold.gateway.console.markup import Html, fmt, join, table, utc
 
 WIDTH = 800
 LABEL = 175  # the attempts' labels, left of the axis

@@ -19,8 +19,8 @@ from uuid import UUID
 
 from aiohttp import web
 
-from gateway.api import operator as api
-from gateway.api.operator_models import (
+from leasehold.gateway.api import operator as api
+from leasehold.gateway.api.operator_models import (
     Asset,
     CancelScan,
     CancelTask,
@@ -30,8 +30,8 @@ from gateway.api.operator_models import (
     ScanListQuery,
     Task,
 )
-from gateway.console import sessions
-from gateway.console.charts import (
+from leasehold.gateway.console import sessions
+from leasehold.gateway.console.charts import (
     BUCKET,
     BUCKETS,
     LEGEND,
@@ -41,8 +41,8 @@ from gateway.console.charts import (
     throughput_chart,
     throughput_table,
 )
-from gateway.console.markup import Html, fmt, join, page, table, utc
-from gateway.console.web import (
+from leasehold.gateway.console.markup import Html, fmt, join, page, table, utc
+from leasehold.gateway.console.web import (
     ROOT,
     SIGN_IN,
     UUID_PATTERN,
@@ -55,9 +55,9 @@ from gateway.console.web import (
     signed_in,
     task_link,
 )
-from gateway.identity import Operator
-from gateway.keys import SERVICES
-from persistence.chain import check_link
+from leasehold.gateway.identity import Operator
+from leasehold.gateway.keys import SERVICES
+from leasehold.persistence.chain import check_link
 
 TASK = ROOT + "/tasks/{task_id:" + UUID_PATTERN + "}"
 SCAN = ROOT + "/scans/{scan_id:" + UUID_PATTERN + "}"

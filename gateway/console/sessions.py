@@ -20,8 +20,8 @@ from uuid import UUID
 
 from aiohttp import web
 
-from gateway.identity import Operator
-from gateway.keys import SERVICES
+from leasehold.gateway.identity import Operator
+from leasehold.gateway.keys import SERVICES
 
 COOKIE = "leasehold_console"
 SIGN_IN_COOKIE = "leasehold_console_csrf"

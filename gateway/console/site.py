@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.console import audit, pages, sessions, workers
-from gateway.console.web import ROOT, console, error, routes
+from leasehold.gateway.console import audit, pages, sessions, workers
+from leasehold.gateway.console.web import ROOT, console, error, routes
 
 __all__ = ["audit", "pages", "routes", "workers"]
 

@@ -10,12 +10,12 @@ from uuid import UUID
 from aiohttp import web
 from pydantic import ValidationError
 
-from domain.errors import LeaseholdError, NotFound
-from gateway.api.http import BadRequest, Handler, RouteTable
-from gateway.console import sessions
-from gateway.console.markup import Html, fmt, page
-from gateway.identity import Operator
-from gateway.keys import OPERATOR
+from leasehold.domain.errors import LeaseholdError, NotFound
+from leasehold.gateway.api.http import BadRequest, Handler, RouteTable
+from leasehold.gateway.console import sessions
+from leasehold.gateway.console.markup import Html, fmt, page
+from leasehold.gateway.identity import Operator
+from leasehold.gateway.keys import OPERATOR
 
 routes = RouteTable()
 ROOT = sessions.PATH

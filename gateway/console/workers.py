@@ -10,11 +10,17 @@ from uuid import UUID
 
 from aiohttp import web
 
-from gateway.api import operator as api
-from gateway.api.http import BadRequest
-from gateway.api.operator_models import PageQuery, RemoveAssignmentQuery, RevokeWorker, Worker, live_lease
-from gateway.console.markup import Html, fmt, join, page, table
-from gateway.console.web import (
+from leasehold.gateway.api import operator as api
+from leasehold.gateway.api.http import BadRequest
+from leasehold.gateway.api.operator_models import (
+    PageQuery,
+    RemoveAssignmentQuery,
+    RevokeWorker,
+    Worker,
+    live_lease,
+)
+from leasehold.gateway.console.markup import Html, fmt, join, page, table
+from leasehold.gateway.console.web import (
     ROOT,
     UUID_PATTERN,
     confirm_form,
@@ -27,7 +33,7 @@ from gateway.console.web import (
     signed_in,
     task_link,
 )
-from gateway.identity import Operator
+from leasehold.gateway.identity import Operator
 
 WORKERS = ROOT + "/workers"
 WORKER = WORKERS + "/{worker_id:" + UUID_PATTERN + "}"

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.tls import PkiPaths
+from leasehold.gateway.tls import PkiPaths
 from support.cli_runner import cli
 from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
 

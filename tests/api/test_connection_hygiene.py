@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from cli.dev_ca import issue_worker_certificate
-from gateway.guard import ConnectionGuard
-from gateway.keys import GUARDS
-from gateway.services import build_services
-from gateway.tls import PkiPaths
-from persistence.transaction import Database
+from leasehold.cli.dev_ca import issue_worker_certificate
+from leasehold.gateway.guard import ConnectionGuard
+from leasehold.gateway.keys import GUARDS
+from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.transaction import Database
 from support.gateway import ADMIN_KEY, GatewayProcess, RunningGateway, WorkerClient, running_gateway
 from support.slow_clients import one as slow_client
 

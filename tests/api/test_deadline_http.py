@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from replay.timeline import task_timeline
+from leasehold.replay.timeline import task_timeline
 from support.gateway import Reply, RunningGateway
 
 

@@ -73,7 +73,7 @@ async def test_a_capped_organisation_over_http_and_its_metrics(gateway: RunningG
 
 
 async def test_the_cli_shows_and_sets_an_organisations_fair_share(gateway: RunningGateway) -> None:
-    from cli.main import main
+    from leasehold.cli.main import main
 
     url = gateway.settings.resolved_database_url()
 

@@ -1,4 +1,4 @@
-"""Finding work through the operator API and its Python client (``leasehold_client``): lists of
+"""Finding work through the operator API and its Python client (``leasehold.client``): lists of
 scans and tasks with filters and keyset cursors, scan detail with jobs and tasks, counts and
 queues, retry of a failed task (an event; the rebuild still equals the live tables), workers
 with last seen and live leases, and what bad query parameters answer.
@@ -16,18 +16,18 @@ from uuid import UUID, uuid4
 import pytest
 from test_operator_api import assert_problem, changes, make_tenant
 
-from gateway.api.operator import encode_cursor
-from gateway.commands.lifecycle import NO_TASK_TYPES
-from leasehold_client import ApiError, OperatorClient
-from persistence.chain import verify_chains
-from persistence.connection import connect
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from projections.compare import diff
-from replay.fold import fold
+from leasehold.client import ApiError, OperatorClient
+from leasehold.gateway.api.operator import encode_cursor
+from leasehold.gateway.commands.lifecycle import NO_TASK_TYPES
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import load_tables
+from leasehold.projections.compare import diff
+from leasehold.replay.fold import fold
+from leasehold.worker.client import GatewayClient
 from support.agent import register_worker
 from support.gateway import ADMIN_KEY, RunningGateway
-from worker.client import GatewayClient
 
 
 def client(gateway: RunningGateway, key: str = ADMIN_KEY) -> OperatorClient:

@@ -13,10 +13,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.services import Services, build_services
-from gateway.tls import PkiPaths
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.gateway.services import Services, build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.gateway import GatewayProcess, RunningGateway
 
 LONG_POLLS = 20

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from domain.limits import MAX_BODY_DEPTH, MAX_FIELD_BYTES, MAX_FIELD_DEPTH
-from gateway.api.operator_models import CLIPPED, MAX_DISPLAY_DEPTH
+from leasehold.domain.limits import MAX_BODY_DEPTH, MAX_FIELD_BYTES, MAX_FIELD_DEPTH
+from leasehold.gateway.api.operator_models import CLIPPED, MAX_DISPLAY_DEPTH
 from support.gateway import RunningGateway
 
 TABLES = ("events", "worker_tasks", "worker_task_attempts", "scans", "scheduled_scans", "worker_result_batches")
@@ -154,7 +154,7 @@ async def test_the_history_of_a_task_stored_before_the_limits_still_reads(
     """A task created past today's limits (the command layer's check switched off, as before the
     limits existed) nests too deep for a JSON answer once wrapped in a page: its events page
     answers 200, the too-deep part shown as a marker and the event flagged as clipped."""
-    monkeypatch.setattr("domain.task.check_field", lambda *args, **kwargs: None)
+    monkeypatch.setattr("leasehold.domain.task.check_field", lambda *args, **kwargs: None)
     task = await gateway.task(scope=nested(252), parameters={"plain": "kept"})
     monkeypatch.undo()
     reply = await gateway.operator("GET", f"/v1/tasks/{task}/events")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gateway.tls import PkiPaths
+from leasehold.gateway.tls import PkiPaths
 from support.gateway import ADMIN_KEY, free_port, running_gateway, service_get
 
 

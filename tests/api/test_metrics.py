@@ -10,8 +10,8 @@ import time
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.tls import PkiPaths
-from migrations import runner as migrate
+from leasehold.gateway.tls import PkiPaths
+from leasehold.migrations import runner as migrate
 from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
 
 

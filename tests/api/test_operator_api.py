@@ -14,7 +14,7 @@ from uuid import UUID, uuid4
 import orjson
 import pytest
 
-from gateway.api import operator as operator_api
+from leasehold.gateway.api import operator as operator_api
 from support.gateway import ADMIN_KEY, Reply, RunningGateway, WorkerClient
 
 # --- helpers (also used by test_revocation and test_tenant_isolation) -------------------------
@@ -305,7 +305,7 @@ async def test_openapi_documents_every_operator_route(gateway: RunningGateway) -
 
 
 async def test_admin_cli_creates_a_key_that_works_and_prints_it_once(gateway: RunningGateway) -> None:
-    from cli.main import main
+    from leasehold.cli.main import main
 
     url = gateway.settings.database_url
     assert url is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.commands.lifecycle import MAX_RECORDED_REJECTIONS
+from leasehold.gateway.commands.lifecycle import MAX_RECORDED_REJECTIONS
 from support.gateway import RunningGateway
 
 WRONG = "wrong-token-" + "x" * 30

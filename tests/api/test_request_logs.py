@@ -10,9 +10,9 @@ import re
 
 import orjson
 
-from gateway.logs import JsonFormatter as GatewayJsonFormatter
+from leasehold.gateway.logs import JsonFormatter as GatewayJsonFormatter
+from leasehold.protocol.logs import JsonFormatter
 from support.gateway import RunningGateway
-from worker.logs import JsonFormatter
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 

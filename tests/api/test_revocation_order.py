@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from domain.results import payload_sha256
+from leasehold.domain.results import payload_sha256
 from support.gateway import RunningGateway, WorkerClient
 
 ROUNDS = 30

@@ -54,7 +54,7 @@ async def test_two_processes_serve_one_port_and_a_killed_one_is_restarted(
     log_path = tmp_path / "gateway.log"
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli.main", "gateway", "serve", "--processes", "2", "--database-url", database_url,
+            sys.executable, "-m", "leasehold.cli.main", "gateway", "serve", "--processes", "2", "--database-url", database_url,
             "--pki-dir", str(pki.directory), "--worker-port", str(worker_port), "--operator-port", str(operator_port),
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=log)
     ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
@@ -91,7 +91,7 @@ async def test_two_processes_serve_one_port_and_a_killed_one_is_restarted(
 
 async def test_processes_that_cannot_start_stop_the_supervisor(empty_database_url: str, pki: Any) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", "gateway", "serve", "--processes", "2", "--database-url",
+        sys.executable, "-m", "leasehold.cli.main", "gateway", "serve", "--processes", "2", "--database-url",
         empty_database_url, "--pki-dir", str(pki.directory), "--worker-port", "0", "--operator-port", "0",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     _, stderr = await asyncio.wait_for(proc.communicate(), 10)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from migrations import runner as migrate
+from leasehold.migrations import runner as migrate
 from support.gateway import RunningGateway
 
 
@@ -29,8 +29,8 @@ async def test_openapi_documents_every_route(gateway: RunningGateway) -> None:
 
     doc = (await gateway.operator("GET", "/openapi.json")).body
     assert doc["openapi"] == "3.1.0"
-    from gateway.app import create_app
-    from gateway.console.sessions import PATH as CONSOLE
+    from leasehold.gateway.app import create_app
+    from leasehold.gateway.console.sessions import PATH as CONSOLE
 
     app: web.Application = create_app(gateway.settings)
     for resource in app.router.resources():

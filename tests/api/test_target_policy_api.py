@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from test_operator_api import changes, make_tenant
 
-from cli.main import main
+from leasehold.cli.main import main
 from support.gateway import ADMIN_KEY, RunningGateway
 
 REFUSED = ["127.0.0.1", "169.254.169.254", "localhost", "http://localhost:8080/", "https://169.254.169.254/",

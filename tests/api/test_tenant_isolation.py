@@ -23,12 +23,18 @@ import orjson
 import pytest
 from test_operator_api import Tenant, assert_problem, changes, make_tenant
 
-from gateway.api import operator as operator_api
-from gateway.api import worker as worker_api
-from gateway.api.http import listeners_of
-from gateway.api.operator import ASSIGNMENT_PATH, PROFILE_PATH, SCHEDULE_PATH, TASK_PATH, WORKER_PATH
-from gateway.api.service import routes as service_routes
-from gateway.api.worker import ATTEMPT_PATH
+from leasehold.gateway.api import operator as operator_api
+from leasehold.gateway.api import worker as worker_api
+from leasehold.gateway.api.http import listeners_of
+from leasehold.gateway.api.operator import (
+    ASSIGNMENT_PATH,
+    PROFILE_PATH,
+    SCHEDULE_PATH,
+    TASK_PATH,
+    WORKER_PATH,
+)
+from leasehold.gateway.api.service import routes as service_routes
+from leasehold.gateway.api.worker import ATTEMPT_PATH
 from support.gateway import RunningGateway, WorkerClient, service_get
 
 WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")

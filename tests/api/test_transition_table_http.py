@@ -13,7 +13,7 @@ from uuid import UUID
 
 import pytest
 
-from domain.retry import RetryPolicy
+from leasehold.domain.retry import RetryPolicy
 from support.gateway import RunningGateway, WorkerClient
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from domain.results import payload_sha256
+from leasehold.domain.results import payload_sha256
 from support.gateway import RunningGateway
 
 

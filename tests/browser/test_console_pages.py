@@ -7,8 +7,8 @@ import asyncio
 import time
 from uuid import UUID
 
-from domain.results import payload_sha256
-from domain.retry import RetryPolicy
+from leasehold.domain.results import payload_sha256
+from leasehold.domain.retry import RetryPolicy
 from support.browser import (
     PHONE,
     TASK_STATES,

@@ -10,7 +10,7 @@ import re
 import time
 from uuid import UUID
 
-from domain.retry import RetryPolicy
+from leasehold.domain.retry import RetryPolicy
 from support.console import Browser, signed_in, state_of, wait_for_state
 from support.gateway import ADMIN_KEY, RunningGateway, tenant
 

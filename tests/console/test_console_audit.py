@@ -9,10 +9,10 @@ import re
 import tarfile
 from pathlib import Path
 
-from gateway.tls import PkiPaths
-from persistence.checkpoints import write_checkpoint
-from persistence.seals import generate_keypair, load_public_key
-from replay.bundle import verify_bundle
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.checkpoints import write_checkpoint
+from leasehold.persistence.seals import generate_keypair, load_public_key
+from leasehold.replay.bundle import verify_bundle
 from support.console import Browser, signed_in
 from support.gateway import RunningGateway, running_gateway, tenant
 

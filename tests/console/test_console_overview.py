@@ -10,9 +10,9 @@ from uuid import UUID, uuid4
 
 import psycopg
 
-from domain.retry import RetryPolicy
-from gateway.console import pages
-from persistence.queries import QUERIES
+from leasehold.domain.retry import RetryPolicy
+from leasehold.gateway.console import pages
+from leasehold.persistence.queries import QUERIES
 from support.console import signed_in, wait_for_state
 from support.gateway import RunningGateway, tenant
 

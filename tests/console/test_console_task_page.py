@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 from typing import Any
 from uuid import UUID
 
-from domain.retry import RetryPolicy
+from leasehold.domain.retry import RetryPolicy
 from support.console import signed_in, wait_for_state
 from support.gateway import RunningGateway, tenant
 

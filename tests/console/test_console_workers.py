@@ -12,7 +12,7 @@ from uuid import UUID
 import orjson
 import pytest
 
-from gateway.console import workers as console_workers
+from leasehold.gateway.console import workers as console_workers
 from support.console import Browser, Page, signed_in
 from support.gateway import RunningGateway, WorkerClient, tenant
 

@@ -10,8 +10,8 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from domain.errors import Forbidden
-from domain.results import payload_sha256
+from leasehold.domain.errors import Forbidden
+from leasehold.domain.results import payload_sha256
 from support.core import World, event_count
 
 RECORDS = [{"type": "asset", "kind": "host", "value": "a.example.test"}]

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 from uuid import UUID
 
-from persistence.event_log import read_stream
+from leasehold.persistence.event_log import read_stream
 from support.core import World, assert_log_rebuilds_live
 
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from domain.results import payload_sha256
-from gateway.services import build_services
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.services import build_services
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.core import ManualClock, World
 
 QUEUED = 300

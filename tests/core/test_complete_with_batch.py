@@ -8,9 +8,9 @@ from uuid import UUID
 
 import pytest
 
-from domain.errors import IdempotencyConflict, InvalidRequest, InvalidTransition
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import ResultBatch
+from leasehold.domain.errors import IdempotencyConflict, InvalidRequest, InvalidTransition
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import ResultBatch
 from support.core import World, event_count
 
 RECORDS = [{"type": "asset", "kind": "host", "value": "10.0.0.7"}]

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from domain.errors import IdempotencyConflict, LeaseLost
-from domain.results import payload_sha256
+from leasehold.domain.errors import IdempotencyConflict, LeaseLost
+from leasehold.domain.results import payload_sha256
 from support.core import World
 from support.locks import rows_locked, waits_while_running
 

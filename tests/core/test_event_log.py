@@ -7,8 +7,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from persistence.chain import verify_chains
-from persistence.connection import connect
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
 from support.core import World
 
 

@@ -12,13 +12,13 @@ from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
 
-from domain import fairness
-from domain.errors import LeaseholdError
-from domain.events import TaskLeased
-from gateway.services import build_services
-from persistence.connection import connect, create_pool
-from persistence.transaction import Database
-from replay.fairness import fair_share_differences
+from leasehold.domain import fairness
+from leasehold.domain.errors import LeaseholdError
+from leasehold.domain.events import TaskLeased
+from leasehold.gateway.services import build_services
+from leasehold.persistence.connection import connect, create_pool
+from leasehold.persistence.transaction import Database
+from leasehold.replay.fairness import fair_share_differences
 from support.core import ManualClock, World, assert_log_rebuilds_live
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from bench.finding_work import STATES, T0, TASKS_PER_SCAN, grow, seed
 from bench.finding_work import page as bench_page
-from persistence.queries import QUERIES
+from leasehold.persistence.queries import QUERIES
 
 SCANS = 5000  # 10,000 tasks and attempts
 ORGS = 3

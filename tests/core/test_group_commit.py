@@ -15,13 +15,13 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from domain.errors import Conflict, NotFound
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import ResultBatch
-from gateway.services import build_services
-from persistence.group_commit import GroupCommit
-from persistence.transaction import Database, Transaction
-from projections.rows import Insert, Update
+from leasehold.domain.errors import Conflict, NotFound
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import ResultBatch
+from leasehold.gateway.services import build_services
+from leasehold.persistence.group_commit import GroupCommit
+from leasehold.persistence.transaction import Database, Transaction
+from leasehold.projections.rows import Insert, Update
 from support.core import ManualClock, World, assert_log_rebuilds_live
 
 RECORDS = [{"type": "asset", "kind": "host", "value": "h"}]

@@ -8,11 +8,11 @@ from typing import Any
 
 import orjson
 
-from domain.errors import LeaseholdError
-from domain.events import ProfileStep
-from domain.results import payload_sha256
-from gateway.commands.ingestion import ingest_batch
-from persistence.task_rows import task_from_row
+from leasehold.domain.errors import LeaseholdError
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.ingestion import ingest_batch
+from leasehold.persistence.task_rows import task_from_row
 from support.core import World
 
 TABLES = ("assets", "asset_sightings", "threats", "threat_detections", "file_records", "exposure_changes",

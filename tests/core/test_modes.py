@@ -13,11 +13,11 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from domain.errors import Conflict, InvalidTransition, NotFound
-from domain.events import ProfileStep
-from domain.profiles import LegacyExecuted
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import Acquired, TaskSpec
+from leasehold.domain.errors import Conflict, InvalidTransition, NotFound
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.profiles import LegacyExecuted
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import Acquired, TaskSpec
 from support.core import World, assert_log_rebuilds_live
 
 TWO_STEPS = (ProfileStep(task_type="discover", lease_seconds=300), ProfileStep(task_type="portscan", lease_seconds=120))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from domain.events import ProfileStep
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import Acquired
-from persistence.connection import connect
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import Acquired
+from leasehold.persistence.connection import connect
 from support.core import World, assert_log_rebuilds_live
 
 

@@ -17,11 +17,11 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import ResultBatch, TaskSpec
-from gateway.services import build_services
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import ResultBatch, TaskSpec
+from leasehold.gateway.services import build_services
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 
 GROWTH = 20_000
 HOT_TABLES = ("worker_tasks", "worker_task_attempts", "scan_jobs", "scans", "worker_result_batches", "events")

@@ -10,22 +10,22 @@ from uuid import uuid4
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
-from domain.errors import LeaseholdError
-from domain.events import ProfileStep
-from domain.results import payload_sha256
-from domain.task import project_task
-from gateway.commands.lifecycle import Acquired
-from gateway.services import build_services
-from persistence.chain import verify_chains
-from persistence.connection import connect
-from persistence.event_log import read_stream
-from persistence.queries import QUERIES
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from persistence.task_rows import task_from_row
-from persistence.transaction import Database
-from projections.compare import diff
-from replay.fold import fold
+from leasehold.domain.errors import LeaseholdError
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.results import payload_sha256
+from leasehold.domain.task import project_task
+from leasehold.gateway.commands.lifecycle import Acquired
+from leasehold.gateway.services import build_services
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
+from leasehold.persistence.event_log import read_stream
+from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import load_tables
+from leasehold.persistence.task_rows import task_from_row
+from leasehold.persistence.transaction import Database
+from leasehold.projections.compare import diff
+from leasehold.replay.fold import fold
 from support.core import ManualClock, World
 
 STEPS = st.lists(

@@ -11,10 +11,10 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from domain import registry as rules
-from domain.errors import Forbidden, InvalidTransition, NotFound, TaskWasCancelled
-from persistence.connection import connect
-from persistence.event_log import read_stream
+from leasehold.domain import registry as rules
+from leasehold.domain.errors import Forbidden, InvalidTransition, NotFound, TaskWasCancelled
+from leasehold.persistence.connection import connect
+from leasehold.persistence.event_log import read_stream
 from support.core import World, assert_log_rebuilds_live
 
 # --- commands against PostgreSQL ---------------------------------------------------------------

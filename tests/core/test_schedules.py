@@ -14,17 +14,17 @@ from uuid import UUID
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from domain.errors import InvalidRequest, NotFound
-from domain.events import ProfileStep
-from domain.profiles import LegacyExecuted
-from gateway.commands.schedules import FailureBackoff, Schedules
-from persistence.chain import verify_chains
-from persistence.connection import connect
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from persistence.transaction import Database
-from projections.compare import diff
-from replay.fold import fold
+from leasehold.domain.errors import InvalidRequest, NotFound
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.profiles import LegacyExecuted
+from leasehold.gateway.commands.schedules import FailureBackoff, Schedules
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import load_tables
+from leasehold.persistence.transaction import Database
+from leasehold.projections.compare import diff
+from leasehold.replay.fold import fold
 from support.core import ManualClock, World, assert_log_rebuilds_live
 from support.locks import rows_locked, waits_while_running
 

@@ -7,7 +7,7 @@ import re
 import psycopg
 import pytest
 
-from persistence.queries import QUERIES
+from leasehold.persistence.queries import QUERIES
 
 PARAM = re.compile(r"%\((\w+)\)s")
 

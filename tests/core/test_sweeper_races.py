@@ -19,14 +19,14 @@ from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
 
-from domain.errors import LeaseLost
-from domain.events import AttemptTimedOut, LeaseExpired, LeaseRenewed, TaskCompleted
-from domain.task import TaskState, project_task
-from gateway.background.sweeper import sweep_once
-from gateway.commands.lifecycle import Acquired
-from gateway.services import build_services
-from persistence.event_log import read_stream
-from persistence.transaction import Database
+from leasehold.domain.errors import LeaseLost
+from leasehold.domain.events import AttemptTimedOut, LeaseExpired, LeaseRenewed, TaskCompleted
+from leasehold.domain.task import TaskState, project_task
+from leasehold.gateway.background.sweeper import sweep_once
+from leasehold.gateway.commands.lifecycle import Acquired
+from leasehold.gateway.services import build_services
+from leasehold.persistence.event_log import read_stream
+from leasehold.persistence.transaction import Database
 from support.core import ManualClock, World
 
 TASKS = 16

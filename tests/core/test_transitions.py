@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from domain.errors import (
+from leasehold.domain.errors import (
     DeadlineExceeded,
     IdempotencyConflict,
     InvalidRequest,
@@ -20,7 +20,7 @@ from domain.errors import (
     NotFound,
     TaskWasCancelled,
 )
-from domain.results import payload_sha256
+from leasehold.domain.results import payload_sha256
 from support.core import World, event_count
 
 

@@ -11,11 +11,11 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from domain.errors import Conflict, InvalidRequest
-from persistence.task_rows import task_from_row
-from persistence.transaction import Database, Transaction, one
-from persistence.writes import WriteBuffer
-from projections.rows import Insert, Update
+from leasehold.domain.errors import Conflict, InvalidRequest
+from leasehold.persistence.task_rows import task_from_row
+from leasehold.persistence.transaction import Database, Transaction, one
+from leasehold.persistence.writes import WriteBuffer
+from leasehold.projections.rows import Insert, Update
 from support.core import World
 
 

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
-from cli.dev_ca import issue_worker_certificate
-from gateway.commands.lifecycle import TaskSpec
-from gateway.services import build_services
-from gateway.tls import PkiPaths
-from persistence.connection import create_pool
-from persistence.transaction import Database
-from replay.asof import task_as_of
-from replay.timeline import task_timeline
+from leasehold.cli.dev_ca import issue_worker_certificate
+from leasehold.gateway.commands.lifecycle import TaskSpec
+from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
+from leasehold.replay.asof import task_as_of
+from leasehold.replay.timeline import task_timeline
 from support.agent import (
     AgentProcess,
     agent_process,

@@ -25,10 +25,10 @@ from uuid import UUID, uuid4
 import orjson
 import pytest
 
-from gateway.services import build_services
-from gateway.tls import PkiPaths
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient
 
 

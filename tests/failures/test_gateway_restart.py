@@ -27,13 +27,13 @@ from uuid import UUID, uuid4
 
 from psycopg_pool import AsyncConnectionPool
 
-from cli.dev_ca import issue_worker_certificate
-from gateway.commands.lifecycle import Lifecycle, TaskSpec
-from gateway.commands.registry import Registry
-from gateway.services import build_services
-from gateway.tls import PkiPaths
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.cli.dev_ca import issue_worker_certificate
+from leasehold.gateway.commands.lifecycle import Lifecycle, TaskSpec
+from leasehold.gateway.commands.registry import Registry
+from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.agent import AgentProcess, agent_process, eventually, write_plugin
 from support.gateway import GatewayProcess
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from domain.results import payload_sha256
+from leasehold.domain.results import payload_sha256
 from support.agent import (
     AgentProcess,
     agent_process,

@@ -26,15 +26,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from cli import pki as pki_cli
-from cli.dev_ca import (
+from leasehold.cli import pki as pki_cli
+from leasehold.cli.dev_ca import (
     IssuedCertificate,
     PkiExistsError,
     init_pki,
     issue_self_signed,
     issue_worker_certificate,
 )
-from gateway.tls import (
+from leasehold.gateway.tls import (
     PkiError,
     PkiPaths,
     fingerprint_of_der,
@@ -43,7 +43,7 @@ from gateway.tls import (
     peer_fingerprint,
     server_ssl_context,
 )
-from worker.client import client_ssl_context
+from leasehold.worker.client import client_ssl_context
 
 # OpenSSL X509_V_ERR_* codes, stable across OpenSSL versions (the messages are not).
 X509_V_ERR_CERT_NOT_YET_VALID = 9

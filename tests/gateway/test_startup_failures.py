@@ -18,9 +18,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cli.dev_ca import init_pki
-from gateway.tls import PkiPaths
-from persistence.urls import database_label
+from leasehold.cli.dev_ca import init_pki
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.urls import database_label
 
 DEADLINE_SECONDS = 10
 
@@ -32,7 +32,7 @@ def serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, floa
     environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
     environment.update({"LEASEHOLD_LOG_LEVEL": "WARNING", **(env or {})})
     try:
-        done = subprocess.run([sys.executable, "-m", "cli.main", "gateway", "serve", *args], env=environment,
+        done = subprocess.run([sys.executable, "-m", "leasehold.cli.main", "gateway", "serve", *args], env=environment,
                               capture_output=True, text=True, timeout=DEADLINE_SECONDS)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"still running after {DEADLINE_SECONDS} s; stderr so far: {exc.stderr!r}") from exc

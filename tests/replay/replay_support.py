@@ -14,8 +14,8 @@ from uuid import UUID
 import orjson
 import psycopg
 
-from domain.errors import LeaseholdError
-from domain.results import payload_sha256
+from leasehold.domain.errors import LeaseholdError
+from leasehold.domain.results import payload_sha256
 from support.cli_runner import cli, run_cli
 from support.core import World
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from replay_support import random_workload
 
-import replay
+from leasehold import replay
 from support.core import World
 
 EXAMPLES = Path(replay.__file__).with_name("analyst_examples.sql")

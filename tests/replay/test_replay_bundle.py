@@ -10,9 +10,9 @@ import orjson
 import pytest
 from replay_support import cli, cli_json
 
-from persistence.checkpoints import write_checkpoint
-from persistence.connection import connect
-from replay.bundle import verify_bundle
+from leasehold.persistence.checkpoints import write_checkpoint
+from leasehold.persistence.connection import connect
+from leasehold.replay.bundle import verify_bundle
 from support.core import World
 
 
@@ -30,7 +30,7 @@ async def finished_scan(world: World) -> list[Any]:
 
 
 def _sha(records: list[Any]) -> str:
-    from domain.results import payload_sha256
+    from leasehold.domain.results import payload_sha256
 
     return payload_sha256(records)
 

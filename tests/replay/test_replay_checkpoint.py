@@ -11,11 +11,11 @@ from typing import Any
 import psycopg
 from replay_support import cli_json, random_workload
 
-from persistence.chain import GENESIS, chain_hash
-from persistence.checkpoints import verify_checkpoints, write_checkpoint
-from persistence.connection import connect
-from persistence.snapshot import snapshot
-from replay.integrity import verify_log
+from leasehold.persistence.chain import GENESIS, chain_hash
+from leasehold.persistence.checkpoints import verify_checkpoints, write_checkpoint
+from leasehold.persistence.connection import connect
+from leasehold.persistence.snapshot import snapshot
+from leasehold.replay.integrity import verify_log
 from support.core import World
 
 

@@ -11,8 +11,8 @@ from uuid import UUID, uuid4
 import orjson
 import pytest
 
-from domain.events import DomainEvent, TaskCancelled
-from persistence.codec import MAPPER, DecodeError, decode_event, topic_of
+from leasehold.domain.events import DomainEvent, TaskCancelled
+from leasehold.persistence.codec import MAPPER, DecodeError, decode_event, topic_of
 
 STREAM = UUID("00000000-0000-4000-8000-000000000001")
 AT = datetime(2030, 1, 1, tzinfo=UTC)

@@ -9,8 +9,8 @@ import orjson
 import psycopg
 from replay_support import cli, cli_json
 
-from domain.events import ProfileStep
-from domain.legacy import parse_message
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.legacy import parse_message
 from support.core import World
 
 STEPS = (ProfileStep(task_type="probe", lease_seconds=45), ProfileStep(task_type="probe", stop_on_failure=False))

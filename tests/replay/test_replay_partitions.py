@@ -18,14 +18,14 @@ import pytest
 from psycopg import sql
 from replay_support import cli, cli_json
 
-from domain.results import payload_sha256
-from persistence.checkpoints import write_checkpoint
-from persistence.connection import connect
-from persistence.partitions import ensure_partitions, list_partitions
-from persistence.seals import generate_keypair, load_private_key
-from persistence.snapshot import snapshot
-from replay import retention
-from replay.archive import ArchiveSet, export_archive, verify_archive
+from leasehold.domain.results import payload_sha256
+from leasehold.persistence.checkpoints import write_checkpoint
+from leasehold.persistence.connection import connect
+from leasehold.persistence.partitions import ensure_partitions, list_partitions
+from leasehold.persistence.seals import generate_keypair, load_private_key
+from leasehold.persistence.snapshot import snapshot
+from leasehold.replay import retention
+from leasehold.replay.archive import ArchiveSet, export_archive, verify_archive
 from support.core import World
 
 
@@ -338,7 +338,7 @@ async def test_retention_gives_up_rather_than_stall_the_log(world: World, databa
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader holding the log (a long audit) keeps the detach from getting its lock: retention
     gives up after its lock timeout (so appends never wait long behind it) and keeps the partition."""
-    import persistence.partitions as partitions
+    import leasehold.persistence.partitions as partitions
 
     await _archived_lifecycle(world, database_url)
     monkeypatch.setattr(partitions, "LOCK_TIMEOUT_MS", 300)

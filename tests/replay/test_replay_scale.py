@@ -12,13 +12,13 @@ from uuid import UUID
 import pytest
 from replay_support import cli, cli_json, random_workload, tamper
 
-from persistence.connection import connect
-from persistence.event_log import group_batches
-from persistence.snapshot import snapshot
-from persistence.tables import GROUP_OF, load_tables
-from replay import render
-from replay.fold import fold, fold_groups
-from replay.parallel import FIRST, uuid_ranges, verify_range
+from leasehold.persistence.connection import connect
+from leasehold.persistence.event_log import group_batches
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import GROUP_OF, load_tables
+from leasehold.replay import render
+from leasehold.replay.fold import fold, fold_groups
+from leasehold.replay.parallel import FIRST, uuid_ranges, verify_range
 from support.core import World
 
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from replay_support import cli_json
 
-from gateway.settings import GatewaySettings
-from gateway.tls import PkiPaths
-from persistence.seals import generate_keypair
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.seals import generate_keypair
 from support.gateway import RunningGateway, running_gateway
 
 

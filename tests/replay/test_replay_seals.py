@@ -20,9 +20,9 @@ import pytest
 from replay_support import cli, cli_json, tamper
 from test_replay_tamper import stream, three_finished_tasks
 
-from persistence.chain import GENESIS, chain_hash
-from persistence.connection import connect
-from persistence.seals import DirectorySink, Sealer, generate_keypair, load_private_key
+from leasehold.persistence.chain import GENESIS, chain_hash
+from leasehold.persistence.connection import connect
+from leasehold.persistence.seals import DirectorySink, Sealer, generate_keypair, load_private_key
 from support.core import World
 
 APP = "leasehold_app"
@@ -260,7 +260,7 @@ async def test_an_event_appended_past_a_sealed_head_by_the_app_role(sealed: Seal
 async def test_seals_chain_and_a_failed_append_is_caught_up(sealed: Sealed, world: World) -> None:
     """A checkpoint whose publication failed is published before the next one: no gap."""
     async with await connect(sealed.url) as conn:
-        from persistence.checkpoints import write_checkpoint
+        from leasehold.persistence.checkpoints import write_checkpoint
 
         await write_checkpoint(conn)  # written, never published (as if the sink had failed)
     await three_finished_tasks(world)

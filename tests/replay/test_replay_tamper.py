@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from replay_support import cli, cli_json, tamper
 
-from persistence.chain import chain_hash
-from persistence.checkpoints import write_checkpoint
-from persistence.connection import connect
+from leasehold.persistence.chain import chain_hash
+from leasehold.persistence.checkpoints import write_checkpoint
+from leasehold.persistence.connection import connect
 from support.core import World
 
 

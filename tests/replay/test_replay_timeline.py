@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from replay_support import cli, cli_json
 
-from domain.errors import LeaseLost
+from leasehold.domain.errors import LeaseLost
 from support.core import World
 
 

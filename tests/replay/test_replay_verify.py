@@ -8,12 +8,12 @@ from typing import Any
 
 from replay_support import cli, cli_json, random_workload
 
-from persistence.codec import MAPPER, decode_event
-from persistence.connection import connect
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from projections.compare import diff
-from replay.fold import fold
+from leasehold.persistence.codec import MAPPER, decode_event
+from leasehold.persistence.connection import connect
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import load_tables
+from leasehold.projections.compare import diff
+from leasehold.replay.fold import fold
 from support.core import World
 
 LIFECYCLE_EVENTS = {"TaskLeased", "TaskStarted", "LeaseRenewed", "ResultBatchAccepted", "TaskCompleted",

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from replicas_support import Cluster
 
-from gateway.commands.lifecycle import TaskSpec
-from gateway.services import build_services
-from gateway.tls import PkiPaths
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.gateway.commands.lifecycle import TaskSpec
+from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.gateway import LOOPBACK_ALLOWED, GatewayProcess
 
 

@@ -16,9 +16,9 @@ from uuid import UUID, uuid4
 import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
-from gateway.commands.lifecycle import Lifecycle
-from gateway.commands.registry import Registry
-from gateway.services import Services
+from leasehold.gateway.commands.lifecycle import Lifecycle
+from leasehold.gateway.commands.registry import Registry
+from leasehold.gateway.services import Services
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from replicas_support import Cluster, Traffic, until, wake_up_latency
 
-from persistence.chain import verify_chains
-from persistence.connection import connect
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
 
 #: Far above a notified wake-up: a fast wake-up after recovery proves LISTEN is back.
 POLL_SECONDS = 5

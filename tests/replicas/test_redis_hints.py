@@ -12,7 +12,7 @@ import orjson
 import pytest
 from replicas_support import Cluster, RedisServer, Traffic, percentile, until, wake_up_latency
 
-from gateway.tls import PkiPaths
+from leasehold.gateway.tls import PkiPaths
 from support.gateway import GatewayProcess, RunningGateway, free_port, metric, running_gateway, service_get
 
 

@@ -18,8 +18,8 @@ from uuid import UUID
 import pytest
 from replicas_support import Cluster, until
 
-from persistence.chain import verify_chains
-from persistence.connection import connect
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
 
 PERIOD = timedelta(seconds=1)
 

@@ -21,7 +21,7 @@ from typing import Any
 import schemathesis
 from schemathesis.core import NotSet
 
-from domain.results import payload_sha256
+from leasehold.domain.results import payload_sha256
 
 HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 ACTS_FOR_AN_ORGANISATION = {"/v1/scans", "/v1/schedules", "/v1/profiles"}

@@ -29,9 +29,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from cli.dev_ca import IssuedCertificate, init_pki, issue_self_signed, issue_worker_certificate
+from leasehold.cli.dev_ca import IssuedCertificate, init_pki, issue_self_signed, issue_worker_certificate
+from leasehold.worker.client import client_ssl_context
 from support.gateway import RunningGateway
-from worker.client import client_ssl_context
 
 # OpenSSL X509_V_ERR_* codes, stable across OpenSSL versions (the messages are not).
 CERT_NOT_YET_VALID, CERT_HAS_EXPIRED, SELF_SIGNED, UNKNOWN_ISSUER, INVALID_PURPOSE = 9, 10, 18, 20, 26

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from gateway.tls import PkiPaths
-from persistence.seals import generate_keypair
+from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.seals import generate_keypair
 from support.cli_runner import run_cli
 from support.gateway import running_gateway
 

@@ -10,11 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from domain.errors import Conflict
-from domain.results import payload_sha256
-from gateway.commands.registry import Registry
-from persistence.connection import create_pool
-from persistence.transaction import Database
+from leasehold.domain.errors import Conflict
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.registry import Registry
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
 from support.gateway import RunningGateway, WorkerClient
 
 

@@ -35,7 +35,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.tls import PkiPaths
+from leasehold.gateway.tls import PkiPaths
 from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
 
 HERE = Path(__file__).resolve().parent

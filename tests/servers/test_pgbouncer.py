@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from replicas.replicas_support import RedisServer
 
-from gateway.keys import HINTS, NOTIFIER
+from leasehold.gateway.keys import HINTS, NOTIFIER
 from support.core import assert_log_rebuilds_live
 from support.gateway import RunningGateway, WorkerClient, running_gateway
 from support.servers import PgBouncer, free_port_in, pgbouncer_binary

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-import replay
-from migrations import runner as migrate
+from leasehold import replay
+from leasehold.migrations import runner as migrate
 from support.gateway import RunningGateway, running_gateway
 from support.servers import StreamingPair, free_port_in, server_binaries, streaming_pair
 

@@ -21,10 +21,10 @@ from uuid import UUID
 
 import orjson
 
-from domain.retry import RetryPolicy
+from leasehold.domain.retry import RetryPolicy
+from leasehold.worker.agent import Agent
+from leasehold.worker.settings import WorkerSettings
 from support.gateway import RunningGateway, WorkerClient
-from worker.agent import Agent
-from worker.settings import WorkerSettings
 
 T = TypeVar("T")
 

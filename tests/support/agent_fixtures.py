@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tls import PkiPaths
+from leasehold.gateway.tls import PkiPaths
 from support.agent import FAST_RETRIES
 from support.gateway import RunningGateway, running_gateway
 

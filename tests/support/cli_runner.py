@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import io
 
-from cli.main import main
+from leasehold.cli.main import main
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

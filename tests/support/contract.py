@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cli.main import build_parser
-from gateway.api.openapi import build_openapi
-from gateway.app import create_app
-from gateway.keys import ROUTES
-from gateway.settings import GatewaySettings
+from leasehold.cli.main import build_parser
+from leasehold.gateway.api.openapi import build_openapi
+from leasehold.gateway.app import create_app
+from leasehold.gateway.keys import ROUTES
+from leasehold.gateway.settings import GatewaySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAPI_FILE = ROOT / "docs" / "openapi.json"

@@ -9,17 +9,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from domain.results import payload_sha256
-from gateway.commands.lifecycle import Acquired, Lifecycle, TaskSpec
-from gateway.commands.registry import Registry
-from gateway.commands.scans import Scans
-from gateway.services import Services
-from persistence.chain import verify_chains
-from persistence.connection import connect
-from persistence.snapshot import snapshot
-from persistence.tables import load_tables
-from projections.compare import diff
-from replay.fold import fold
+from leasehold.domain.results import payload_sha256
+from leasehold.gateway.commands.lifecycle import Acquired, Lifecycle, TaskSpec
+from leasehold.gateway.commands.registry import Registry
+from leasehold.gateway.commands.scans import Scans
+from leasehold.gateway.services import Services
+from leasehold.persistence.chain import verify_chains
+from leasehold.persistence.connection import connect
+from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import load_tables
+from leasehold.projections.compare import diff
+from leasehold.replay.fold import fold
 
 
 class ManualClock:

@@ -22,18 +22,18 @@ from uuid import UUID
 import aiohttp
 import orjson
 
-from cli.dev_ca import issue_worker_certificate
-from domain.results import payload_sha256
-from domain.targets import parse_policy
-from gateway.commands.lifecycle import Lifecycle, TaskSpec
-from gateway.commands.registry import Registry
-from gateway.commands.scans import Scans
-from gateway.keys import NOTIFIER, SERVICES
-from gateway.serve import start
-from gateway.services import Services
-from gateway.settings import GatewaySettings
-from gateway.tls import PkiPaths
-from worker.client import client_ssl_context
+from leasehold.cli.dev_ca import issue_worker_certificate
+from leasehold.domain.results import payload_sha256
+from leasehold.domain.targets import parse_policy
+from leasehold.gateway.commands.lifecycle import Lifecycle, TaskSpec
+from leasehold.gateway.commands.registry import Registry
+from leasehold.gateway.commands.scans import Scans
+from leasehold.gateway.keys import NOTIFIER, SERVICES
+from leasehold.gateway.serve import start
+from leasehold.gateway.services import Services
+from leasehold.gateway.settings import GatewaySettings
+from leasehold.gateway.tls import PkiPaths
+from leasehold.worker.client import client_ssl_context
 
 ADMIN_KEY = "test-admin-key-0123456789"
 
@@ -207,7 +207,7 @@ class GatewayProcess:
         """Start the process and wait until it is ready (``/readyz`` 200, and listening unless
         LISTEN is turned off)."""
         values = {"log_level": "WARNING", "sweep_interval_seconds": 0.2, **self.options}
-        args = [sys.executable, "-m", "cli.main", "gateway", "serve", "--database-url", self.database_url,
+        args = [sys.executable, "-m", "leasehold.cli.main", "gateway", "serve", "--database-url", self.database_url,
                 "--pki-dir", str(self.pki.directory), "--worker-port", str(self.worker_port),
                 "--operator-port", str(self.operator_port)]
         for name, value in values.items():

@@ -47,7 +47,8 @@ _SITECUSTOMIZE = """\
         \"\"\"Fails the import of the server's modules, as on a worker-only install.\"\"\"
 
         def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] not in _BLOCKED:
+            # Our own packages are blocked by their name under ``leasehold.``.
+            if name.removeprefix("leasehold.").partition(".")[0] not in _BLOCKED:
                 return None
             if _LOG:
                 with open(_LOG, "a") as log:

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from domain.events import DomainEvent
-from domain.task import (
+from leasehold.domain.events import DomainEvent
+from leasehold.domain.task import (
     AttemptState,
     Command,
     CreateTask,

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from hypothesis import settings
 
-from cli.embedded import EmbeddedPostgres
+from leasehold.cli.embedded import EmbeddedPostgres
 
 UNIT_DIR = Path(__file__).resolve().parent
 

@@ -11,8 +11,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from domain.errors import InvalidTransition
-from domain.events import (
+from leasehold.domain.errors import InvalidTransition
+from leasehold.domain.events import (
     AttemptRevoked,
     AttemptTimedOut,
     CancelDelivered,
@@ -20,8 +20,8 @@ from domain.events import (
     TaskCancelled,
     WriteRejected,
 )
-from domain.retry import DEFAULT_RETRY_POLICY
-from domain.task import (
+from leasehold.domain.retry import DEFAULT_RETRY_POLICY
+from leasehold.domain.task import (
     AcknowledgeCancel,
     AttemptState,
     Complete,

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain import fairness
-from domain.errors import InvalidRequest
-from domain.events import OrganizationFairShareSet
+from leasehold.domain import fairness
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.events import OrganizationFairShareSet
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -179,8 +179,8 @@ def test_setting_weights_and_caps() -> None:
 
 
 def test_the_timeline_explains_a_fair_share_lease() -> None:
-    from domain.events import FairShareCandidate, FairShareGrant, TaskLeased
-    from replay.timeline import summarize
+    from leasehold.domain.events import FairShareCandidate, FairShareGrant, TaskLeased
+    from leasehold.replay.timeline import summarize
 
     a, b = ORG_IDS[:2]
     grant = FairShareGrant(organization_id=b, tag=9.0, floor=9.0, virtual_time=9.5, weight=2, live=3,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.legacy import InvalidMessage, parse_message
-from domain.limits import MAX_FIELD_BYTES, TooDeep, TooLarge, check_body, check_field, depth_exceeds
-from gateway.api.operator_models import CLIPPED, clip
+from leasehold.domain.legacy import InvalidMessage, parse_message
+from leasehold.domain.limits import MAX_FIELD_BYTES, TooDeep, TooLarge, check_body, check_field, depth_exceeds
+from leasehold.gateway.api.operator_models import CLIPPED, clip
 
 
 def nested(levels: int) -> dict[str, object]:

@@ -11,9 +11,9 @@ from uuid import UUID
 import orjson
 import pytest
 
-from domain.errors import InvalidRequest
-from domain.events import ProfileStep
-from domain.legacy import MAX_MESSAGE_BYTES, InvalidMessage, parse_message
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.events import ProfileStep
+from leasehold.domain.legacy import MAX_MESSAGE_BYTES, InvalidMessage, parse_message
 from support.refusals import refused
 
 ORG = UUID(int=7)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from domain.errors import Unavailable
-from gateway.background.loops import every
+from leasehold.domain.errors import Unavailable
+from leasehold.gateway.background.loops import every
 
 
 async def test_a_cancellation_turned_into_an_error_still_stops_the_loop() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from projections.memory import MemoryTables, ProjectionError
-from projections.rows import PRIMARY_KEYS, TABLE_ORDER, Insert, Update, Upsert
+from leasehold.projections.memory import MemoryTables, ProjectionError
+from leasehold.projections.rows import PRIMARY_KEYS, TABLE_ORDER, Insert, Update, Upsert
 
 
 def test_every_projected_table_starts_empty() -> None:

@@ -7,8 +7,8 @@ import hashlib
 
 import pytest
 
-from domain import errors
-from domain.results import canonical_payload, payload_sha256
+from leasehold.domain import errors
+from leasehold.domain.results import canonical_payload, payload_sha256
 
 
 def test_the_canonical_payload_sorts_keys_and_drops_spaces() -> None:

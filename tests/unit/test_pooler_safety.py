@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from persistence.queries import QUERIES
+from leasehold.persistence.queries import QUERIES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "persistence", "projections", "domain")

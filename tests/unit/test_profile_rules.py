@@ -9,16 +9,16 @@ from uuid import UUID
 
 import pytest
 
-from domain import profiles
-from domain.errors import InvalidRequest
-from domain.events import (
+from leasehold.domain import profiles
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.events import (
     OrganizationGatewayExecutionSet,
     ProfileDeleted,
     ProfileGatewayExecutionSet,
     ProfileReplaced,
     ProfileStep,
 )
-from domain.profiles import StoredProfileState, execution_mode
+from leasehold.domain.profiles import StoredProfileState, execution_mode
 from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

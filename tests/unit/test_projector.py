@@ -17,9 +17,9 @@ from uuid import UUID
 
 import pytest
 
-from domain import events as ev
-from domain import fairness, profiles, registry, scan, schedule, targets
-from domain.task import (
+from leasehold.domain import events as ev
+from leasehold.domain import fairness, profiles, registry, scan, schedule, targets
+from leasehold.domain.task import (
     AcknowledgeCancel,
     AttemptState,
     Complete,
@@ -36,10 +36,10 @@ from domain.task import (
     TerminateCancelling,
     evolve,
 )
-from gateway.commands.scans import profile_steps
-from projections.memory import MemoryTables
-from projections.projector import project
-from projections.rows import PRIMARY_KEYS, Insert, Row, Update
+from leasehold.gateway.commands.scans import profile_steps
+from leasehold.projections.memory import MemoryTables
+from leasehold.projections.projector import project
+from leasehold.projections.rows import PRIMARY_KEYS, Insert, Row, Update
 from support.task_states import JOB_ID, ORG_ID, SCAN_ID, START, TASK_ID, Story, token_hash
 
 HASH = b"\x07" * 32
@@ -277,7 +277,7 @@ def _event_classes(base: type[ev.DomainEvent] = ev.DomainEvent) -> set[type[ev.D
     """The domain's own event classes (tests elsewhere in the run define throwaway subclasses)."""
     found = set()
     for cls in base.__subclasses__():
-        if cls.__module__.split(".")[0] == "domain":
+        if cls.__module__.startswith("leasehold.domain."):
             found |= {cls}
         found |= _event_classes(cls)
     return found

@@ -9,10 +9,16 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from domain import registry as rules
-from domain.errors import InvalidRequest, InvalidTransition, NotFound
-from domain.events import AssignmentChanged, WorkerAssigned, WorkerRegistered, WorkerRevoked, WorkerUpdated
-from domain.registry import WorkerState
+from leasehold.domain import registry as rules
+from leasehold.domain.errors import InvalidRequest, InvalidTransition, NotFound
+from leasehold.domain.events import (
+    AssignmentChanged,
+    WorkerAssigned,
+    WorkerRegistered,
+    WorkerRevoked,
+    WorkerUpdated,
+)
+from leasehold.domain.registry import WorkerState
 from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

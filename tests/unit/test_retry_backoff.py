@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from support.refusals import refused
 
 POLICY = RetryPolicy(base_seconds=2.0, cap_seconds=300.0, jitter=0.5)

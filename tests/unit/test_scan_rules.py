@@ -9,9 +9,9 @@ from uuid import UUID
 
 import pytest
 
-from domain import events as ev
-from domain import scan
-from domain.errors import InvalidRequest, InvalidTransition
+from leasehold.domain import events as ev
+from leasehold.domain import scan
+from leasehold.domain.errors import InvalidRequest, InvalidTransition
 from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

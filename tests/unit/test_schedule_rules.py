@@ -10,10 +10,10 @@ from uuid import UUID
 
 import pytest
 
-from domain import events as ev
-from domain import schedule
-from domain.errors import InvalidRequest
-from domain.schedule import ScheduleState, Timing
+from leasehold.domain import events as ev
+from leasehold.domain import schedule
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.schedule import ScheduleState, Timing
 from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from domain.errors import InvalidRequest
-from domain.targets import DEFAULT_POLICY, TargetRefused, check_scope, check_target, parse_policy, target_host
+from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.targets import (
+    DEFAULT_POLICY,
+    TargetRefused,
+    check_scope,
+    check_target,
+    parse_policy,
+    target_host,
+)
 
 
 @pytest.mark.parametrize("target", [

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import pytest
 
-from domain.errors import (
+from leasehold.domain.errors import (
     DeadlineExceeded,
     IdempotencyConflict,
     InvalidRequest,
@@ -21,7 +21,7 @@ from domain.errors import (
     LeaseLost,
     TaskWasCancelled,
 )
-from domain.events import (
+from leasehold.domain.events import (
     AttemptFailed,
     AttemptRevoked,
     AttemptTimedOut,
@@ -39,9 +39,9 @@ from domain.events import (
     TaskStarted,
     WriteRejected,
 )
-from domain.retry import RetryPolicy
-from domain.scan import job_status_after
-from domain.task import (
+from leasehold.domain.retry import RetryPolicy
+from leasehold.domain.scan import job_status_after
+from leasehold.domain.task import (
     TIMEOUT_ERROR,
     AcknowledgeCancel,
     BatchRecord,

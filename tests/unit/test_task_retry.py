@@ -9,12 +9,12 @@ from collections.abc import Callable
 import pytest
 from test_projector import fold_both, hash_of, row
 
-from domain import events as ev
-from domain import scan
-from domain.errors import InvalidRequest, InvalidTransition
-from domain.task import MAX_ATTEMPTS, Fail, Renew, RequestCancel, RetryTask
-from projections.projector import project
-from projections.rows import Insert, Update
+from leasehold.domain import events as ev
+from leasehold.domain import scan
+from leasehold.domain.errors import InvalidRequest, InvalidTransition
+from leasehold.domain.task import MAX_ATTEMPTS, Fail, Renew, RequestCancel, RetryTask
+from leasehold.projections.projector import project
+from leasehold.projections.rows import Insert, Update
 from support.task_states import SCAN_ID, START, TASK_ID, Story, leased, running
 
 

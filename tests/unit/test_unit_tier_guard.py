@@ -55,7 +55,7 @@ def test_a_unit_test_that_asks_for_a_database_stops_the_run(tmp_path: Path) -> N
 def test_a_unit_test_that_connects_or_starts_a_server_fails(tmp_path: Path) -> None:
     result = _run_pytest(tmp_path, (
         "import psycopg\n"
-        "from cli.embedded import EmbeddedPostgres\n\n"
+        "from leasehold.cli.embedded import EmbeddedPostgres\n\n"
         "def test_fixture_by_name(request):\n    request.getfixturevalue('pg_server_url')\n\n"
         "def test_connects():\n    psycopg.connect('postgresql://postgres@127.0.0.1:1/postgres')\n\n"
         "def test_starts_a_server(tmp_path):\n    EmbeddedPostgres(tmp_path / 'pgdata').start()\n"))

@@ -9,8 +9,8 @@ from uuid import uuid4
 
 import pytest
 
-from persistence.writes import WriteBuffer, coalesce, render
-from projections.rows import Insert, Update, Upsert
+from leasehold.persistence.writes import WriteBuffer, coalesce, render
+from leasehold.projections.rows import Insert, Update, Upsert
 
 EVENT = (uuid4(), 1, "topic", b"{}", b"\0" * 32, b"\1" * 32)
 

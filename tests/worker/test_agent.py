@@ -18,9 +18,15 @@ from uuid import uuid4
 import pytest
 from aiohttp import web
 
-from cli.dev_ca import issue_self_signed
-from cli.main import build_parser
-from domain.results import payload_sha256
+from leasehold.cli.dev_ca import issue_self_signed
+from leasehold.cli.main import build_parser
+from leasehold.domain.results import payload_sha256
+from leasehold.protocol.logs import JsonFormatter, TextFormatter
+from leasehold.worker.batcher import Batcher
+from leasehold.worker.cli import add_arguments, settings_from_args
+from leasehold.worker.client import LeaseInfo
+from leasehold.worker.plugin import BUILTIN_PLUGINS, InvalidOutput, PluginResolver, parse_record
+from leasehold.worker.settings import WorkerSettings
 from support.agent import (
     attempts,
     batches,
@@ -38,12 +44,6 @@ from support.agent import (
     write_plugin,
 )
 from support.gateway import RunningGateway
-from worker.batcher import Batcher
-from worker.cli import add_arguments, settings_from_args
-from worker.client import LeaseInfo
-from worker.logs import JsonFormatter, TextFormatter
-from worker.plugin import BUILTIN_PLUGINS, InvalidOutput, PluginResolver, parse_record
-from worker.settings import WorkerSettings
 
 PAGE = "<html><head><title>Leasehold scan target</title></head><body>hi</body></html>"
 
@@ -266,7 +266,7 @@ def test_plugin_resolution_prefers_plugins_dir_and_refuses_unsafe_names(tmp_path
     (tmp_path / "not-executable").write_text("#!/bin/sh\n")
     resolver = PluginResolver(tmp_path)
     assert resolver.resolve("tcp-connect").argv == (str((tmp_path / "tcp-connect").resolve()),)
-    assert resolver.resolve("http-probe").argv[1:] == ("-m", "worker.plugins.http_probe")
+    assert resolver.resolve("http-probe").argv[1:] == ("-m", "leasehold.worker.plugins.http_probe")
     assert resolver.resolve("custom").source == "plugins-dir"
     assert "custom" in resolver.available() and "not-executable" not in resolver.available()
     for bad, message in [("../../bin/sh", "not a valid plugin name"), ("not-executable", "not executable"),

@@ -19,7 +19,16 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway.tls import server_ssl_context
+from leasehold.gateway.tls import server_ssl_context
+from leasehold.worker.backoff import Backoff
+from leasehold.worker.client import (
+    AttemptRef,
+    GatewayClient,
+    GatewayUnavailable,
+    LeaseLost,
+    Rejected,
+    TaskWasCancelled,
+)
 from support.agent import (
     attempts,
     batches,
@@ -34,8 +43,6 @@ from support.agent import (
 )
 from support.faultproxy import Fault, fault_proxy
 from support.gateway import RunningGateway
-from worker.backoff import Backoff
-from worker.client import AttemptRef, GatewayClient, GatewayUnavailable, LeaseLost, Rejected, TaskWasCancelled
 
 
 def _port(url: str) -> int:

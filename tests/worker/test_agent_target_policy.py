@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from domain.targets import DEFAULT_POLICY, parse_policy
+from leasehold.domain.targets import DEFAULT_POLICY, parse_policy
 from support.agent import register_worker, running_agent, task_state, wait_state, write_plugin
 from support.gateway import RunningGateway
 

@@ -35,12 +35,12 @@ def test_the_blocker_makes_server_modules_unimportable(tmp_path: Path) -> None:
     """Without this, the test below would prove nothing."""
     blocked_log = tmp_path / "blocked.log"
     env = without_server_env(tmp_path / "site", blocked_log)
-    for module in ("psycopg", "gateway.app", "persistence"):
+    for module in ("psycopg", "leasehold.gateway.app", "leasehold.persistence"):
         done = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True,
                               text=True, check=False)
         assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr, (module, done.stderr)
     logged = [line.split()[1] for line in blocked_log.read_text().splitlines()]
-    assert logged == ["psycopg", "gateway", "persistence"]
+    assert logged == ["psycopg", "leasehold.gateway", "leasehold.persistence"]
 
 
 async def test_agent_without_server_packages_completes_a_task_end_to_end(

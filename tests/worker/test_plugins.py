@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from cli.dev_ca import IssuedCertificate, init_pki, issue_self_signed
-from worker.plugins.common import PluginInputError, Scope, parse_ports, parse_service, parse_target
+from leasehold.cli.dev_ca import IssuedCertificate, init_pki, issue_self_signed
+from leasehold.worker.plugins.common import PluginInputError, Scope, parse_ports, parse_service, parse_target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORD_TYPES = {"asset", "threat", "file", "exposure", "raw"}
@@ -65,7 +65,7 @@ async def run_plugin(name: str, document: dict[str, Any] | bytes) -> PluginRun:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        f"worker.plugins.{name}",
+        f"leasehold.worker.plugins.{name}",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -1,6 +1,6 @@
 """The scanner plugin protocol, shared by every plugin in :mod:`worker.plugins`.
 
-A plugin is run as ``python -m worker.plugins.<name>``. It reads ONE JSON document on stdin::
+A plugin is run as ``python -m leasehold.worker.plugins.<name>``. It reads ONE JSON document on stdin::
 
     {"scope": {"targets": ["example.com", "10.0.0.5", "https://example.com:8443/", "10.0.1.0/28"],
                "ports": [22, 80, 443],

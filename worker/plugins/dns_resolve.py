@@ -17,7 +17,7 @@ import socket
 import sys
 from typing import Any
 
-from worker.plugins.common import (
+from leasehold.worker.plugins.common import (
     Emitter,
     PluginInput,
     PluginInputError,

@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
-from worker.plugins.common import (
+from leasehold.worker.plugins.common import (
     Emitter,
     PluginInput,
     PluginInputError,

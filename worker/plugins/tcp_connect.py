@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from worker.plugins.common import (
+from leasehold.worker.plugins.common import (
     Emitter,
     PluginInput,
     PluginInputError,

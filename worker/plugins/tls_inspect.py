@@ -31,7 +31,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 
-from worker.plugins.common import (
+from leasehold.worker.plugins.common import (
     Emitter,
     PluginInput,
     Service,

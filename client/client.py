@@ -12,7 +12,7 @@ from uuid import UUID
 import aiohttp
 from pydantic import BaseModel
 
-from leasehold_client.models import (
+from leasehold.client.models import (
     ApiKeyCreated,
     Counts,
     Organization,

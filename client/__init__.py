@@ -5,13 +5,13 @@
         for task in page.items:
             await api.retry_task(task.id)
 
-Every answer is a pydantic model (:mod:`leasehold_client.models`); every problem+json answer is
+Every answer is a pydantic model (:mod:`leasehold.client.models`); every problem+json answer is
 raised as :class:`ApiError` (``status``, ``title``, ``detail``). Built on aiohttp, and on nothing
 of the server: it installs and runs with the base (worker) install.
 """
 
-from leasehold_client.client import ApiError, OperatorClient
-from leasehold_client.models import (
+from leasehold.client.client import ApiError, OperatorClient
+from leasehold.client.models import (
     ApiKeyCreated,
     Assignment,
     Attempt,

@@ -1,7 +1,7 @@
 """Resolving the names of a scope's targets, for the target policy (:mod:`domain.targets`).
 
 The agent checks a task's targets after resolving their names and before its plugin runs
-(:meth:`worker.runner.TaskRunner._run`); the Gateway does the same when a scan, schedule or task
+(:meth:`leasehold.worker.runner.TaskRunner._run`); the Gateway does the same when a scan, schedule or task
 is created. A name that does not resolve (in time) is judged by its name alone.
 """
 
@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from domain.targets import TargetRefused, check_scope, names_of, policy_from_json
+from leasehold.domain.targets import TargetRefused, check_scope, names_of, policy_from_json
 
 #: How long one name may take to resolve.
 RESOLVE_TIMEOUT_SECONDS = 2.0
