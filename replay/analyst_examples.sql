@@ -1,5 +1,5 @@
 -- Example queries for analysts (role leasehold_analyst). Each runs as that role in
--- tests/replay/test_replay_analyst.py; the README's "Replay and audit" section shows them.
+-- tests/replay/test_replay_analyst.py; the documentation's Analyse guide (docs/guides/analyse.md) shows them.
 
 -- name: wait_time_per_plugin
 -- How long tasks waited for their first lease, per plugin (task_type), over the last 7 days.

@@ -46,8 +46,9 @@ def _cell(text: object) -> str:
 
 
 def _code(text: object) -> str:
-    """Inline code for a table cell (backticks inside are doubled around)."""
-    value = _cell(text)
+    """Inline code for a table cell (backticks inside are doubled around; a pipe inside a code
+    span does not split the cell, and an escaped one would show its backslash)."""
+    value = " ".join(str(text).split())
     return f"`` {value} ``" if "`" in value else f"`{value}`"
 
 
