@@ -194,7 +194,7 @@ def run_session(page: Path, database_url: str, *, venv: Path | None = None, time
     work = directory or Path(tempfile.mkdtemp(prefix="leasehold-docs-"))
     env = {**session_environment(database_url, venv), **(extra_env or {})}
     started = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+") as log:
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
         proc = subprocess.Popen(["bash", "-c", script(page, skip_pip=skip_pip)], cwd=work, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
