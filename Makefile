@@ -6,6 +6,7 @@
 #   make openapi / make cli-help                rewrite the committed contract snapshots from the code
 #   make lint                                   ruff + mypy + import contracts (lint-imports)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
+#   make docs                                   the documentation site: mkdocs build --strict into site/
 #   make screenshots                            the console's browser tests, writing docs/console/*.png
 # Tests use $TEST_DATABASE_URL when set, else an embedded PostgreSQL (.leasehold/test-pgdata).
 
@@ -19,14 +20,14 @@ TEST_JOBS ?= 3
 MUTATION_JOBS ?= 2
 
 .DEFAULT_GOAL := test
-.PHONY: install test test-unit mutation openapi cli-help lint demo screenshots
+.PHONY: install test test-unit mutation openapi cli-help lint demo screenshots docs
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when pyproject.toml is newer than the stamp.
 $(STAMP): pyproject.toml | $(VENV_PY)
-	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test]'
+	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -72,6 +73,11 @@ demo: $(STAMP)
 	$(VENV)/bin/leasehold demo
 
 # The console's browser tests (headless system Chromium) with a PNG of every page they visit
-# written into docs/console/ (the README shows them).
+# written into docs/console/ (the console's page of the docs shows them).
 screenshots: $(STAMP)
 	LEASEHOLD_CONSOLE_SCREENSHOTS=1 $(VENV_PY) -m pytest tests/browser $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml): --strict fails on a broken link or anchor. The
+# reference pages are generated from the code during the build (scripts/docs_hooks.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -1,5 +1,5 @@
 """What a task costs the database to keep: events, WAL and storage per task, and what that makes
-of a day's work. The inputs of the capacity model (README, "Capacity").
+of a day's work. The inputs of the capacity model (docs/guides/deploy/capacity.md).
 
     .venv/bin/python bench/capacity.py                           # 2,000 tasks on a private server
     .venv/bin/python bench/capacity.py --tasks 20000 --renewals 5 --records 20

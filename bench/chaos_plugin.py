@@ -1,6 +1,6 @@
 """The scanner plugin of ``bench/chaos.py``: it records each execution, works a while, reports.
 
-A plugin like any other (see the README, "Plugin protocol"): the worker agent runs it as the
+A plugin like any other (see docs/guides/plugins.md): the worker agent runs it as the
 executable ``<plugins dir>/chaos``, a two-line wrapper that ``exec``s this file with the worker's
 interpreter in ``-S`` mode (standard library only: it starts in ~20 ms, which matters when a
 soak runs thousands of them on two cores).

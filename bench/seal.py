@@ -9,7 +9,7 @@ of one correctly hashed event each (COPY, into a scratch database migrated to he
 * ``seal_idle_ms``: a seal with nothing new (what the loop costs every interval when quiet), median;
 * ``sign_us``: the Ed25519 signature of one record alone;
 * ``sign_event_head_us``: an Ed25519 signature of one 32-byte event hash: what signing every
-  event's head on the write path would add per event (not done: see README, "Signed seals");
+  event's head on the write path would add per event (not done: see docs/guides/audit/seals.md);
 * ``verify_digests_ms``: ``verify-chain --digests``' extra work (folding the digests and holding
   the log against them), once at the end.
 

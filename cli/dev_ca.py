@@ -1,7 +1,7 @@
 """The development PKI: a CA, the Gateway's server certificate and worker certificates, built on
 ``cryptography`` (``leasehold pki``, the demo, the tests and the benchmarks use it).
 
-In production bring your own CA (see the README); the Gateway itself only reads a PKI directory
+In production bring your own CA (see docs/guides/deploy/gateway.md); the Gateway itself only reads a PKI directory
 (:mod:`gateway.tls`).
 """
 

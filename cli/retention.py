@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     partitions = subparsers.add_parser(
         "partitions", help="the event log's time partitions: list them, create them ahead",
-        description="The event log is partitioned by recorded_at (see README, 'Partitions and retention').")
+        description="The event log is partitioned by recorded_at (see the docs: Audit, 'Partitions and retention').")
     actions = partitions.add_subparsers(dest="partitions_command", metavar="ACTION", required=True)
     p = actions.add_parser("list", parents=[common], help="every partition with its range and estimated rows")
     p.set_defaults(func=_list)
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     retention = subparsers.add_parser(
         "retention", help="archive old partitions of the event log as signed bundles, then drop them",
         description="Archive each partition wholly older than --older-than as a signed audit bundle, verify it,"
-                    " then detach and drop the partition (see README, 'Partitions and retention').")
+                    " then detach and drop the partition (see the docs: Audit, 'Partitions and retention').")
     actions = retention.add_subparsers(dest="retention_command", metavar="ACTION", required=True)
     p = actions.add_parser("run", parents=[common], help="archive and drop the partitions older than AGE")
     p.add_argument("--older-than", required=True, type=_age, metavar="AGE",

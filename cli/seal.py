@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     seal = subparsers.add_parser(
         "seal", help="signed seals of the event log: the signing key, a seal on demand",
         description="Signed seals: checkpoints signed with an Ed25519 key the database never sees, appended "
-                    "to a digest sink outside PostgreSQL (see README, 'Signed seals').")
+                    "to a digest sink outside PostgreSQL (see the docs: Audit, 'Signed seals').")
     actions = seal.add_subparsers(dest="seal_command", metavar="ACTION", required=True)
     p = actions.add_parser("keygen", help="create a seal key pair in DIR (seal-key.pem, seal-public.pem)")
     p.add_argument("dir", type=Path, metavar="DIR", help="directory to write the two files to (created if needed)")

@@ -1,6 +1,6 @@
 """Plugins: finding the executable for a task type, and running it as a subprocess.
 
-The protocol (see ``worker/README.md``): the plugin reads one JSON document
+The protocol (see ``docs/guides/plugins.md``): the plugin reads one JSON document
 ``{"scope": {...}, "parameters": {...}}`` on stdin, writes one JSON object per line on stdout
 (each with a string ``"type"``), and diagnostics on stderr. Exit 0 is success, 2 is "bad input"
 (not retried), anything else a failure (retried). A record ``{"type": "error", "message": ...,

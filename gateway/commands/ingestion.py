@@ -1,5 +1,5 @@
 """Centralized ingestion of accepted result batches: assets, threats, detections, files,
-exposure changes and raw outputs (see the README, "Scans: profiles, orchestration, ingestion")."""
+exposure changes and raw outputs (see docs/guides/operate/scans.md, "What the results become")."""
 
 from __future__ import annotations
 

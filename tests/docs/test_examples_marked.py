@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from docs_support import ROOT, docs_examples
 
 PAGES = docs_examples.pages()

@@ -9,9 +9,9 @@ import ssl
 
 import aiohttp
 import pytest
+from docs_support import docs_reference
 from prometheus_client.parser import text_string_to_metric_families
 
-from docs_support import docs_reference
 from leasehold.domain import events
 from leasehold.gateway.settings import GatewaySettings
 from leasehold.gateway.tls import PkiPaths
