@@ -324,22 +324,22 @@ def settings_page() -> str:
            "agent also reads a TOML file (`--config`), below the environment. A boolean flag comes as a pair "
            "(`--listen` / `--no-listen`); in the environment it is `true` or `false`.", "",
            "## Gateway (`leasehold gateway serve`)", "", _cell(inspect.getdoc(GatewaySettings) or ""), "",
-           "| setting | environment | flag | type | default | meaning |", "|---|---|---|---|---|---|"]
+           "| setting: environment, flag | type, default | meaning |", "|---|---|---|"]
     for name, field in GatewaySettings.model_fields.items():
         env = ", ".join(f"`{e}`" for e in _env_names(name, field, gateway_prefix))
-        flags = " ".join(f"`{f}`" for f in gateway_flags.get(name, [])) or "none (a secret)"
-        out.append(f"| `{name}` | {env} | {flags} | {_annotation(field)} | {_default(field)} | "
+        flags = " ".join(f"`{f}`" for f in gateway_flags.get(name, [])) or "no flag (a secret)"
+        out.append(f"| **`{name}`**<br>{env}<br>{flags} | {_annotation(field)}<br>{_default(field)} | "
                    f"{_cell(field.description or '')} |")
     out += ["", "The commands other than `gateway serve` that need a database read `--database-url`, else "
             "`LEASEHOLD_DATABASE_URL`, else `DATABASE_URL` (see [Deploy](../guides/deploy/index.md#the-database-setting)).",
             "", "## Worker agent (`leasehold worker run`)", "", _cell(inspect.getdoc(WorkerSettings) or ""), "",
             "In the environment, lists are JSON: `LEASEHOLD_WORKER_CAPABILITIES='[\"tcp-connect\"]'`. A TOML file "
             "holds the same names at top level.", "",
-            "| setting (TOML key) | environment | flag | type | default | meaning |", "|---|---|---|---|---|---|"]
+            "| setting (TOML key): environment, flag | type, default | meaning |", "|---|---|---|"]
     for name, field in WorkerSettings.model_fields.items():
         flags = " ".join(f"`{f}`" for f in worker_flags.get(name, []))
-        out.append(f"| `{name}` | `{ENV_PREFIX}{name.upper()}` | {flags} | {_annotation(field)} | {_default(field)} "
-                   f"| {_cell(field.description or '')} |")
+        out.append(f"| **`{name}`**<br>`{ENV_PREFIX}{name.upper()}`<br>{flags} | {_annotation(field)}<br>"
+                   f"{_default(field)} | {_cell(field.description or '')} |")
     out.append("")
     return "\n".join(out)
 

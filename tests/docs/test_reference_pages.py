@@ -42,12 +42,12 @@ def test_every_route_and_schema_is_on_the_http_api_page() -> None:
 def test_every_setting_is_on_the_settings_page_with_its_variable_and_default() -> None:
     page = docs_reference.settings_page()
     for name in GatewaySettings.model_fields:
-        assert f"| `{name}` | `LEASEHOLD_{name.upper()}`" in page, name
+        assert f"| **`{name}`**<br>`LEASEHOLD_{name.upper()}`" in page, name
     for name in WorkerSettings.model_fields:
-        assert f"| `{name}` | `LEASEHOLD_WORKER_{name.upper()}`" in page, name
-    assert "| `worker_port` | `LEASEHOLD_WORKER_PORT` | `--worker-port` | `int` | `8443` |" in page
+        assert f"| **`{name}`**<br>`LEASEHOLD_WORKER_{name.upper()}`" in page, name
+    assert "| **`worker_port`**<br>`LEASEHOLD_WORKER_PORT`<br>`--worker-port` | `int`<br>`8443` |" in page
     assert "`--listen` `--no-listen`" in page
-    assert "| `admin_api_key` | `LEASEHOLD_ADMIN_API_KEY` | none (a secret) |" in page
+    assert "| **`admin_api_key`**<br>`LEASEHOLD_ADMIN_API_KEY`<br>no flag (a secret) |" in page
 
 
 def test_every_event_class_is_on_the_events_page_with_its_docstring() -> None:
