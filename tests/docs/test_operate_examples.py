@@ -1,9 +1,12 @@
-"""The operating guides' examples (workers, scans, finding work, cancellation), each page's session run as written: the README's first scan, then the
-page's own blocks in order, then the README's cleanup (``scripts/docs_examples.py``). Each page
-gets a fresh migrated database of the test server."""
+"""The operating guides' examples (workers, scans, finding work, cancellation).
+
+Each page's session runs as written: the README's first scan, then the page's own blocks in
+order, then the README's cleanup (``scripts/docs_examples.py``), on a fresh migrated database of
+the test server."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +23,17 @@ PAGES = [
     "docs/guides/operate/cancellation.md",
 ]
 
+#: What a page's output must show, beyond every block succeeding.
+EXPECT = {
+    "docs/guides/operate/index.md": r"success \['127\.0\.0\.1:\d+/tcp'\]",
+    "docs/guides/operate/scans.md": r"url https://127\.0\.0\.1:\d+",
+    "docs/guides/operate/cancellation.md": r"CancelDelivered",
+    "docs/guides/operate/workers.md": r"False\nTrue",
+}
+
 
 @pytest.mark.parametrize("page", PAGES)
 def test_the_page_examples_run_as_written(page: str, make_database: Callable[..., str], tmp_path: Path) -> None:
-    run_page(page, make_database(), tmp_path)
+    outcome = run_page(page, make_database(), tmp_path)
+    if page in EXPECT:
+        assert re.search(EXPECT[page], outcome.output), outcome.output[-4000:]
