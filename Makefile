@@ -1,6 +1,13 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
-#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included), TEST_JOBS=3 processes
-#   make test-unit                              the fast tier: pure logic, no PostgreSQL, seconds
+#   make test [PYTEST_ARGS="-k stairway -x"]   the whole suite (tests/unit included), TEST_JOBS=3 processes
+#   make test-unit                              pure logic, no PostgreSQL: seconds
+#   make test-fast                              everything not marked slow, without the browser tests
+#                                               (no chaos soak, no schemathesis, no benchmark smoke runs)
+#   make test-slow                              the rest: what test-fast leaves out (test-fast + test-slow
+#                                               = make test)
+#   make test-embedded                          the migrations, the core lifecycle, one Gateway end to end
+#                                               and the demo on the embedded PostgreSQL, whatever
+#                                               TEST_DATABASE_URL says (the server `make test` uses alone)
 #   make mutation                               mutation testing of domain/ against tests/unit (minutes);
 #                                               writes docs/mutation-report.md (score, surviving mutants)
 #   make openapi / make cli-help                rewrite the committed contract snapshots from the code
@@ -17,9 +24,16 @@ MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
 TEST_JOBS ?= 3
 MUTATION_JOBS ?= 2
+# The tiers are pytest marker expressions: `slow` is set by hand on long modules, `browser` on
+# everything under tests/browser (tests/conftest.py).
+FAST := not slow and not browser
+# What test-embedded runs: the stairway, the core lifecycle through the service layer, the worker
+# API through a real Gateway, and the demo.
+EMBEDDED_SLICE := tests/test_migrations.py tests/core/test_transitions.py tests/api/test_worker_api.py \
+                  tests/test_demo.py tests/test_infra_database.py
 
 .DEFAULT_GOAL := test
-.PHONY: install test test-unit mutation openapi cli-help lint demo screenshots
+.PHONY: install test test-unit test-fast test-slow test-embedded mutation openapi cli-help lint demo screenshots
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +54,18 @@ test: $(STAMP)
 # tier can never start or wait for a server.
 test-unit: $(STAMP)
 	$(VENV_PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "$(FAST)" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not ($(FAST))" $(PYTEST_ARGS)
+
+# The path a fresh clone takes (no database configured): the embedded server, whose PostgreSQL
+# major may differ from the one TEST_DATABASE_URL points at.
+test-embedded: $(STAMP)
+	env -u TEST_DATABASE_URL -u DATABASE_URL $(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile \
+		$(EMBEDDED_SLICE) $(PYTEST_ARGS)
 
 $(MUTATION_STAMP): pyproject.toml | $(STAMP)
 	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test,mutation]'

@@ -191,10 +191,19 @@ def empty_database_url(_test_databases: TestDatabases) -> Iterator[str]:
     _test_databases.drop(name)
 
 
+BROWSER_TESTS = REPO_ROOT / "tests" / "browser"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with a test marked ``slow`` (tens of seconds each) run first, each keeping its order:
+    """Everything under tests/browser is marked ``browser`` (the tiers select by marker).
+
+    Modules with a test marked ``slow`` (tens of seconds each) run first, each keeping its order:
     with several pytest-xdist processes the longest modules are handed out first, so no process
     is left running one of them alone at the end. The order is the same in every process."""
+    for item in items:
+        if BROWSER_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.browser)
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: 0 if item.path in slow else 1)
 

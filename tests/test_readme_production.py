@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the deploy checklist from a built wheel, processes and all
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

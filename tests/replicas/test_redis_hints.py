@@ -16,6 +16,8 @@ from leasehold.gateway.tls import PkiPaths
 from support.gateway import GatewayProcess, RunningGateway, free_port, metric, running_gateway, service_get
 from support.waits import wait_until
 
+pytestmark = pytest.mark.slow  # Gateway processes and a Redis killed and restarted under traffic
+
 
 async def redis_state(gateway: GatewayProcess) -> str | None:
     ready = await gateway.readyz()
