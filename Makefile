@@ -27,6 +27,12 @@ MUTATION_JOBS ?= 2
 # The tiers are pytest marker expressions: `slow` is set by hand on long modules, `browser` on
 # everything under tests/browser (tests/conftest.py).
 FAST := not slow and not browser
+# TEST_JOBS processes (0: one process); a test module stays in one process, so module-scoped servers
+# are started once and its tests run in file order. Modules are handed out in collection order,
+# where tests/conftest.py puts the slow ones first (pytest-xdist would otherwise hand out the
+# modules with the most tests first, leaving the longest single tests, schemathesis and the chaos
+# soak, for the end, one process running them alone).
+XDIST := -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 # What test-embedded runs: the stairway, the core lifecycle through the service layer, the worker
 # API through a real Gateway, and the demo.
 EMBEDDED_SLICE := tests/test_migrations.py tests/core/test_transitions.py tests/api/test_worker_api.py \
@@ -45,10 +51,8 @@ $(STAMP): pyproject.toml | $(VENV_PY)
 
 install: $(STAMP)
 
-# TEST_JOBS pytest-xdist processes (0: one process); a test module stays in one process, so
-# module-scoped servers are started once and its tests run in file order.
 test: $(STAMP)
-	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # tests/unit/conftest.py refuses any test there that asks for a database (the run stops), so this
 # tier can never start or wait for a server.
@@ -56,16 +60,15 @@ test-unit: $(STAMP)
 	$(VENV_PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "$(FAST)" $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest $(XDIST) -m "$(FAST)" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not ($(FAST))" $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest $(XDIST) -m "not ($(FAST))" $(PYTEST_ARGS)
 
 # The path a fresh clone takes (no database configured): the embedded server, whose PostgreSQL
 # major may differ from the one TEST_DATABASE_URL points at.
 test-embedded: $(STAMP)
-	env -u TEST_DATABASE_URL -u DATABASE_URL $(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile \
-		$(EMBEDDED_SLICE) $(PYTEST_ARGS)
+	env -u TEST_DATABASE_URL -u DATABASE_URL $(VENV_PY) -m pytest $(XDIST) $(EMBEDDED_SLICE) $(PYTEST_ARGS)
 
 $(MUTATION_STAMP): pyproject.toml | $(STAMP)
 	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test,mutation]'
