@@ -5,8 +5,7 @@ Server: ``$TEST_DATABASE_URL`` (a URL to a maintenance database, e.g.
 dir ``<project root>/.leasehold/test-pgdata`` started once per session (stopped at exit when this
 run started it and no other run still uses it).
 
-Template and per-test copies: :mod:`support.databases` (made ahead and dropped behind in the
-background, so a test waits for neither).
+Template and per-test copies: :mod:`support.databases`.
 
 Fixtures for tests:
 

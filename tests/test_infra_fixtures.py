@@ -7,7 +7,6 @@ from collections.abc import Callable
 import psycopg
 
 from leasehold.migrations import runner as migrate
-from support.databases import TestDatabases
 
 
 def _tables(url: str) -> set[str]:
@@ -50,17 +49,3 @@ def test_a_test_database_commits_without_waiting_for_the_wal_flush(database_url:
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
 
-
-def test_databases_made_ahead_and_dropped_behind_are_all_gone_once_closed(pg_server_url: str,
-                                                                          template_database: str) -> None:
-    manager = TestDatabases(pg_server_url, template_database)
-    manager.tag += " made-ahead-probe"  # apart from the databases of this session's own manager
-    made = [manager.create()[0] for _ in range(3)]  # and a fourth, made ahead for a next test
-    assert len(set(made)) == 3
-    for name in made:
-        manager.drop(name)
-    manager.close()
-    with psycopg.connect(pg_server_url) as conn:
-        left = conn.execute("SELECT datname FROM pg_database WHERE shobj_description(oid, 'pg_database') = %s",
-                            (manager.tag,)).fetchall()
-    assert left == []
