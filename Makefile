@@ -1,6 +1,13 @@
 # Developer entry points. Everything runs from the project's own virtualenv (.venv).
-#   make test [PYTEST_ARGS="-k stairway -x"]   run the test suite (tests/unit included), TEST_JOBS=3 processes
-#   make test-unit                              the fast tier: pure logic, no PostgreSQL, seconds
+#   make test [PYTEST_ARGS="-k stairway -x"]   the whole suite (tests/unit included), TEST_JOBS=3 processes
+#   make test-unit                              pure logic, no PostgreSQL: seconds
+#   make test-fast                              everything not marked slow, without the browser tests
+#                                               (no chaos soak, no schemathesis, no benchmark smoke runs)
+#   make test-slow                              the rest: what test-fast leaves out (test-fast + test-slow
+#                                               = make test)
+#   make test-embedded                          the migrations, the core lifecycle, one Gateway end to end
+#                                               and the demo on the embedded PostgreSQL, whatever
+#                                               TEST_DATABASE_URL says (the server `make test` uses alone)
 #   make mutation                               mutation testing of domain/ against tests/unit (minutes);
 #                                               writes docs/mutation-report.md (score, surviving mutants)
 #   make openapi / make cli-help                rewrite the committed contract snapshots from the code
@@ -18,9 +25,22 @@ MUTATION_STAMP := $(VENV)/.leasehold-mutation-installed
 PYTEST_ARGS ?=
 TEST_JOBS ?= 3
 MUTATION_JOBS ?= 2
+# The tiers are pytest marker expressions: `slow` is set by hand on long modules, `browser` on
+# everything under tests/browser (tests/conftest.py).
+FAST := not slow and not browser
+# TEST_JOBS processes (0: one process); a test module stays in one process, so module-scoped servers
+# are started once and its tests run in file order. Modules are handed out in collection order,
+# where tests/conftest.py puts the slow ones first (pytest-xdist would otherwise hand out the
+# modules with the most tests first, leaving the longest single tests, schemathesis and the chaos
+# soak, for the end, one process running them alone).
+XDIST := -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+# What test-embedded runs: the stairway, the core lifecycle through the service layer, the worker
+# API through a real Gateway, and the demo.
+EMBEDDED_SLICE := tests/test_migrations.py tests/core/test_transitions.py tests/api/test_worker_api.py \
+                  tests/test_demo.py tests/test_infra_database.py
 
 .DEFAULT_GOAL := test
-.PHONY: install test test-unit mutation openapi cli-help lint demo screenshots docs
+.PHONY: install test test-unit test-fast test-slow test-embedded mutation openapi cli-help lint demo screenshots docs
 
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,15 +52,24 @@ $(STAMP): pyproject.toml | $(VENV_PY)
 
 install: $(STAMP)
 
-# TEST_JOBS pytest-xdist processes (0: one process); a test module stays in one process, so
-# module-scoped servers are started once and its tests run in file order.
 test: $(STAMP)
-	$(VENV_PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # tests/unit/conftest.py refuses any test there that asks for a database (the run stops), so this
 # tier can never start or wait for a server.
 test-unit: $(STAMP)
 	$(VENV_PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(VENV_PY) -m pytest $(XDIST) -m "$(FAST)" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(VENV_PY) -m pytest $(XDIST) -m "not ($(FAST))" $(PYTEST_ARGS)
+
+# The path a fresh clone takes (no database configured): the embedded server, whose PostgreSQL
+# major may differ from the one TEST_DATABASE_URL points at.
+test-embedded: $(STAMP)
+	env -u TEST_DATABASE_URL -u DATABASE_URL $(VENV_PY) -m pytest $(XDIST) $(EMBEDDED_SLICE) $(PYTEST_ARGS)
 
 $(MUTATION_STAMP): pyproject.toml | $(STAMP)
 	$(VENV_PY) -m pip install --disable-pip-version-check -q -e '.[server,test,mutation]'

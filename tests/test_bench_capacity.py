@@ -15,6 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+pytestmark = pytest.mark.slow  # a benchmark smoke run: its own processes and scratch database
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "capacity.py"
 
 

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
+
+pytestmark = pytest.mark.slow  # a benchmark smoke run: its own processes and scratch database
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = re.compile(r"^console_page page=(\S+) status=(\d+) runs=2 p50_ms=[\d.]+ p95_ms=[\d.]+ "

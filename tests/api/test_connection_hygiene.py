@@ -28,6 +28,7 @@ from leasehold.gateway.tls import PkiPaths
 from leasehold.persistence.transaction import Database
 from support.gateway import ADMIN_KEY, GatewayProcess, RunningGateway, WorkerClient, running_gateway
 from support.slow_clients import one as slow_client
+from support.waits import wait_until
 
 TESTS = str(Path(__file__).resolve().parents[1])
 HEADER_TIMEOUT = 2.0
@@ -102,12 +103,12 @@ async def check_slow_clients(server: GatewayProcess, gateway: RunningGateway, wo
         env={**os.environ, "PYTHONPATH": TESTS})
         for port, extra in ((server.operator_port, []),
                             (server.worker_port, ["--cert", str(cert.cert_path), "--key", str(cert.key_path)]))]
-    deadline = time.monotonic() + 30
     # Wait until most TLS slow clients hold a connection on both listeners (past their handshake).
-    while min([await labelled(server, f'leasehold_connections_open{{listener="{name}"}}')
-               for name in ("worker", "operator")]) < SLOW_PER_LISTENER // 3:
-        assert time.monotonic() < deadline, "the slow clients did not connect"
-        await asyncio.sleep(0.05)
+    async def connected() -> bool:
+        return min([await labelled(server, f'leasehold_connections_open{{listener="{name}"}}')
+                    for name in ("worker", "operator")]) >= SLOW_PER_LISTENER // 3
+
+    await wait_until(connected, 30, what="the slow clients to connect", interval=0.05)
     # A normal client on each listener, while the slow ones hold their connections.
     seconds, reply = await timed(gateway.operator("GET", f"/v1/organizations/{gateway.org}"))
     assert reply.status == 200 and seconds < 1.0, seconds  # type: ignore[attr-defined]
@@ -145,17 +146,11 @@ async def test_at_the_cap_slow_connections_are_evicted_for_a_normal_client(datab
         clients = [asyncio.create_task(slow_client("idle", port(gw.operator_url), client_context(pki), closed))
                    for _ in range(20)]
         guard = gateway_guards(gw)[1]
-        deadline = time.monotonic() + 10
-        while len(guard.open) < 20:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: len(guard.open) >= 20, 10, what="20 slow connections open")
         seconds, reply = await timed(gw.operator("GET", f"/v1/organizations/{gw.org}", key=ADMIN_KEY))
         assert reply.status == 200 and seconds < 1.0  # type: ignore[attr-defined]
         assert guard.evicted == 1 and guard.refused == 0
-        deadline = time.monotonic() + 5
-        while not closed:  # the oldest slow one made room
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: closed, 5, what="the oldest slow connection to make room")
         assert len(closed) == 1
         for task in clients:
             task.cancel()

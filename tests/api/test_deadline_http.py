@@ -5,13 +5,12 @@ say deadline, and every worker write after the deadline is answered 409 ``deadli
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from leasehold.replay.timeline import task_timeline
 from support.gateway import Reply, RunningGateway
+from support.waits import wait_until
 
 
 def assert_refused_for_the_deadline(reply: Reply) -> None:
@@ -19,15 +18,6 @@ def assert_refused_for_the_deadline(reply: Reply) -> None:
     assert reply.headers["Content-Type"].startswith("application/problem+json")
     assert reply.body["type"].endswith("/deadline-exceeded"), reply.body
     assert reply.body["reason"] == "deadline_passed", reply.body
-
-
-async def poll(check: Any, *, within: float, every: float = 0.05) -> Any:
-    """The first truthy result of ``check()``, polled until ``within`` seconds have passed."""
-    deadline = time.monotonic() + within
-    while not (result := await check()):
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(every)
-    return result
 
 
 async def test_an_attempt_renewed_on_time_until_its_deadline_times_out(gateway: RunningGateway) -> None:
@@ -44,7 +34,7 @@ async def test_an_attempt_renewed_on_time_until_its_deadline_times_out(gateway: 
     while not answers or answers[-1].status == 200:
         answers.append(await worker.write(lease, "renew"))
         if answers[-1].status == 200:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the renewal schedule under test, as an agent keeps it
     *on_time, refused = answers
     assert len(on_time) >= 2
     assert all(datetime.fromisoformat(r.body["lease_expires_at"]) == deadline_at for r in on_time)  # capped
@@ -54,7 +44,7 @@ async def test_an_attempt_renewed_on_time_until_its_deadline_times_out(gateway: 
         status = await gateway.count("SELECT status FROM worker_task_attempts WHERE task_id = %s", task)
         return status if status not in ("leased", "running") else None
 
-    assert await poll(attempt_status, within=5) == "timeout"
+    assert await wait_until(attempt_status, 5, what="the attempt to time out", interval=0.05) == "timeout"
     assert await gateway.count("SELECT row(state, attempt_count, last_error)::text FROM worker_tasks"
                                " WHERE id = %s", task) == '(failed_terminal,1,"execution deadline exceeded")'
     assert await gateway.count("SELECT j.status FROM scan_jobs j JOIN worker_tasks t ON t.scan_job_id = j.id"

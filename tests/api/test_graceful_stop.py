@@ -18,6 +18,7 @@ from leasehold.gateway.tls import PkiPaths
 from leasehold.persistence.connection import create_pool
 from leasehold.persistence.transaction import Database
 from support.gateway import GatewayProcess, RunningGateway
+from support.waits import wait_until
 
 LONG_POLLS = 20
 
@@ -30,14 +31,6 @@ async def services(database_url: str) -> AsyncIterator[Services]:
         yield build_services(Database(pool))
     finally:
         await pool.close()
-
-
-async def until(condition: object, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not await condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_sigterm_answers_every_waiting_long_poll_and_exits_within_two_seconds(
@@ -54,7 +47,7 @@ async def test_sigterm_answers_every_waiting_long_poll_and_exits_within_two_seco
 
         async def all_waiting() -> bool:
             return await gateway.metric("leasehold_long_polls_waiting") >= LONG_POLLS
-        await until(all_waiting, 15, f"{LONG_POLLS} long-polls waiting")
+        await wait_until(all_waiting, 15, what=f"{LONG_POLLS} long-polls waiting")
 
         assert gateway.proc is not None
         signalled = time.monotonic()
@@ -79,7 +72,7 @@ async def test_sigterm_lets_a_request_in_flight_finish(database_url: str, pki: P
                                                        tmp_path: Path) -> None:
     """A renew blocked on the task's row lock when SIGTERM arrives is finished (200, committed),
     not cut; only then does the Gateway exit."""
-    gateway = GatewayProcess(database_url, pki, tmp_path / "gateway.log")
+    gateway = GatewayProcess(database_url, pki, tmp_path / "gateway.log", {"log_level": "INFO"})
     await gateway.start()
     view: RunningGateway | None = None
     try:
@@ -97,10 +90,11 @@ async def test_sigterm_lets_a_request_in_flight_finish(database_url: str, pki: P
             async def blocked() -> bool:
                 return await view.count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                         "AND datname = current_database()") >= 1  # type: ignore[union-attr]
-            await until(blocked, 10, "the renew waiting for the row lock")
+            await wait_until(blocked, 10, what="the renew waiting for the row lock")
             assert gateway.proc is not None
             gateway.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)  # the stop is under way while the renew still waits
+            await wait_until(lambda: "gateway stopping" in gateway.log_tail(100_000), 10,
+                             what="the Gateway to log that its stop is under way")
             assert gateway.proc.returncode is None and not renew.done()
             await conn.execute("COMMIT")
         reply = await asyncio.wait_for(renew, 10)

@@ -3,9 +3,7 @@ rejections by reason, build info, pool stats; acquire long-polls apart from requ
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-import time
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from leasehold.gateway.tls import PkiPaths
 from leasehold.migrations import runner as migrate
 from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
+from support.waits import wait_until
 
 
 async def samples(gw: RunningGateway, key: str | None = ADMIN_KEY) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -42,13 +41,12 @@ async def test_gateway_metrics(database_url: str, pki: PkiPaths) -> None:
         malformed = await worker.post("/v1/tasks/acquire", raw=b"{not json")
         assert malformed.status == 400
 
-        deadline = time.monotonic() + 10
-        while True:
+        async def sampled() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
             found = await samples(gw)
-            if found.get(("leasehold_organization_queue_depth", (("organization", org), ("state", "pending")))) == 2:
-                break
-            assert time.monotonic() < deadline, "queue depth never sampled"
-            await asyncio.sleep(0.05)
+            pending = ("leasehold_organization_queue_depth", (("organization", org), ("state", "pending")))
+            return found if found.get(pending) == 2 else None
+
+        found = await wait_until(sampled, 10, what="the queue depth to be sampled")
         public = await samples(gw, key=None)
         an_organisation = await samples(gw, key=(await gw.operator(
             "POST", f"/v1/organizations/{org}/api-keys", {"name": "metrics"})).body["key"])

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -21,6 +20,7 @@ import pytest
 from test_operator_api import assert_problem
 
 from support.gateway import RunningGateway, WorkerClient, running_gateway
+from support.waits import wait_until
 
 WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")
 
@@ -35,6 +35,10 @@ async def send(worker: WorkerClient, lease: dict[str, Any], action: str) -> Any:
 
 async def state(gateway: RunningGateway, task: Any) -> str:
     return str(await gateway.count("SELECT state FROM worker_tasks WHERE id = %s", UUID(str(task))))
+
+
+async def _is(gateway: RunningGateway, task: Any, wanted: str) -> bool:
+    return await state(gateway, task) == wanted
 
 
 async def events(gateway: RunningGateway) -> int:
@@ -129,10 +133,7 @@ async def test_gateway_terminates_the_tasks_a_revoked_worker_can_no_longer_ackno
         lease = (await worker.acquire()).body["lease"]
         await worker.write(lease, "progress")
         assert (await gw.operator("POST", f"/v1/workers/{worker.id}/revoke", {})).status == 200
-        deadline = time.monotonic() + 10
-        while await state(gw, task) != "cancelled":
-            assert time.monotonic() < deadline, await state(gw, task)
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: _is(gw, task, "cancelled"), 10, what="the revoked worker's task to be cancelled")
         r = await gw.operator("GET", f"/v1/tasks/{task}")
         assert r.body["attempts"][0]["status"] == "cancelled"
 
@@ -242,7 +243,7 @@ async def test_new_leases_stop_immediately_even_for_a_waiting_long_poll(gateway:
     worker = await gateway.worker()
     other = await gateway.worker()
     waiting = asyncio.create_task(worker.acquire(wait=2))
-    await asyncio.sleep(0.3)  # the long-poll is waiting for work
+    await gateway.long_polls_waiting()
     base = f"/v1/workers/{worker.id}"
     method, path, body = {
         "revoke": ("POST", f"{base}/revoke", {}),

@@ -60,7 +60,7 @@ async def test_no_taken_write_is_ordered_after_the_revocation(gateway: RunningGa
         refused: list[int] = []
         writers = [asyncio.create_task(stream_batches(worker, lease, refused)),
                    asyncio.create_task(keep_saying_progress(worker, lease, refused))]
-        await asyncio.sleep(rng.uniform(0.0, 0.01))
+        await asyncio.sleep(rng.uniform(0.0, 0.01))  # a random point of the writes for the revocation: the race
         path = (f"/v1/workers/{worker.id}/assignments/{org}/revoke" if revoked == "assignment"
                 else f"/v1/workers/{worker.id}/revoke")
         reply = await gateway.operator("POST", path, {"reason": "race"})

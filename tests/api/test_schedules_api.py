@@ -3,9 +3,8 @@ run-now and delete are org-scoped."""
 
 from __future__ import annotations
 
-import asyncio
-
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 
 async def test_schedule_lifecycle_and_the_scheduler_loop(gateway: RunningGateway) -> None:
@@ -18,12 +17,10 @@ async def test_schedule_lifecycle_and_the_scheduler_loop(gateway: RunningGateway
     assert r.status == 201 and r.body["enabled"] and r.body["organization_id"] == org, r.body
     sid = r.body["id"]
 
-    for _ in range(100):  # the Gateway's own loop fires it
-        if (await gateway.operator("GET", f"/v1/schedules/{sid}", key=key)).body["last_run_at"]:
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError("the scheduler never fired the schedule")
+    async def fired() -> bool:
+        return bool((await gateway.operator("GET", f"/v1/schedules/{sid}", key=key)).body["last_run_at"])
+
+    await wait_until(fired, 10, what="the Gateway's own scheduler loop to fire the schedule", interval=0.1)
     assert await gateway.count("SELECT count(*) FROM scans WHERE organization_id = %s", org) >= 1
 
     r = await gateway.operator("POST", f"/v1/schedules/{sid}/pause", key=key)

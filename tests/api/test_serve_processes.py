@@ -6,17 +6,19 @@ exits 1 at once with the cause."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import ssl
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+
+from support.waits import wait_until
 
 
 def free_port() -> int:
@@ -29,20 +31,20 @@ ANSWERED: list[int] = []  # /healthz answers of the test, for the summed counter
 
 
 async def pids_serving(ctx: ssl.SSLContext, port: int, want: int, within: float) -> set[int]:
-    """The pids answering /healthz on ``port``, asked over fresh connections until ``want`` are seen."""
+    """The pids answering /healthz on ``port``, asked over fresh connections until ``want`` are seen
+    (a connection refused while the processes start is asked again)."""
     pids: set[int] = set()
-    deadline = time.monotonic() + within
-    while len(pids) < want:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {pids} answered within {within} s")
-        try:
-            # A fresh connection each time, so the kernel may pick either process.
+
+    async def all_answered() -> bool:
+        # A fresh connection each time, so the kernel may pick either process.
+        with contextlib.suppress(aiohttp.ClientConnectorError):
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, force_close=True)) as s, \
                     s.get(f"https://localhost:{port}/healthz") as r:
                 pids.add((await r.json())["pid"])
                 ANSWERED.append(r.status)
-        except aiohttp.ClientConnectorError:
-            await asyncio.sleep(0.2)
+        return len(pids) >= want
+
+    await wait_until(all_answered, within, what=f"{want} processes to answer on port {port}")
     return pids
 
 

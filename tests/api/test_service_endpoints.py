@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from leasehold.migrations import runner as migrate
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 
 async def test_health_and_readiness(gateway: RunningGateway) -> None:
@@ -72,14 +73,14 @@ async def _metrics(gateway: RunningGateway) -> str:
 
 
 async def test_gateway_seals_checkpoints_periodically(database_url: str, pki: object) -> None:
-    import asyncio
 
     from support.gateway import running_gateway
 
     async with running_gateway(database_url, pki, checkpoint_interval_seconds=0.2) as gw:  # type: ignore[arg-type]
         await gw.task()
         streams = await gw.count("SELECT count(DISTINCT originator_id) FROM events")
-        # Waits for the loop to seal every stream (nothing writes meanwhile); fails on timeout.
-        async with asyncio.timeout(10):
-            while await gw.count("SELECT coalesce(max(head_count), 0) FROM checkpoints") != streams:  # noqa: ASYNC110 (the database is the signal)
-                await asyncio.sleep(0.1)
+        # Waits for the loop to seal every stream (nothing writes meanwhile).
+        async def sealed() -> bool:
+            return await gw.count("SELECT coalesce(max(head_count), 0) FROM checkpoints") == streams
+
+        await wait_until(sealed, 10, what="the checkpoint loop to seal every stream", interval=0.1)

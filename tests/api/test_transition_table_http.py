@@ -6,15 +6,15 @@ second time to check the idempotency rule), and checks the answer and the task s
 
 from __future__ import annotations
 
-import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import pytest
 
 from leasehold.domain.retry import RetryPolicy
-from support.gateway import RunningGateway, WorkerClient
+from support.gateway import Reply, RunningGateway, WorkerClient
+from support.waits import wait_until
 
 
 async def prepared(gateway: RunningGateway, state: str) -> tuple[WorkerClient, dict[str, Any]]:
@@ -87,14 +87,19 @@ async def test_acquire_after_backoff(gateway: RunningGateway) -> None:
     failed_at = await gateway.count("SELECT finished_at FROM worker_task_attempts WHERE task_id = %s", task)
     assert available_at - failed_at == timedelta(seconds=0.8)  # the backoff, not "at once"
     refused_during_backoff = 0
-    while True:
+
+    async def offered_again() -> tuple[Reply, datetime] | None:
+        nonlocal refused_during_backoff
         reply = await worker.acquire()
         now = await gateway.count("SELECT now()")
         if reply.status == 200:
-            break
-        assert reply.status == 204 and now < available_at + timedelta(seconds=5), (reply.status, now)
+            return reply, now
+        assert reply.status == 204, (reply.status, reply.body)
         refused_during_backoff += 1
-        await asyncio.sleep(0.05)
+        return None
+
+    reply, now = await wait_until(offered_again, 5, what="the task to be offered once its backoff is over",
+                                  interval=0.05)
     assert refused_during_backoff > 0
     again = reply.body["lease"]
     assert again["task"]["id"] == str(task) and again["attempt_id"] != lease["attempt_id"]

@@ -55,7 +55,7 @@ async def test_acquire_with_nothing_to_do_answers_204(gateway: RunningGateway) -
 async def test_long_poll_wakes_when_a_task_is_created(gateway: RunningGateway) -> None:
     worker = await gateway.worker()
     waiting = asyncio.create_task(worker.acquire(wait=10))
-    await asyncio.sleep(0.3)  # let the acquire start waiting
+    await gateway.long_polls_waiting()
     created_at = time.perf_counter()
     task_id = await gateway.task()
     r = await waiting
@@ -71,7 +71,7 @@ async def test_long_poll_answers_a_cancellation_of_a_running_task(gateway: Runni
     lease = (await worker.acquire()).body["lease"]
     await worker.write(lease, "progress")
     waiting = asyncio.create_task(worker.acquire(wait=10))
-    await asyncio.sleep(0.3)
+    await gateway.long_polls_waiting()
     await gateway.lifecycle.request_cancel(gateway_task_id(lease))
     r = await asyncio.wait_for(waiting, 2)
     assert r.status == 200 and r.body["lease"] is None
@@ -106,7 +106,7 @@ async def test_long_poll_wakes_when_disabling_a_worker_frees_its_task(gateway: R
     await gateway.task()
     lease = (await disabled.acquire()).body["lease"]
     waiting = asyncio.create_task(other.acquire(wait=10))
-    await asyncio.sleep(0.3)  # let the acquire start waiting
+    await gateway.long_polls_waiting()
     started = time.perf_counter()
     reply = await gateway.operator("POST", f"/v1/workers/{disabled.id}/disable")
     assert reply.status == 200, reply.body

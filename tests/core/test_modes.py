@@ -5,8 +5,6 @@ stored-profile edits never reach existing scans, and every new event rebuilds to
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +17,7 @@ from leasehold.domain.profiles import LegacyExecuted
 from leasehold.domain.results import payload_sha256
 from leasehold.gateway.commands.lifecycle import Acquired, TaskSpec
 from support.core import World, assert_log_rebuilds_live
+from support.locks import waits_while_running
 
 TWO_STEPS = (ProfileStep(task_type="discover", lease_seconds=300), ProfileStep(task_type="portscan", lease_seconds=120))
 
@@ -149,17 +148,9 @@ async def test_a_flag_change_waits_for_scans_being_created_and_they_see_it(world
     async with await psycopg.AsyncConnection.connect(database_url) as flipper:
         # The row lock Registry.set_gateway_execution holds until it commits.
         await flipper.execute("UPDATE organizations SET gateway_execution = false WHERE id = %s", (world.org,))
-        creating = asyncio.create_task(world.scans.create_scan(world.org, {}, profile=TWO_STEPS))
-        deadline = time.monotonic() + 10
-        while True:  # until the creation waits for the organisation's row lock
-            async with world.pool.connection() as conn:
-                cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                                         " AND wait_event_type = 'Lock'")
-                row = await cur.fetchone()
-            if row and row[0] or creating.done():
-                break
-            assert time.monotonic() < deadline, "the scan creation never waited for the flag change"
-            await asyncio.sleep(0.02)
+        creating, waiting = await waits_while_running(
+            world.pool, flipper.info.backend_pid, world.scans.create_scan(world.org, {}, profile=TWO_STEPS))
+        assert waiting, "the scan creation never waited for the flag change"
         assert not creating.done()
         await flipper.commit()
     scan = await creating

@@ -201,14 +201,17 @@ async def test_revocation_racing_acquires_leaves_nothing_of_that_organisation_li
     for _ in range(total):
         await world.task()
 
+    leasing = asyncio.Event()  # the revocation comes while the acquirers are leasing, not before
+
     async def acquire_until_refused() -> int:
         leased = 0
         while await lc.acquire(worker) is not None:
             leased += 1
+            leasing.set()
         return leased
 
     async def revoke() -> list[UUID]:
-        await asyncio.sleep(0.005)
+        await leasing.wait()
         await reg.end_assignment(worker, world.org, revoke=True)
         return await lc.cancel_worker_attempts(worker, organization_id=world.org, reason="r", actor="op")
 

@@ -124,7 +124,7 @@ async def test_concurrent_claimers_each_claim_distinct_schedules_without_waiting
                     " WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
                     " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')")
                 seen_waiting.extend(await cur.fetchall())
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the watch samples while the claimers race; it ends with them
 
     watcher = asyncio.ensure_future(watch())
     try:

@@ -59,7 +59,8 @@ async def running_tasks(world: World) -> list[tuple[UUID, Acquired]]:
 
 
 async def at(moment: datetime) -> None:
-    """Sleep until the wall-clock ``moment`` (the database runs on this machine's clock)."""
+    """Sleep until the wall-clock ``moment`` (the database runs on this machine's clock): each
+    actor acts at its offset from its lease's end, which is the race this module runs."""
     await asyncio.sleep(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
 
 
@@ -136,7 +137,7 @@ async def test_sweepers_racing_renewals_end_only_leases_that_had_run_out(pool: A
                 outcomes.append(str(exc.details.get("reason")))
                 break
             outcomes.append("renewed")
-            await asyncio.sleep(RENEW_EVERY)
+            await asyncio.sleep(RENEW_EVERY)  # the renewal cadence racing the sweepers
         return outcomes
 
     outcomes = await race(world, pairs, renewer)

@@ -13,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from docs_support import ROOT, docs_examples
+
+pytestmark = pytest.mark.slow  # the deploy checklist as written, processes and all
 
 
 def test_the_deploy_checklist_runs_as_written(empty_database_url: str) -> None:

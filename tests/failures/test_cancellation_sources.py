@@ -13,7 +13,6 @@ events in order: the worker disconnects (``test_network_partition.py``) and the 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +31,6 @@ from support.agent import (
     AgentProcess,
     agent_process,
     attempts,
-    eventually,
     kill_group,
     pid_alive,
     read_pid,
@@ -44,6 +42,7 @@ from support.agent import (
     write_plugin,
 )
 from support.gateway import GatewayProcess, RunningGateway, service_get
+from support.waits import wait_until
 
 #: Events whose number depends on timing, not on what happened.
 _CHATTER = frozenset({"LeaseRenewed", "ResultBatchAccepted", "LeaseReissued"})
@@ -62,7 +61,7 @@ async def lifecycle_events(gateway: RunningGateway, task_id: UUID) -> list[tuple
 async def plugin_stopped(pid: int, within: float) -> float:
     """Seconds until process ``pid`` is gone (fails after ``within``)."""
     started = time.monotonic()
-    await eventually(lambda: asyncio.sleep(0, not pid_alive(pid)), within=within, interval=0.02,
+    await wait_until(lambda: not pid_alive(pid), timeout=within, interval=0.02,
                      what=f"plugin {pid} to be stopped")
     return time.monotonic() - started
 
@@ -215,7 +214,7 @@ async def test_disabling_a_worker_ends_its_attempt_at_once_its_agent_stops_the_p
         async def abandoned() -> list[dict[str, Any]]:  # logged once the plugin has exited
             return [line for line in agent.log_lines() if line.get("msg") == "lease lost; attempt abandoned"]
 
-        lost = await eventually(abandoned, within=5, what="the agent to log the abandoned attempt")
+        lost = await wait_until(abandoned, timeout=5, what="the agent to log the abandoned attempt")
         assert [line["attempt_id"] for line in lost] == [str(first["id"])]
         assert "disabled" in lost[0]["reason"], lost
 
@@ -312,15 +311,15 @@ async def test_a_gateway_shut_down_under_a_running_task_never_cancels_it_the_lea
             async with agent_process(argv, tmp_path / "agent.log") as agent:
                 pid = await read_pid(pid_file)
                 try:
-                    await eventually(lambda: _is(state, "running"), what="the task to run")
+                    await wait_until(lambda: _is(state, "running"), what="the task to run")
                     assert await server.stop() == 0  # SIGTERM: a graceful shutdown
                     await plugin_stopped(pid, within=2 + 1 + 3)  # the lease's length, the kill grace
                 finally:
                     kill_group(pid)
-                await eventually(lambda: asyncio.sleep(0, _abandoned(agent)), within=5,
+                await wait_until(lambda: _abandoned(agent), timeout=5,
                                  what="the agent to log the abandoned attempt")
                 await server.start()
-                await eventually(lambda: _is(state, "completed"), within=30, what="the task to complete")
+                await wait_until(lambda: _is(state, "completed"), timeout=30, what="the task to complete")
         finally:
             await server.stop()
         async with pool.connection() as conn:

@@ -34,8 +34,9 @@ from leasehold.gateway.services import build_services
 from leasehold.gateway.tls import PkiPaths
 from leasehold.persistence.connection import create_pool
 from leasehold.persistence.transaction import Database
-from support.agent import AgentProcess, agent_process, eventually, write_plugin
+from support.agent import AgentProcess, agent_process, write_plugin
 from support.gateway import GatewayProcess
+from support.waits import wait_until
 
 STEADY_LEASE = 21  # renewed every 7 s: outlives the outage below
 SHORT_LEASE = 2  # expires during it
@@ -113,7 +114,7 @@ async def test_gateway_sigkilled_with_live_leases_then_started_again_loses_nothi
                     found = await db.rows("SELECT count(*) FROM worker_tasks WHERE state = 'running'")
                     return found[0][0] == 4
 
-                await eventually(all_running, within=30, what="four running tasks")
+                await wait_until(all_running, timeout=30, what="four running tasks")
                 before = {row[0]: row[1] for row in await db.rows(
                     "SELECT id, current_attempt_id FROM worker_tasks")}
                 failures = [renew_failures(w0), renew_failures(w1)]
@@ -130,7 +131,7 @@ async def test_gateway_sigkilled_with_live_leases_then_started_again_loses_nothi
                     felt = renew_failures(w0) > failures[0] and renew_failures(w1) > failures[1]
                     return expired[0][0] == 2 and felt
 
-                await eventually(outage_felt, within=30, what="short leases expired, renewals failing")
+                await wait_until(outage_felt, timeout=30, what="short leases expired, renewals failing")
                 await server.start()
                 restarted_at = await _db_now(db)
 
@@ -140,7 +141,7 @@ async def test_gateway_sigkilled_with_live_leases_then_started_again_loses_nothi
                         "AND originator_id = ANY(%s) AND recorded_at > %s", steady, restarted_at)
                     return found[0][0] == 2
 
-                await eventually(renewed_by_new_process, within=30, what="the steady leases renewed after restart")
+                await wait_until(renewed_by_new_process, timeout=30, what="the steady leases renewed after restart")
 
                 async def short_re_leased_newcomer_leased() -> bool:
                     found = await db.rows("SELECT count(*) FILTER (WHERE id = ANY(%s) AND attempt_count = 2), "
@@ -148,7 +149,7 @@ async def test_gateway_sigkilled_with_live_leases_then_started_again_loses_nothi
                                           "FROM worker_tasks WHERE state = 'running'", short, newcomer)
                     return found[0] == (2, 1)
 
-                await eventually(short_re_leased_newcomer_leased, within=30,
+                await wait_until(short_re_leased_newcomer_leased, timeout=30,
                                  what="the expired tasks leased again, the new one leased")
                 go.touch()
 
@@ -156,7 +157,7 @@ async def test_gateway_sigkilled_with_live_leases_then_started_again_loses_nothi
                     found = await db.rows("SELECT count(*) FROM worker_tasks WHERE state = 'completed'")
                     return found[0][0] == 5
 
-                await eventually(all_completed, within=30, what="every task completed")
+                await wait_until(all_completed, timeout=30, what="every task completed")
                 for agent in (w0, w1):
                     assert agent.process.returncode is None, agent.log_text()  # they rode it out
         finally:

@@ -31,7 +31,6 @@ from support.agent import (
     agent_process,
     attempts,
     batches,
-    eventually,
     kill_group,
     pid_alive,
     read_pid,
@@ -44,6 +43,7 @@ from support.agent import (
 )
 from support.faultproxy import Fault, fault_proxy
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 LEASE_SECONDS = 3
 
@@ -119,7 +119,7 @@ async def test_partition_longer_than_the_lease_re_leases_the_task_and_the_late_w
 
             async with agent_process(healthy.argv(gateway, plugins_dir=plugins_dir), tmp_path / "healthy.log"):
                 # The lease expires, the healthy worker runs attempt 2 (which waits for its gate).
-                await eventually(lambda: _running_attempt(gateway, task_id, 2), within=30,
+                await wait_until(lambda: _running_attempt(gateway, task_id, 2), timeout=30,
                                  what="attempt 2 running on the healthy worker")
                 # Still partitioned: nothing the isolated worker sent has arrived yet.
                 assert [kind for kind, _ in await task_events(gateway, task_id)].count("WriteRejected") == 0
@@ -130,9 +130,9 @@ async def test_partition_longer_than_the_lease_re_leases_the_task_and_the_late_w
                              if kind == "WriteRejected" and data["command"] == "results"]
                     return found or None
 
-                [late_batch] = await eventually(refused, within=20, what="the late result batch to arrive")
-                line = await eventually(lambda: asyncio.sleep(0, abandoned(cut_off, first["id"])),
-                                        within=20, what="the isolated agent to abandon the attempt")
+                [late_batch] = await wait_until(refused, timeout=20, what="the late result batch to arrive")
+                line = await wait_until(lambda: abandoned(cut_off, first["id"]),
+                                        timeout=20, what="the isolated agent to abandon the attempt")
                 # The live attempt was not disturbed: still running, nothing accepted for it yet.
                 assert (await task_state(gateway, task_id))[:2] == ("running", 2)
                 assert await batches(gateway, task_id) == []
@@ -178,12 +178,12 @@ async def test_blackholed_worker_gives_up_its_lease_stops_its_plugin_and_writes_
                                               tmp_path / "healthy.log")
                 async with healthy_agent as other:
                     # Cut off, the agent stops its plugin once its lease must have run out ...
-                    await eventually(lambda: asyncio.sleep(0, not pid_alive(plugin_pid)), within=LEASE_SECONDS + 10,
+                    await wait_until(lambda: not pid_alive(plugin_pid), timeout=LEASE_SECONDS + 10,
                                      what="the isolated agent to stop its plugin")
-                    line = await eventually(lambda: asyncio.sleep(0, abandoned(cut_off, first["id"])),
+                    line = await wait_until(lambda: abandoned(cut_off, first["id"]),
                                             what="the isolated agent to abandon the attempt")
                     # ... and the Gateway, on its side, expires the lease and re-leases the task.
-                    await eventually(lambda: _attempt_count(gateway, task_id, 2), within=20,
+                    await wait_until(lambda: _attempt_count(gateway, task_id, 2), timeout=20,
                                      what="a second attempt")
                     (gates / "2").touch()
                     await wait_state(gateway, task_id, "completed", within=20)
@@ -233,6 +233,6 @@ async def test_a_request_cut_off_mid_body_is_no_server_error(
     def noted() -> bool:
         return any("went away" in r.getMessage() for r in caplog.records)
 
-    await eventually(lambda: asyncio.sleep(0, noted()), what="the Gateway to notice the lost request")
+    await wait_until(lambda: noted(), what="the Gateway to notice the lost request")
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("leasehold")]
     assert errors == [], [r.getMessage() for r in errors]

@@ -31,7 +31,6 @@ from support.agent import (
     agent_process,
     attempts,
     batches,
-    eventually,
     kill_group,
     pid_alive,
     read_pid,
@@ -43,6 +42,7 @@ from support.agent import (
     write_plugin,
 )
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 LEASE = 2
 
@@ -119,10 +119,10 @@ async def test_a_sigstopped_worker_resumed_past_its_lease_is_refused(
                     await wait_state(gateway, task_id, "completed", within=20)
                 before = await task_events(gateway, task_id)
                 go.touch()  # the first attempt's plugin finishes while its worker is still stopped
-                await eventually(lambda: _gone(plugin_pid), within=5, what="the first plugin to exit")
+                await wait_until(lambda: _gone(plugin_pid), timeout=5, what="the first plugin to exit")
             finally:
                 os.kill(stale.process.pid, signal.SIGCONT)
-            await eventually(lambda: logged(stale, "lease lost; attempt abandoned"), within=15,
+            await wait_until(lambda: logged(stale, "lease lost; attempt abandoned"), timeout=15,
                              what="the resumed worker to give its attempt up")
             assert stale.process.returncode is None  # it goes on working
         finally:

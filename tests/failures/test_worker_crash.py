@@ -20,7 +20,6 @@ from support.agent import (
     agent_process,
     attempts,
     batches,
-    eventually,
     kill_group,
     pid_alive,
     read_pid,
@@ -32,6 +31,7 @@ from support.agent import (
     wait_state,
 )
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 
 async def acquired_line(agent: AgentProcess, task_id: UUID) -> dict[str, Any] | None:
@@ -60,7 +60,7 @@ async def test_sigkilled_worker_loses_its_lease_the_task_completes_once_elsewher
     async with agent_process(doomed.argv(gateway, plugins_dir=plugins_dir), tmp_path / "doomed.log") as agent:
         plugin_pid = await read_pid(pid_file)
         try:
-            acquired = await eventually(lambda: acquired_line(agent, task_id), what="the doomed agent's lease")
+            acquired = await wait_until(lambda: acquired_line(agent, task_id), what="the doomed agent's lease")
             await wait_state(gateway, task_id, "running")
             agent.process.kill()  # SIGKILL: no goodbye, no fail, no cancel-ack
             await agent.process.wait()
@@ -76,7 +76,7 @@ async def test_sigkilled_worker_loses_its_lease_the_task_completes_once_elsewher
             async def plugin_gone() -> bool:
                 return not pid_alive(plugin_pid)
 
-            await eventually(plugin_gone, within=3, what="the orphaned plugin to die with its worker")
+            await wait_until(plugin_gone, timeout=3, what="the orphaned plugin to die with its worker")
         finally:
             kill_group(plugin_pid)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from leasehold.persistence.snapshot import snapshot
 from leasehold.replay import retention
 from leasehold.replay.archive import ArchiveSet, export_archive, verify_archive
 from support.core import World
+from support.waits import wait_until, wait_until_sync
 
 
 def _db_now(url: str) -> datetime:
@@ -53,10 +53,7 @@ def split_log_at(url: str, seconds_ahead: float) -> datetime:
 
 def wait_until_past(url: str, moment: datetime, *, deadline: float = 10.0) -> None:
     """Poll the database clock until it is past ``moment``."""
-    end = time.monotonic() + deadline
-    while _db_now(url) <= moment:
-        assert time.monotonic() < end, f"the database clock did not pass {moment} in time"
-        time.sleep(0.05)
+    wait_until_sync(lambda: _db_now(url) > moment, deadline, what=f"the database clock to pass {moment}")
 
 
 def partitions_of(url: str, stream: UUID) -> dict[str, int]:
@@ -301,15 +298,13 @@ async def test_the_gateway_creates_partitions_ahead(database_url: str, pki: Any)
     from support.gateway import running_gateway
 
     async with running_gateway(database_url, pki, partition_span="1 day", partition_ahead="5 days"):
-        end = time.monotonic() + 20
         async with await connect(database_url, autocommit=True) as conn:
-            while True:
+            async def covered() -> bool:
                 cur = await conn.execute("SELECT max(upper_bound) >= now() + interval '5 days' FROM event_partitions"
                                          " WHERE NOT is_default")
-                if (await cur.fetchone()) == (True,):
-                    break
-                assert time.monotonic() < end, "the Gateway did not create the partitions ahead in time"
-                await asyncio.sleep(0.1)
+                return (await cur.fetchone()) == (True,)
+
+            await wait_until(covered, 20, what="the Gateway to create the partitions ahead", interval=0.1)
 
 
 async def test_the_partitions_commands(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,8 +4,6 @@ digest directory, and ``verify-chain --digests`` accepts them."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import orjson
@@ -16,6 +14,7 @@ from leasehold.gateway.settings import GatewaySettings
 from leasehold.gateway.tls import PkiPaths
 from leasehold.persistence.seals import generate_keypair
 from support.gateway import RunningGateway, running_gateway
+from support.waits import wait_until
 
 
 def records(directory: Path) -> list[dict[str, object]]:
@@ -27,10 +26,7 @@ async def test_the_gateway_seals_periodically_and_on_demand(database_url: str, p
     generate_keypair(key, public)
     async with running_gateway(database_url, pki, seal_key_file=key, digest_dir=digests,
                                seal_interval_seconds=0.2) as gw:
-        deadline = time.monotonic() + 10
-        while len(records(digests)) < 2:  # the loop publishes by itself
-            assert time.monotonic() < deadline, "no periodic seal within 10 s"
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: len(records(digests)) >= 2, 10, what="two periodic seals (the loop publishes by itself)")
         await gw.task()
         reply = await gw.operator("POST", "/v1/seals")
         assert reply.status == 201, reply.body

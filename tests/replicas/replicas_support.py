@@ -20,6 +20,7 @@ from leasehold.gateway.commands.lifecycle import Lifecycle
 from leasehold.gateway.commands.registry import Registry
 from leasehold.gateway.services import Services
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient
+from support.waits import wait_until
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Cluster:
 
 async def waiting_long_polls(gateway: GatewayProcess, at_least: int = 1, within: float = 10.0) -> None:
     """Wait until ``gateway`` has ``at_least`` acquire long-polls parked (its metrics say so)."""
-    await until(lambda: _has_waiters(gateway, at_least), within, f"{at_least} long-poll(s) waiting")
+    await wait_until(lambda: _has_waiters(gateway, at_least), within, what=f"{at_least} long-poll(s) waiting")
 
 
 async def _has_waiters(gateway: GatewayProcess, at_least: int) -> bool:
@@ -69,12 +70,8 @@ async def _has_waiters(gateway: GatewayProcess, at_least: int) -> bool:
 
 
 async def until(condition: Callable[[], Awaitable[bool]], within: float, what: str, every: float = 0.02) -> None:
-    """Wait for ``condition`` with a deadline (never a bare sleep)."""
-    deadline = time.monotonic() + within
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
-        await asyncio.sleep(every)
+    """Older name of :func:`support.waits.wait_until`; new tests call that."""
+    await wait_until(condition, within, what=what, interval=every)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -113,7 +110,7 @@ class RedisServer:
         self.proc = await asyncio.create_subprocess_exec(
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", str(self.directory), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        await until(self.answers, 10, "redis-server answers PING")
+        await wait_until(self.answers, 10, what="redis-server answers PING")
 
     async def answers(self) -> bool:
         from redis.asyncio import Redis
@@ -176,7 +173,7 @@ class Traffic:
             return set(self.completed) >= set(self.created)
 
         try:
-            await until(drained, drain_within, "every created task completed")
+            await wait_until(drained, drain_within, what="every created task completed")
         finally:
             await self.halt()
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import pytest
 from replicas_support import Cluster, percentile, wake_up_latency
+
+pytestmark = pytest.mark.slow  # two Gateway processes under traffic
 
 TRIES = 30
 #: Far above the wake-up latency, so that only a notification can explain a fast answer.

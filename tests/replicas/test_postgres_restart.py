@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from replicas_support import Cluster, Traffic, until, wake_up_latency
+from replicas_support import Cluster, Traffic, wake_up_latency
 
 from leasehold.persistence.chain import verify_chains
 from leasehold.persistence.connection import connect
+from support.waits import wait_until
 
 #: Far above a notified wake-up: a fast wake-up after recovery proves LISTEN is back.
 POLL_SECONDS = 5
@@ -65,7 +66,7 @@ async def crash_and_recover(server: Any, c: Cluster, traffic: Traffic) -> dict[s
     async def completed(n: int) -> bool:
         return len(traffic.completed) >= n
 
-    await until(lambda: completed(20), 30, "20 tasks completed before the crash")
+    await wait_until(lambda: completed(20), 30, what="20 tasks completed before the crash")
     crashed = time.perf_counter()
     acknowledged = {"TaskCreated": set(traffic.created), "TaskCompleted": set(traffic.completed)}
     await asyncio.to_thread(server.restart, "immediate")
@@ -75,7 +76,7 @@ async def crash_and_recover(server: Any, c: Cluster, traffic: Traffic) -> dict[s
     async def leased_again() -> bool:
         return all(first_lease_after(traffic, on, back) is not None for on in (0, 1))
 
-    await until(leased_again, 30, "both Gateways lease tasks again")
+    await wait_until(leased_again, 30, what="both Gateways lease tasks again")
     recovery = [first_lease_after(traffic, on, back) - back for on in (0, 1)]  # type: ignore[operator]
     print(f"restart took {back - crashed:.2f} s; first lease after it: "
           + ", ".join(f"{r:.2f} s" for r in recovery)
@@ -86,10 +87,10 @@ async def crash_and_recover(server: Any, c: Cluster, traffic: Traffic) -> dict[s
         states = [await g.readyz() for g in c.gateways]
         return all(s is not None and s["listening"] is True for s in states)
 
-    await until(listening, 10, "both Gateways LISTEN again")
+    await wait_until(listening, 10, what="both Gateways LISTEN again")
     steady = time.perf_counter()
     done = len(traffic.completed)
-    await until(lambda: completed(done + 20), 30, "20 more tasks completed")
+    await wait_until(lambda: completed(done + 20), 30, what="20 more tasks completed")
     await traffic.stop()
     assert traffic.failures(since=steady) == []  # once recovered, nothing fails
     assert set(traffic.completed) >= set(traffic.created)

@@ -10,10 +10,13 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
-from replicas_support import Cluster, RedisServer, Traffic, percentile, until, wake_up_latency
+from replicas_support import Cluster, RedisServer, Traffic, percentile, wake_up_latency
 
 from leasehold.gateway.tls import PkiPaths
 from support.gateway import GatewayProcess, RunningGateway, free_port, metric, running_gateway, service_get
+from support.waits import wait_until
+
+pytestmark = pytest.mark.slow  # Gateway processes and a Redis killed and restarted under traffic
 
 
 async def redis_state(gateway: GatewayProcess) -> str | None:
@@ -24,7 +27,7 @@ async def redis_state(gateway: GatewayProcess) -> str | None:
 async def redis_is(gateway: GatewayProcess, state: str) -> None:
     async def reached() -> bool:
         return await redis_state(gateway) == state
-    await until(reached, 15, f"redis {state} on {gateway.operator_url}")
+    await wait_until(reached, 15, what=f"redis {state} on {gateway.operator_url}")
 
 
 def outage_warnings(gateway: GatewayProcess) -> int:
@@ -93,15 +96,15 @@ async def steady_stream(c: Cluster, server: RedisServer | None) -> None:
     traffic = Traffic(c)
     traffic.start(workers, create_every=0.05, wait_seconds=2)
     try:
-        await until(lambda: _completed_at_least(traffic, 15), 30, "15 tasks completed")
+        await wait_until(lambda: _completed_at_least(traffic, 15), 30, what="15 tasks completed")
         if server is not None:
             killed = time.perf_counter()
             await server.kill()
             for g in c.gateways:
                 await redis_is(g, "unavailable")
-            await until(lambda: _completed_after(traffic, killed, 30), 30, "30 tasks completed after the kill")
+            await wait_until(lambda: _completed_after(traffic, killed, 30), 30, what="30 tasks completed after the kill")
         else:
-            await until(lambda: _completed_at_least(traffic, 45), 30, "45 tasks completed")
+            await wait_until(lambda: _completed_at_least(traffic, 45), 30, what="45 tasks completed")
         await traffic.stop()
     finally:
         await traffic.halt()
@@ -132,13 +135,13 @@ async def test_redis_down_from_the_start_changes_nothing(database_url: str, pki:
             worker = await gw.worker(capacity=10)
             for _ in range(5):
                 waiting = asyncio.create_task(worker.acquire(wait=10))
-                await until(lambda: _parked(gw), 10, "the acquire waits")
+                await wait_until(lambda: _parked(gw), 10, what="the acquire waits")
                 started = time.perf_counter()
                 task_id = await gw.task()
                 reply = await waiting
                 assert reply.status == 200 and reply.body["lease"]["task"]["id"] == str(task_id)
                 assert time.perf_counter() - started < 1.0  # NOTIFY woke it; Redis held nothing up
-            await until(lambda: _dropped(gw), 10, "the hints were dropped")
+            await wait_until(lambda: _dropped(gw), 10, what="the hints were dropped")
             assert await metric(pki, gw.operator_url, "leasehold_redis_connected") == 0
             ready = await service_get(pki, gw.operator_url + "/readyz")
             assert ready.status == 200 and ready.body["redis"] == "unavailable"

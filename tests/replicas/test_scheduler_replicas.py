@@ -16,10 +16,11 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from replicas_support import Cluster, until
+from replicas_support import Cluster
 
 from leasehold.persistence.chain import verify_chains
 from leasehold.persistence.connection import connect
+from support.waits import wait_until
 
 PERIOD = timedelta(seconds=1)
 
@@ -52,7 +53,7 @@ async def test_one_scan_per_slot_across_killed_gateways(database_url: str,
     kills: list[tuple[str, float]] = []
     # One Gateway killed and started again, then two at once (one keeps running throughout).
     for victims in ([1], [0, 2]):
-        await until(lambda: fired(len(kills) * 2 + 4), 30, "the schedule fires")
+        await wait_until(lambda: fired(len(kills) * 2 + 4), 30, what="the schedule fires")
         for i in victims:
             await c.gateways[i].kill()
             kills.append((f"gateway {i} killed", time.time()))
@@ -60,7 +61,7 @@ async def test_one_scan_per_slot_across_killed_gateways(database_url: str,
         kills.append(("started again", time.time()))
     # At least 15 slots, and three after the last restart (a slow restart must not end the window).
     so_far = sum(e["type"] == "ScheduleFired" for e in await schedule_events(c, schedule_id))
-    await until(lambda: fired(max(15, so_far + 3)), 40, "15 slots fired, 3 after the restarts")
+    await wait_until(lambda: fired(max(15, so_far + 3)), 40, what="15 slots fired, 3 after the restarts")
     reply = await c.views[2].operator("POST", f"/v1/schedules/{schedule_id}/pause")
     assert reply.status in (200, 204), reply.body
 

@@ -22,6 +22,7 @@ from leasehold.gateway.keys import HINTS, NOTIFIER
 from support.core import assert_log_rebuilds_live
 from support.gateway import RunningGateway, WorkerClient, running_gateway
 from support.servers import PgBouncer, free_port_in, pgbouncer_binary
+from support.waits import wait_until
 
 #: PgBouncer's ports in these tests.
 PORTS = (6440, 6449)
@@ -93,10 +94,10 @@ async def test_worker_lifecycles_run_through_pgbouncer_in_transaction_mode(
         servers = [s for s in pgbouncer.show("SERVERS") if s["database"] == dbname]
         assert 1 <= len(servers) <= SERVER_CONNECTIONS, servers
         events = await gateway.count("SELECT count(*) FROM events")
-        deadline = time.monotonic() + 10
-        while await gateway.count("SELECT coalesce(max(event_count), 0) FROM checkpoints") < events:
-            assert time.monotonic() < deadline, "no checkpoint sealed every event"
-            await asyncio.sleep(0.05)
+        async def sealed() -> bool:
+            return await gateway.count("SELECT coalesce(max(event_count), 0) FROM checkpoints") >= events
+
+        await wait_until(sealed, 10, what="a checkpoint to seal every event", interval=0.05)
     # The log the pooled transactions wrote is whole: chains intact, rebuild equals live.
     await assert_log_rebuilds_live(database_url)
 
@@ -114,10 +115,7 @@ async def test_without_listen_behind_pgbouncer_redis_hints_wake_the_long_poll(
     async with running_gateway(pgbouncer.url(_dbname(database_url)), pki, prepared_statements=False, listen=False,
                                redis_url=redis_server.url, pool_size=12, poll_interval_seconds=30) as gateway:
         hints = gateway.app[HINTS]
-        deadline = time.monotonic() + 10
-        while not hints.connected:
-            assert time.monotonic() < deadline, "never subscribed to the Redis hints"
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: hints.connected, 10, what="the subscription to the Redis hints")
         await _wakes_up(gateway)
         assert not gateway.app[NOTIFIER].connected.is_set()
 
@@ -130,7 +128,7 @@ async def _wakes_up(gateway: RunningGateway) -> None:
     await gateway.task(task_type="hold")  # no worker takes it: the scan stays open for new tasks
     for _ in range(3):
         waiting = asyncio.create_task(worker.acquire(wait=20))
-        await _parked(gateway)
+        await gateway.long_polls_waiting()
         # Created through the operator API: its transaction (and its NOTIFY) go through PgBouncer.
         reply = await gateway.operator("POST", f"/v1/scans/{gateway.scan}/tasks",
                                        {"task_type": "probe", "lease_seconds": 30,
@@ -144,13 +142,3 @@ async def _wakes_up(gateway: RunningGateway) -> None:
         lease = answer.body["lease"]
         assert (await worker.final_batch(lease)).status == 200
         assert (await worker.write(lease, "complete")).status == 200
-
-
-async def _parked(gateway: RunningGateway, within: float = 10.0) -> None:
-    """Wait until one acquire long-poll waits in the Gateway (a deadline, not a sleep)."""
-    notifier = gateway.app[NOTIFIER]
-    deadline = time.monotonic() + within
-    while notifier.waiting < 1:
-        if time.monotonic() > deadline:
-            raise AssertionError("no long-poll parked")
-        await asyncio.sleep(0.01)

@@ -11,7 +11,6 @@ import signal
 import stat
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from leasehold.domain.retry import RetryPolicy
 from leasehold.worker.agent import Agent
 from leasehold.worker.settings import WorkerSettings
 from support.gateway import RunningGateway, WorkerClient
+from support.waits import wait_until
 
 T = TypeVar("T")
 
@@ -150,15 +150,9 @@ async def agent_process(argv: list[str], log_path: Path, *,
 
 async def eventually(check: Callable[[], Awaitable[T | None]], *, within: float = 15.0,
                      interval: float = 0.05, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(interval)
+    """Older name of :func:`support.waits.wait_until` (``within`` is its ``timeout``); new tests
+    call that."""
+    return await wait_until(check, within, what=what, interval=interval)  # type: ignore[arg-type]
 
 
 async def rows(gateway: RunningGateway, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -178,7 +172,7 @@ async def wait_state(gateway: RunningGateway, task_id: UUID, *states: str, withi
         state = (await task_state(gateway, task_id))[0]
         return state if state in states else None
 
-    return await eventually(check, within=within, what=f"task {task_id} to be {'/'.join(states)}")
+    return await wait_until(check, timeout=within, what=f"task {task_id} to be {'/'.join(states)}")
 
 
 async def attempts(gateway: RunningGateway, task_id: UUID) -> list[dict[str, Any]]:
@@ -230,4 +224,4 @@ async def read_pid(path: Path, within: float = 10.0) -> int:
     async def check() -> int | None:
         return pid_in(path)
 
-    return await eventually(check, within=within, what=f"pid file {path}")
+    return await wait_until(check, timeout=within, what=f"pid file {path}")

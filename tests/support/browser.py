@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from uuid import UUID
 from playwright.async_api import BrowserContext, Page
 
 from support.gateway import ADMIN_KEY, RunningGateway, WorkerClient
+from support.waits import wait_until
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "console"
 SCREENSHOTS = os.environ.get("LEASEHOLD_CONSOLE_SCREENSHOTS") == "1"
@@ -85,12 +85,15 @@ class Console:
             await (page or self.page).screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
 
     async def reload_until(self, check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
-        """Reload the page until ``check()`` holds (a deadline, not a sleep)."""
-        deadline = time.monotonic() + within
-        while not await check():
-            assert time.monotonic() < deadline, f"still not there after {within} s: {self.page.url}"
-            await self.page.wait_for_timeout(100)
+        """Reload the page until ``check()`` holds."""
+
+        async def shown() -> bool:
+            if await check():
+                return True
             await self.page.reload()
+            return False
+
+        await wait_until(shown, within, what=f"the page {self.page.url} to show it", interval=0.1)
 
     async def session_cookie(self) -> dict[str, Any] | None:
         for cookie in await self.context.cookies(self.url("/console")):
@@ -133,7 +136,7 @@ async def heartbeat(worker: WorkerClient, lease: dict[str, Any]) -> AsyncIterato
                 assert acked.status == 200, acked.body
                 done.append(acked.body["task"]["state"])
                 return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the renewal cadence of an agent, which this stands in for
 
     runner = asyncio.create_task(beat())
     try:

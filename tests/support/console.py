@@ -3,10 +3,8 @@ pages with their CSRF token and their tables' cells."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import ssl
-import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
@@ -15,6 +13,7 @@ from uuid import UUID
 import aiohttp
 
 from support.gateway import ADMIN_KEY, RunningGateway
+from support.waits import wait_until
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -116,8 +115,8 @@ async def state_of(gw: RunningGateway, task_id: UUID) -> str:
 
 
 async def wait_for_state(gw: RunningGateway, task_id: UUID, states: tuple[str, ...], within: float = 10) -> str:
-    deadline = time.monotonic() + within
-    while (state := await state_of(gw, task_id)) not in states:
-        assert time.monotonic() < deadline, f"task still {state}"
-        await asyncio.sleep(0.05)
-    return state
+    async def reached() -> str | None:
+        state = await state_of(gw, task_id)
+        return state if state in states else None
+
+    return await wait_until(reached, within, what=f"task {task_id} to be {'/'.join(states)}")

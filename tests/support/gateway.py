@@ -10,7 +10,6 @@ import signal
 import socket
 import ssl
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,6 +33,7 @@ from leasehold.gateway.services import Services
 from leasehold.gateway.settings import GatewaySettings
 from leasehold.gateway.tls import PkiPaths
 from leasehold.worker.client import client_ssl_context
+from support.waits import wait_until
 
 ADMIN_KEY = "test-admin-key-0123456789"
 
@@ -69,6 +69,17 @@ class WorkerClient:
 
     async def acquire(self, wait: int = 0, **extra: Any) -> Reply:
         return await self.post("/v1/tasks/acquire", {"wait_seconds": wait, **extra})
+
+    async def acquire_offered(self, within: float = 15.0, *, what: str = "a task to be offered") -> Reply:
+        """Acquire (without a long-poll) until a task is leased: for a task that comes back once a
+        lease has lapsed or a retry's backoff is over. The leasing answer."""
+
+        async def offered() -> Reply | None:
+            reply = await self.acquire()
+            assert reply.status in (200, 204), (reply.status, reply.body)
+            return reply if reply.status == 200 and reply.body["lease"] is not None else None
+
+        return await wait_until(offered, within, what=what, interval=0.05)
 
     async def write(self, lease: dict[str, Any], action: str, **body: Any) -> Reply:
         path = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}/{action}"
@@ -150,6 +161,14 @@ class RunningGateway:
             row = await cur.fetchone()
             return row[0] if row else None
 
+    async def long_polls_waiting(self, at_least: int = 1, within: float = 10.0) -> None:
+        """Wait until ``at_least`` acquire long-polls are parked in this (in-process) Gateway, as
+        its ``leasehold_long_polls_waiting`` gauge counts them: a long-poll started with
+        ``asyncio.create_task(worker.acquire(wait=…))`` is then surely waiting, not still on its way."""
+        notifier = self.app[NOTIFIER]
+        await wait_until(lambda: notifier.waiting >= at_least, within,
+                         what=f"{at_least} long-poll(s) waiting (now {notifier.waiting})")
+
 
 @asynccontextmanager
 async def running_gateway(database_url: str, pki: PkiPaths, **overrides: Any) -> AsyncIterator[RunningGateway]:
@@ -224,16 +243,17 @@ class GatewayProcess:
         finally:
             log.close()
         listening = str(values.get("listen", True)).lower() not in ("false", "0")
-        deadline = time.monotonic() + ready_within
-        while True:
+
+        async def ready() -> bool:
             if self.proc.returncode is not None:
                 raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{self.log_tail()}")
-            ready = await self.readyz()
-            if ready is not None and (ready["listening"] or not listening):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"gateway not ready after {ready_within} s:\n{self.log_tail()}")
-            await asyncio.sleep(0.1)
+            answer = await self.readyz()
+            return answer is not None and (answer["listening"] or not listening)
+
+        try:
+            await wait_until(ready, ready_within, what="the gateway to be ready", interval=0.05)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.log_tail()}") from None
 
     async def readyz(self) -> dict[str, Any] | None:
         """``/readyz`` of this process, or None when it does not answer 200."""

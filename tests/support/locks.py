@@ -5,12 +5,14 @@ A wait is reported as soon as PostgreSQL sees it (``pg_blocking_pids``), never a
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
+
+from support.waits import wait_until
 
 T = TypeVar("T")
 
@@ -32,13 +34,16 @@ async def waits_while_running(pool: Any, holder_pid: int, work: Awaitable[T], *,
     ``holder_pid`` holds (empty if none ever did). Returns at the first wait seen (``work`` then
     goes on once the holder lets go), or after ``within`` seconds; the caller awaits the future."""
     job = asyncio.ensure_future(work)
-    deadline = time.monotonic() + within
-    while not job.done() and time.monotonic() < deadline:
+    waiting: list[tuple[Any, ...]] = []
+
+    async def waits_or_done() -> bool:
         async with pool.connection() as conn:
             cur = await conn.execute("SELECT pid, left(query, 200) FROM pg_stat_activity"
                                      " WHERE %s = ANY(pg_blocking_pids(pid))", (holder_pid,))
-            waiting = await cur.fetchall()
-        if waiting:
-            return job, list(waiting)
-        await asyncio.sleep(0.005)
-    return job, []
+            waiting[:] = await cur.fetchall()
+        return bool(waiting) or job.done()
+
+    # A wait that never comes is this watch's answer (an empty list), not a failure.
+    with contextlib.suppress(AssertionError):
+        await wait_until(waits_or_done, within, what="a session waiting for the holder's locks", interval=0.005)
+    return job, list(waiting)

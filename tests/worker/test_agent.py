@@ -30,7 +30,6 @@ from leasehold.worker.settings import WorkerSettings
 from support.agent import (
     attempts,
     batches,
-    eventually,
     kill_group,
     pid_alive,
     python_plugin,
@@ -44,6 +43,7 @@ from support.agent import (
     write_plugin,
 )
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 PAGE = "<html><head><title>Leasehold scan target</title></head><body>hi</body></html>"
 
@@ -134,7 +134,7 @@ async def test_cancel_stops_the_plugin_acknowledges_and_accepts_no_later_results
         while True:
             n += 1
             print(json.dumps({{"type": "raw", "n": n}}), flush=True)
-            time.sleep(0.05)
+            time.sleep(0.05)  # a plugin that keeps emitting until it is killed
     """)
     worker = await register_worker(gateway, ("chatty",))
     lease_seconds, grace = 3, 1.0
@@ -142,14 +142,14 @@ async def test_cancel_stops_the_plugin_acknowledges_and_accepts_no_later_results
     async with running_agent(worker.settings(gateway, plugins_dir=plugins_dir, kill_grace_seconds=grace)):
         pid = await read_pid(pid_file)
         try:
-            await eventually(lambda: batches(gateway, task_id), what="a first accepted batch")
+            await wait_until(lambda: batches(gateway, task_id), what="a first accepted batch")
             cancelled_at = time.monotonic()
             await gateway.lifecycle.request_cancel(task_id, reason="operator cancelled the scan")
 
             async def gone() -> bool:
                 return not pid_alive(pid)
 
-            await eventually(gone, within=lease_seconds / 3 + grace + 1.0, interval=0.02, what="the plugin to exit")
+            await wait_until(gone, timeout=lease_seconds / 3 + grace + 1.0, interval=0.02, what="the plugin to exit")
             stopped_after = time.monotonic() - cancelled_at
             await wait_state(gateway, task_id, "cancelled")
         finally:
@@ -351,7 +351,7 @@ async def test_batcher_cuts_by_count_bytes_and_age_with_stable_keys() -> None:
     for n in range(4):
         await batcher.add({"type": "raw", "n": n}, 10)
     await batcher.add({"type": "raw", "big": True}, 995)  # would pass max_bytes: the pending one is cut first
-    await asyncio.sleep(0.3)  # the last one is cut by age
+    await wait_until(lambda: batcher.outbox.qsize() == 3, 5, what="the last batch to be cut by age")
     await batcher.finish()
     timer.cancel()
     cut = [batcher.outbox.get_nowait() for _ in range(batcher.outbox.qsize())]
@@ -380,7 +380,7 @@ async def test_lease_lost_on_renewal_stops_the_plugin_and_writes_nothing_more(
             async def started() -> bool:  # the agent's start landed, so its renewal (not its start) meets the 409
                 return (await task_state(gateway, task_id))[0] == "running"
 
-            await eventually(started, what="the agent's start to land")
+            await wait_until(started, what="the agent's start to land")
             # Someone else with this worker's identity takes the lease over (a fresh token for the
             # same attempt): the agent's token is now stale, and its next renewal gets a 409.
             taken = await worker.client.acquire(request_id=acquired.request_id)  # type: ignore[attr-defined]
@@ -390,10 +390,10 @@ async def test_lease_lost_on_renewal_stops_the_plugin_and_writes_nothing_more(
             async def gone() -> bool:
                 return not pid_alive(pid)
 
-            await eventually(gone, within=3 / 3 + 1.0 + 1.0, interval=0.02, what="the plugin to stop")
+            await wait_until(gone, timeout=3 / 3 + 1.0 + 1.0, interval=0.02, what="the plugin to stop")
             assert time.monotonic() - lost_at < 3 / 3 + 1.0 + 1.0
-            await eventually(lambda: asyncio.sleep(0, result=any(
-                r.getMessage() == "lease lost; attempt abandoned" for r in caplog.records)), what="lease lost")
+            await wait_until(lambda: any(
+                r.getMessage() == "lease lost; attempt abandoned" for r in caplog.records), what="lease lost")
         finally:
             kill_group(pid)
         # The new holder of the lease is untouched: no fail, no cancel-ack came from the agent.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import aiohttp
 
-from support.agent import eventually, register_worker, running_agent
+from support.agent import register_worker, running_agent
 from support.gateway import RunningGateway, free_port
+from support.waits import wait_until
 
 
 async def test_health_and_metrics_of_the_agent(gateway: RunningGateway) -> None:
@@ -22,7 +23,7 @@ async def test_health_and_metrics_of_the_agent(gateway: RunningGateway) -> None:
                 return None
             return body if r.status == 200 and body["gateway"] == "reachable" else None
 
-        health = await eventually(healthy, within=15)
+        health = await wait_until(healthy, timeout=15, what="the agent's /healthz to say ok")
         assert health["status"] == "ok" and health["capacity"] == 3 and health["running"] == 0
         async with session.get(base + "/metrics") as r:
             text = await r.text()

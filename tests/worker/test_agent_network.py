@@ -32,7 +32,6 @@ from leasehold.worker.client import (
 from support.agent import (
     attempts,
     batches,
-    eventually,
     python_plugin,
     records,
     register_worker,
@@ -43,6 +42,7 @@ from support.agent import (
 )
 from support.faultproxy import Fault, fault_proxy
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 
 def _port(url: str) -> int:
@@ -61,7 +61,7 @@ async def test_lost_answer_to_a_result_batch_is_retried_and_accepted_exactly_onc
     python_plugin(plugins_dir, "emit", f"""
         import json, os, time
         while not os.path.exists({str(go)!r}):
-            time.sleep(0.01)
+            time.sleep(0.01)  # the plugin waits for the test's go (a file), then emits
         for n in range(30):
             print(json.dumps({{"type": "raw", "n": n, "pad": "x" * 100}}))
     """)
@@ -132,19 +132,19 @@ async def test_gateway_outage_backs_off_without_spinning_then_recovers(
         settings = worker.settings(gateway, gateway=proxy.url(), plugins_dir=plugins_dir,
                                    backoff_initial_seconds=0.05, backoff_max_seconds=0.4, request_timeout_seconds=1.0)
         async with running_agent(settings) as agent:
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # a window of outage whose retries are counted: what this test measures
             resets = proxy.connections
             assert 2 <= resets <= 40, resets  # retried, with backoff: no busy loop
             assert agent.status.gateway_problem is not None
             proxy.mode = Fault.BLACKHOLE  # now connections hang: each try ends at its timeout
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # likewise a counted window
             assert proxy.connections - resets <= 6
             assert (await task_state(gateway, task_id))[0] == "pending"
             proxy.mode = Fault.PASS
             started = time.monotonic()
             await wait_state(gateway, task_id, "completed", within=10)
             assert time.monotonic() - started < 5
-            await eventually(lambda: asyncio.sleep(0, result=agent.status.gateway_problem is None),
+            await wait_until(lambda: agent.status.gateway_problem is None,
                              what="the status to show the Gateway reachable")
     assert (await task_state(gateway, task_id))[:2] == ("completed", 1)
 

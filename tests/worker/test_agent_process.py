@@ -12,7 +12,6 @@ from uuid import UUID
 
 from support.agent import (
     agent_process,
-    eventually,
     kill_group,
     pid_alive,
     pid_in,
@@ -22,6 +21,7 @@ from support.agent import (
     write_plugin,
 )
 from support.gateway import RunningGateway
+from support.waits import wait_until
 
 
 async def test_sigterm_lets_running_plugins_finish_within_the_grace_then_fails_the_rest_and_exits_0(
@@ -46,13 +46,13 @@ async def test_sigterm_lets_running_plugins_finish_within_the_grace_then_fails_t
     async with agent_process(argv, tmp_path / "agent.log") as agent:
         endless_pid = await read_pid(started / "endless")
         try:
-            await eventually(lambda: asyncio.sleep(0, result=(started / "brief").exists()), what="brief to start")
+            await wait_until(lambda: (started / "brief").exists(), what="brief to start")
             agent.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             # Once the agent has begun shutting down, a new task is never taken. (A long-poll the
             # Gateway answers while the signal is still on its way is lost with the process's
             # stop, and that lease ends by expiry.)
-            await eventually(lambda: asyncio.sleep(0, result="shutting down" in agent.log_text()),
+            await wait_until(lambda: "shutting down" in agent.log_text(),
                              what="the agent to begin shutting down")
             late = await gateway.task(task_type="brief")
             code = await asyncio.wait_for(agent.process.wait(), 15)
@@ -94,9 +94,9 @@ async def test_second_signal_exits_at_once_and_takes_the_plugins_along(
         try:
             # The plugin runs before the worker's `progress` write lands; wait for that write, so the
             # state below is what the signals left and not how far the worker had got.
-            await eventually(lambda: _state_is(gateway, task_id, "running"), what="the task to run")
+            await wait_until(lambda: _state_is(gateway, task_id, "running"), what="the task to run")
             agent.process.send_signal(signal.SIGINT)
-            await eventually(lambda: asyncio.sleep(0, result="signal received" in agent.log_text()),
+            await wait_until(lambda: "signal received" in agent.log_text(),
                              what="the first signal to be handled")
             agent.process.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(agent.process.wait(), 3)
