@@ -204,6 +204,19 @@ class ScanReopened(DomainEvent):
 
 
 class TaskCreated(DomainEvent):
+    """A task, and what it commits to: its whole scope, of any size (:mod:`domain.scopes`).
+
+    ``scope`` is the scope's inline part: the whole scope when its assets fit one page, else the
+    scope with only their first page. ``scope_pages`` are the sha256s of the other pages, in
+    order (stored in ``scope_pages``); ``scope_sha256`` and ``scope_bytes`` are those of the whole
+    scope's canonical JSON, ``scope_assets`` how many assets it holds (None: no asset list), and
+    ``scope_assets_omitted`` how many assets the scan had found but left out of it
+    (``domain.scan.MAX_SCOPE_ASSETS``). Version 1, recorded before scopes were paged, held the
+    whole scope in ``scope``: it reads with ``scope_sha256`` None and no pages.
+    """
+
+    class_version: ClassVar[int] = 2
+
     scan_id: UUID
     scan_job_id: UUID
     organization_id: UUID
@@ -216,6 +229,16 @@ class TaskCreated(DomainEvent):
     lease_seconds: int
     execution_timeout_seconds: int
     available_at: datetime
+    scope_sha256: str | None = None
+    scope_bytes: int | None = None
+    scope_assets: int | None = None
+    scope_pages: tuple[str, ...] = ()
+    scope_assets_omitted: int = 0
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> None:
+        """Before scopes were paged: the whole scope inline, nothing stored apart."""
+        state.update(scope_sha256=None, scope_bytes=None, scope_assets=None, scope_pages=(), scope_assets_omitted=0)
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))

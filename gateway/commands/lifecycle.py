@@ -71,6 +71,7 @@ from leasehold.domain.task import (
 from leasehold.gateway.commands import wakeups
 from leasehold.gateway.commands.ingestion import ingest_batch
 from leasehold.gateway.commands.scans import settle_scan
+from leasehold.gateway.commands.scopes import paged
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.task_rows import (
     ATTEMPT_COLUMNS,
@@ -250,7 +251,7 @@ class Lifecycle:
             created = decide(None, CreateTask(
                 task_id=task_id, scan_id=scan_id, scan_job_id=job_id, organization_id=org_id,
                 task_type=spec.task_type, required_capabilities=spec.required_capabilities,
-                priority=spec.priority, scope=spec.scope or {}, parameters=spec.parameters or {},
+                priority=spec.priority, scope=paged(tx, spec.scope or {}), parameters=spec.parameters or {},
                 max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
                 execution_timeout_seconds=spec.execution_timeout_seconds), now=now, actor=actor)
             tx.append(StreamHead(scan_id, version, bytes(head_hash)), [queued])

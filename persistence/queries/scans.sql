@@ -37,20 +37,17 @@ SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]), count(*),
 FROM scan_jobs j
 WHERE j.scan_id = %(scan_id)s
 
--- name: scan_job_scope
--- The scope the task of one job ran with (the next profile step starts from it).
-SELECT t.scope FROM worker_tasks t WHERE t.scan_job_id = %(job_id)s
-
 -- name: scan_found_assets
--- Assets in the accepted result batches of the scan's tasks (bounded; deduplicated).
-SELECT DISTINCT r ->> 'kind', r ->> 'value'
-FROM worker_tasks t
-JOIN worker_result_batches b ON b.task_id = t.id
-JOIN result_payloads p ON p.sha256 = b.payload_sha256
-CROSS JOIN LATERAL jsonb_array_elements(convert_from(p.body, 'UTF8')::jsonb) AS r
-WHERE t.scan_id = %(scan_id)s AND jsonb_typeof(r) = 'object' AND r ->> 'type' = 'asset'
-  AND r ->> 'kind' IS NOT NULL AND r ->> 'value' IS NOT NULL
-LIMIT 10000
+-- Every asset the scan's tasks reported so far, in the order first seen (a later sighting of the
+-- same asset by another job repeats it; the caller keeps the first): the next profile step's scope
+-- is made of them. Read from the ingestion tables, which each accepted batch fills in its own
+-- transaction, so every asset is read once (through asset_sightings_scan_idx), never the result
+-- payloads of every batch again.
+SELECT a.kind, a.value
+FROM asset_sightings s
+JOIN assets a ON a.id = s.asset_id
+WHERE s.scan_id = %(scan_id)s
+ORDER BY s.first_seen_at, a.kind, a.value
 
 -- name: scan_open_tasks
 SELECT t.id FROM worker_tasks t

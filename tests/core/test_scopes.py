@@ -7,9 +7,13 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+import orjson
+
 from leasehold.domain.events import ProfileStep
 from leasehold.domain.results import payload_sha256
+from leasehold.domain.scopes import whole_scope
 from leasehold.gateway.commands.lifecycle import Acquired
+from leasehold.gateway.commands.scope_pages import page_count
 from support.core import World
 
 PROFILE = (ProfileStep(task_type="discover"), ProfileStep(task_type="probe"))
@@ -36,6 +40,17 @@ async def run_step(world: World, worker: UUID, records: list[Any], *, batch: int
     return a
 
 
+async def whole_scope_of(world: World, worker: UUID, a: Acquired) -> dict[str, Any]:
+    """The leased task's whole scope: the lease's inline part and every further page, read as its
+    worker reads them."""
+    pages = []
+    for n in range(1, page_count(a.task)):
+        page = await world.services.scope_pages.read(worker, a.task.id, a.attempt.id, a.lease_token, n)
+        assert (page.page, page.pages) == (n, page_count(a.task))
+        pages.append(orjson.loads(page.body))
+    return whole_scope(a.task.scope, pages)
+
+
 async def task_states(world: World, scan: UUID) -> list[tuple[str, str]]:
     async with world.pool.connection() as conn:
         cur = await conn.execute("SELECT t.task_type, t.state FROM worker_tasks t JOIN scan_jobs j"
@@ -59,4 +74,7 @@ async def test_a_step_that_finds_1600_services_hands_every_one_to_the_next_step(
             "SELECT count(*) FROM asset_sightings s JOIN scan_jobs j ON j.id = s.scan_job_id"
             " WHERE s.scan_id = %s", (scan,))
         assert (await cur.fetchone()) == (1_600,)
-    assert len(nxt.task.scope["assets"]) == 1_600
+    scope = await whole_scope_of(world, worker, nxt)
+    assert scope["targets"] == ["127.0.0.1"]
+    values = [a["value"] for a in scope["assets"]]
+    assert sorted(values) == sorted(r["value"] for r in found) and len(set(values)) == 1_600

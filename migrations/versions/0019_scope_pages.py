@@ -1,0 +1,63 @@
+"""Scopes of any size: a task's scope kept on the server, in content-addressed pages.
+
+A profile step's scope holds every asset the scan found before it, which can be megabytes. The
+task's row keeps the scope's inline part (``scope``: the scope with only the first page of its
+assets) and ``scope_ref`` (the sha256 and size of the whole scope's canonical JSON, how many
+assets and pages it has, how many found assets were left out of it); ``scope_pages`` lists the
+sha256s of the other pages in order. Both are projections of ``TaskCreated`` (version 2), which
+records the same. The pages themselves are in ``scope_pages``, stored once by the sha256 of their
+bytes (the canonical JSON array of their assets, see ``domain.scopes``), like ``result_payloads``:
+the application role may read and add pages, never change one, and ``replay verify`` checks
+every page against its hash. Analysts are not granted them (scan findings, as result payloads).
+
+Tasks created before this revision have ``scope_ref`` NULL and no pages: their row's scope is
+the whole scope. A downgrade puts every paged scope back together in its row.
+
+Revision ID: 0019
+Revises: 0018
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0019"
+down_revision = "0018"
+branch_labels = None
+depends_on = None
+
+UPGRADE = r"""
+CREATE TABLE scope_pages (
+    sha256      sha256_hex PRIMARY KEY,
+    body        bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+GRANT SELECT, INSERT ON scope_pages TO leasehold_app;
+
+ALTER TABLE worker_tasks
+    ADD COLUMN scope_ref jsonb,
+    ADD COLUMN scope_pages text[] NOT NULL DEFAULT '{}';
+"""
+
+DOWNGRADE = r"""
+-- Every paged scope whole again in its row (what the code before this revision reads).
+UPDATE worker_tasks t
+SET scope = jsonb_set(t.scope, '{assets}', (t.scope -> 'assets') || (
+        SELECT coalesce(jsonb_agg(asset ORDER BY u.n, e.i), '[]'::jsonb)
+        FROM unnest(t.scope_pages) WITH ORDINALITY AS u (sha256, n)
+        JOIN scope_pages p ON p.sha256 = u.sha256
+        CROSS JOIN LATERAL jsonb_array_elements(convert_from(p.body, 'UTF8')::jsonb) WITH ORDINALITY AS e (asset, i)))
+WHERE cardinality(t.scope_pages) > 0;
+
+ALTER TABLE worker_tasks DROP COLUMN scope_pages, DROP COLUMN scope_ref;
+REVOKE ALL ON scope_pages FROM leasehold_app;
+DROP TABLE scope_pages;
+"""
+
+
+def upgrade() -> None:
+    op.execute(UPGRADE)
+
+
+def downgrade() -> None:
+    op.execute(DOWNGRADE)
