@@ -4,17 +4,19 @@ derives itself."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from uuid import UUID
 
 import orjson
+import pytest
 
 from leasehold.domain.events import ProfileStep
 from leasehold.domain.results import payload_sha256
 from leasehold.domain.scopes import whole_scope
-from leasehold.gateway.commands.lifecycle import Acquired
+from leasehold.gateway.commands.lifecycle import Acquired, ResultBatch
 from leasehold.gateway.commands.scope_pages import page_count
-from support.core import World
+from support.core import World, assert_log_rebuilds_live
 
 PROFILE = (ProfileStep(task_type="discover"), ProfileStep(task_type="probe"))
 
@@ -78,3 +80,80 @@ async def test_a_step_that_finds_1600_services_hands_every_one_to_the_next_step(
     assert scope["targets"] == ["127.0.0.1"]
     values = [a["value"] for a in scope["assets"]]
     assert sorted(values) == sorted(r["value"] for r in found) and len(set(values)) == 1_600
+
+
+async def test_the_final_batch_sent_with_complete_is_in_the_next_steps_scope(world: World) -> None:
+    """The agent sends its last batch with complete: its assets are ingested before the step's end
+    makes the next scope (from the ingestion tables), in the same transaction."""
+    worker = await world.worker(task_types=("discover", "probe"))
+    await world.scans.create_scan(world.org, {"targets": ["h"]}, profile=PROFILE)
+    first = await world.lifecycle.acquire(worker)
+    assert first is not None
+    await lease_and_finish(world, worker, first, services(3))
+    nxt = await world.lifecycle.acquire(worker)
+    assert nxt is not None
+    assert [a["value"] for a in nxt.task.scope["assets"]] == [r["value"] for r in services(3)]
+
+
+async def stored_pages(world: World, task_id: UUID) -> list[str]:
+    async with world.pool.connection() as conn:
+        cur = await conn.execute("SELECT scope_pages FROM worker_tasks WHERE id = %s", (task_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+@pytest.mark.slow
+async def test_a_first_step_that_finds_100000_assets_runs_every_step_to_the_end(
+        world: World, database_url: str) -> None:
+    """The shape of a large scan: the first step reports 100,000 services in 100 batches; the
+    second step's task is created and leased with all of them, read back in pages as its worker
+    reads them; the third step's scope adds what the second found and shares the second's full
+    pages; the scan succeeds, and the log rebuilds to the live rows."""
+    worker = await world.worker(task_types=("discover", "probe", "inspect"))
+    steps = (ProfileStep(task_type="discover"), ProfileStep(task_type="probe"), ProfileStep(task_type="inspect"))
+    scan = await world.scans.create_scan(world.org, {"targets": ["10.0.0.0/8"]}, profile=steps)
+    found = services(100_000)
+    timings: dict[str, float] = {}
+
+    started = time.perf_counter()
+    await run_step(world, worker, found, batch=1_000)
+    timings["discover_100_batches_and_complete_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    probe = await world.lifecycle.acquire(worker)
+    assert probe is not None and probe.task.task_type == "probe" and probe.task.scope_ref is not None
+    assert probe.task.scope_ref.assets == 100_000 and probe.task.scope_ref.omitted == 0
+    assert len(orjson.dumps(probe.task.scope)) <= 70_000  # the lease carries the first page only
+    scope = await whole_scope_of(world, worker, probe)
+    timings["lease_and_read_every_page_s"] = time.perf_counter() - started
+    assert scope["targets"] == ["10.0.0.0/8"]
+    assert {a["value"] for a in scope["assets"]} == {r["value"] for r in found}
+    assert len(scope["assets"]) == 100_000
+
+    urls = [{"type": "asset", "kind": "url", "value": f"http://10.0.0.{n}/"} for n in range(10)]
+    started = time.perf_counter()
+    await lease_and_finish(world, worker, probe, urls)
+    timings["probe_complete_building_next_scope_s"] = time.perf_counter() - started
+    inspect = await world.lifecycle.acquire(worker)
+    assert inspect is not None and inspect.task.task_type == "inspect"
+    assert inspect.task.scope_ref is not None and inspect.task.scope_ref.assets == 100_010
+    later = await whole_scope_of(world, worker, inspect)
+    assert later["assets"][:100_000] == scope["assets"]  # the earlier scope, then what came since
+    assert {a["value"] for a in later["assets"][100_000:]} == {u["value"] for u in urls}
+    earlier_pages = await stored_pages(world, probe.task.id)
+    assert (await stored_pages(world, inspect.task.id))[: len(earlier_pages) - 1] == earlier_pages[:-1]
+
+    await lease_and_finish(world, worker, inspect, [])
+    async with world.pool.connection() as conn:
+        cur = await conn.execute("SELECT status FROM scans WHERE id = %s", (scan,))
+        assert await cur.fetchone() == ("success",)
+    await assert_log_rebuilds_live(database_url)
+    print(" ".join(f"{name}={seconds:.2f}" for name, seconds in timings.items()))
+
+
+async def lease_and_finish(world: World, worker: UUID, a: Acquired, records: list[Any]) -> None:
+    """Finish an attempt already leased: ``records`` as its one final batch, then complete."""
+    lc = world.lifecycle
+    await lc.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
+    await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token, final_batch=ResultBatch(
+        1, "k-1", payload_sha256(records), records))
