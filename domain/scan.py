@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from itertools import chain
 from typing import Any
 from uuid import UUID
 
@@ -217,18 +216,23 @@ def enrich_scope(scope: dict[str, Any], assets: Iterable[tuple[str, str]], *,
     scope's own first, then the found ones in order; and how many were left out.
 
     At most ``max_assets`` assets: a scope past that would hold the Gateway's memory and its
-    worker's for too long. Those left out are counted, and the count is recorded in the next
-    task's ``TaskCreated`` (``scope_assets_omitted``) and shown with its scope, never dropped
-    silently."""
+    worker's for too long. Those left out are counted (each once), and the count is recorded in
+    the next task's ``TaskCreated`` (``scope_assets_omitted``) and shown with its scope, never
+    dropped silently."""
     seen: dict[tuple[str, str], None] = {}
-    omitted = 0
-    for kind, value in chain(((str(item.get("kind", "")), str(item.get("value", "")))
-                              for item in scope.get("assets", ()) if isinstance(item, dict)), assets):
-        key = (kind, value)
+    left_out: set[tuple[str, str]] = set()
+
+    def add(key: tuple[str, str]) -> None:
         if key in seen:
-            continue
+            return
         if len(seen) < max_assets:
             seen[key] = None
         else:
-            omitted += 1
-    return {**scope, "assets": [{"kind": k, "value": v} for k, v in seen]}, omitted
+            left_out.add(key)
+
+    for item in scope.get("assets", ()):
+        if isinstance(item, dict):
+            add((str(item.get("kind", "")), str(item.get("value", ""))))
+    for key in assets:
+        add(key)
+    return {**scope, "assets": [{"kind": k, "value": v} for k, v in seen]}, len(left_out)

@@ -170,14 +170,14 @@ async def settle_scan(tx: Transaction, scan_id: UUID, now: datetime, *,
                                       one("scan_jobs_summary", {"scan_id": scan_id}))
     assert scan_row is not None, "the foreign key guarantees the scan"
     statuses, job_count, last_status, last_job = summary
-    _, version, head_hash, scan_status, cancel_requested, org_id, profile, _targets = scan_row
+    _, version, head_hash, scan_status, cancel_requested, org_id, profile, targets = scan_row
     if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
         return []
     head = StreamHead(scan_id, version, bytes(head_hash))
     steps = profile_steps(profile)
     step = scan_rules.next_step(steps, job_count, last_status, cancel_requested=cancel_requested)
     if step is not None:
-        scope = await next_step_scope(tx, scan_id, last_job)
+        scope = await next_step_scope(tx, scan_id, targets)
         return queue_step(tx, head, org_id, step, steps[step], scope, now=now, actor="system", new_id=new_id,
                           status=scan_status)
     outcome = scan_rules.scan_outcome(statuses, cancel_requested=cancel_requested)

@@ -11,11 +11,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-import orjson
-
 from leasehold.domain import scan as scan_rules
-from leasehold.domain.scopes import PagedScope, page_scope, whole_scope
-from leasehold.persistence.transaction import Transaction, rows
+from leasehold.domain.scopes import PagedScope, page_scope
+from leasehold.persistence.transaction import Transaction
 
 
 def store_pages(tx: Transaction, paged: PagedScope) -> None:
@@ -32,21 +30,20 @@ def paged(tx: Transaction, scope: dict[str, Any] | PagedScope) -> PagedScope:
     return cut
 
 
-async def next_step_scope(tx: Transaction, scan_id: UUID, last_job: UUID) -> PagedScope:
-    """The scope of the scan's next profile step, its pages queued: the scope the last step ran
-    with (whole: its inline part and stored pages) plus every asset the scan's tasks reported so
-    far, each once, in the order first seen (:func:`domain.scan.enrich_scope`).
+async def next_step_scope(tx: Transaction, scan_id: UUID, targets: dict[str, Any]) -> PagedScope:
+    """The scope of the scan's next profile step, its pages queued: the scan's ``targets`` (the
+    first step's scope) plus every asset the scan's tasks reported so far, each once, in the order
+    first seen (:func:`domain.scan.enrich_scope`).
 
-    One round trip reads both: the last scope's pages, and the found assets from the ingestion
-    tables (each asset once, not every result payload again), so its cost follows the scope's
-    size, however many batches brought the assets. The caller holds the scan's lock: a step's
-    scope is made once, by whichever transaction ended the step before it.
+    Every earlier step's scope was made the same way from fewer assets, so this one holds all of
+    the last step's scope, and in the same order as long as the scan's steps ran one after the
+    other: its earlier pages are the same pages, stored once. Nothing of the last scope is read
+    back: the found assets come from the ingestion tables (each asset once, whatever the number
+    of batches that brought it), so the cost follows the scope's size. The caller holds the scan's
+    lock: a step's scope is made once, by whichever transaction ended the step before it.
     """
-    last, found = await tx.read(rows("scope_of_job", {"job_id": last_job}),
-                                rows("scan_found_assets", {"scan_id": scan_id}))
-    inline: dict[str, Any] = (last[0][0] if last else None) or {}
-    pages = [orjson.loads(body) for _, _, body in last if body is not None]
-    scope, omitted = scan_rules.enrich_scope(whole_scope(inline, pages), found)
+    found = await tx.all("scan_found_assets", {"scan_id": scan_id})
+    scope, omitted = scan_rules.enrich_scope(dict(targets or {}), found)
     cut = page_scope(scope, omitted=omitted)
     store_pages(tx, cut)
     return cut

@@ -38,16 +38,17 @@ FROM scan_jobs j
 WHERE j.scan_id = %(scan_id)s
 
 -- name: scan_found_assets
--- Every asset the scan's tasks reported so far, in the order first seen (a later sighting of the
--- same asset by another job repeats it; the caller keeps the first): the next profile step's scope
--- is made of them. Read from the ingestion tables, which each accepted batch fills in its own
--- transaction, so every asset is read once (through asset_sightings_scan_idx), never the result
--- payloads of every batch again.
+-- Every asset the scan's tasks reported so far, in the order first seen, those of one batch by
+-- kind and value (a later sighting of the same asset by another job repeats it; the caller keeps
+-- the first): the next profile step's scope is made of them. Read from the ingestion tables,
+-- which each accepted batch fills in its own transaction, so every asset is read once, never the
+-- result payloads of every batch again. COLLATE "C": the same order whatever the database's
+-- collation, and a cheaper sort.
 SELECT a.kind, a.value
 FROM asset_sightings s
 JOIN assets a ON a.id = s.asset_id
 WHERE s.scan_id = %(scan_id)s
-ORDER BY s.first_seen_at, a.kind, a.value
+ORDER BY s.first_seen_at, a.kind COLLATE "C", a.value COLLATE "C"
 
 -- name: scan_open_tasks
 SELECT t.id FROM worker_tasks t
