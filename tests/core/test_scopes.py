@@ -11,6 +11,7 @@ from uuid import UUID
 import orjson
 import pytest
 
+from leasehold.domain.errors import Forbidden, LeaseLost
 from leasehold.domain.events import ProfileStep
 from leasehold.domain.results import payload_sha256
 from leasehold.domain.scopes import whole_scope
@@ -157,3 +158,21 @@ async def lease_and_finish(world: World, worker: UUID, a: Acquired, records: lis
     await lc.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
     await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token, final_batch=ResultBatch(
         1, "k-1", payload_sha256(records), records))
+
+
+async def test_a_scope_read_after_the_lease_ran_out_or_the_assignment_was_revoked_is_refused(world: World) -> None:
+    """The other refusals a write would get, with the injected clock: a lease that ran out, and a
+    worker whose assignment to the task's organisation was revoked."""
+    worker = await world.worker(task_types=("probe",))
+    big = {"targets": ["h"], "assets": [{"kind": "service", "value": f"h:{n}/tcp"} for n in range(3_000)]}
+    a = await world.leased(worker, scope=big, lease_seconds=30)
+    read = world.services.scope_pages.read
+    assert (await read(worker, a.task.id, a.attempt.id, a.lease_token, 1)).page == 1
+    world.clock.advance(31)
+    with pytest.raises(LeaseLost, match="expired"):
+        await read(worker, a.task.id, a.attempt.id, a.lease_token, 1)
+
+    b = await world.leased(worker, scope=big, lease_seconds=30)
+    await world.registry.end_assignment(worker, world.org, revoke=True)
+    with pytest.raises(Forbidden, match="revoked"):
+        await read(worker, b.task.id, b.attempt.id, b.lease_token, 1)
