@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from leasehold.domain.limits import TooDeep, check_field
+from leasehold.domain.limits import TooDeep
 
 #: The largest a page of assets may be (its canonical JSON array), unless one asset alone is larger.
 PAGE_BYTES = 64 * 1024
@@ -89,8 +89,9 @@ class PagedScope:
 def page_scope(scope: Mapping[str, Any], *, omitted: int = 0, page_bytes: int = PAGE_BYTES) -> PagedScope:
     """Cut ``scope`` into its inline part and stored pages (``omitted``: found assets left out of
     it, recorded with it). Its size has no limit here (the limits on what clients send apply where
-    they send it); a scope that cannot be encoded, or whose inline part nests deeper than a field
-    may, is refused (TooDeep)."""
+    they send it); a scope that cannot be encoded is refused (TooDeep). How deep the inline part,
+    which every answer about the task carries, may nest is checked where the task is created
+    (:func:`domain.task.decide`)."""
     try:
         whole = canonical(scope)
     except orjson.JSONEncodeError as exc:
@@ -98,7 +99,6 @@ def page_scope(scope: Mapping[str, Any], *, omitted: int = 0, page_bytes: int = 
     ref = ScopeRef(hashlib.sha256(whole).hexdigest(), len(whole), None, 0, omitted)
     assets = scope.get(ASSETS)
     if not isinstance(assets, list):
-        check_field("scope", scope, max_bytes=None)
         return PagedScope(dict(scope), (), ref)
     bodies: list[bytes] = []
     first, start, guess = 0, 0, 256
@@ -110,10 +110,6 @@ def page_scope(scope: Mapping[str, Any], *, omitted: int = 0, page_bytes: int = 
             bodies.append(body)
         start, guess = start + count, count
     inline = {key: (assets[:first] if key == ASSETS else value) for key, value in scope.items()}
-    # The depth of the inline part, which every answer about the task carries; the stored pages
-    # were encoded above, and their assets come from clients (whose scopes are checked where they
-    # enter) or from the orchestrator (kind and value strings).
-    check_field("scope", inline, max_bytes=None)
     stored = tuple(StoredPage(hashlib.sha256(body).hexdigest(), body) for body in bodies)
     return PagedScope(inline, stored, replace(ref, assets=len(assets), pages=1 + len(stored)))
 

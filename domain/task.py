@@ -393,12 +393,15 @@ def _create(c: CreateTask, now: datetime, actor: str) -> TaskCreated:
         raise InvalidRequest("execution_timeout_seconds must be between 1 and 604800")
     if not c.task_type:
         raise InvalidRequest("task_type must not be empty")
-    # A task that could not be handed to a worker (its lease answer would not encode) is refused
-    # here, whichever way it is created (page_scope checks the scope's inline part); the size
-    # limits apply where the request enters, never to what the Gateway derives.
     paged = c.scope if isinstance(c.scope, PagedScope) else page_scope(c.scope)
     if paged.stored and not isinstance(c.scope, PagedScope):
         raise ValueError("a scope of more than one page is paged (and its pages stored) by the caller")
+    # A task that could not be handed to a worker (its lease answer would not encode) is refused
+    # here, whichever way it is created: the scope's inline part, which every answer carries (the
+    # stored pages hold assets from clients, checked where they entered, or from the orchestrator,
+    # kind and value strings). The size limits apply where a request enters, never to what the
+    # Gateway derives.
+    check_field("scope", paged.inline, max_bytes=None)
     check_field("parameters", c.parameters, max_bytes=None)
     ref = paged.ref
     return TaskCreated(

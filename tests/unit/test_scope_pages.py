@@ -5,7 +5,9 @@ appending keeps its earlier pages."""
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from typing import Any
+from uuid import uuid4
 
 import orjson
 import pytest
@@ -23,6 +25,7 @@ from leasehold.domain.scopes import (
     page_scope,
     whole_scope,
 )
+from leasehold.domain.task import CreateTask, decide
 
 
 def services(count: int, first: int = 1) -> list[dict[str, str]]:
@@ -129,12 +132,18 @@ def test_keys_sort_as_the_canonical_encoding_sorts_them() -> None:
     assert assembled(paged) == canonical(scope)
 
 
-def test_an_inline_part_nesting_too_deep_is_refused() -> None:
+def test_a_task_whose_inline_scope_nests_too_deep_is_refused_and_one_that_cannot_be_encoded_too() -> None:
     deep: dict[str, Any] = {}
     for _ in range(40):
         deep = {"a": deep}
+    ids = {name: uuid4() for name in ("task_id", "scan_id", "scan_job_id", "organization_id")}
     with pytest.raises(TooDeep):
-        page_scope({"targets": ["h"], "x": deep, "assets": []})
+        decide(None, CreateTask(**ids, task_type="probe", scope={"targets": ["h"], "x": deep, "assets": []}),
+               now=datetime(2030, 1, 1, tzinfo=UTC), actor="test")
+    for _ in range(300):
+        deep = {"a": deep}
+    with pytest.raises(TooDeep):
+        page_scope({"x": deep})
 
 
 def test_the_reference_round_trips_through_its_row_form() -> None:
