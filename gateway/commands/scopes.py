@@ -8,12 +8,15 @@ command that ended a profile step (it holds that task's lock and the scan's).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from uuid import UUID
 
 from leasehold.domain import scan as scan_rules
 from leasehold.domain.scopes import PagedScope, page_scope
 from leasehold.persistence.transaction import Transaction
+
+log = logging.getLogger("leasehold.gateway.scopes")
 
 
 def store_pages(tx: Transaction, paged: PagedScope) -> None:
@@ -43,7 +46,10 @@ async def next_step_scope(tx: Transaction, scan_id: UUID, targets: dict[str, Any
     lock: a step's scope is made once, by whichever transaction ended the step before it.
     """
     found = await tx.all("scan_found_assets", {"scan_id": scan_id})
-    scope, omitted = scan_rules.enrich_scope(dict(targets or {}), found)
+    scope, omitted = scan_rules.enrich_scope(dict(targets or {}), found, max_assets=scan_rules.MAX_SCOPE_ASSETS)
+    if omitted:
+        log.warning("a profile step's scope is full: assets left out", extra={
+            "scan_id": str(scan_id), "assets": scan_rules.MAX_SCOPE_ASSETS, "omitted": omitted})
     cut = page_scope(scope, omitted=omitted)
     store_pages(tx, cut)
     return cut

@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 import orjson
 import pytest
 
+from leasehold.domain.events import ProfileStep
 from leasehold.domain.results import payload_sha256
 from leasehold.domain.scopes import ScopeAssembler, ScopeRef, canonical, whole_scope
 from support.gateway import LOOPBACK_ALLOWED, RunningGateway, WorkerClient
@@ -117,3 +118,26 @@ async def test_a_stored_page_changed_in_the_database_is_never_served(gateway: Ru
         await conn.execute("UPDATE scope_pages SET body = %s WHERE sha256 = %s", (changed, key))
     assert (await worker.write(lease, "scope", page=1)).status == 200
     assert_problem(await worker.write(lease, "scope", page=2), 500, "scope-damaged")
+
+
+async def test_assets_past_the_scope_limit_are_counted_recorded_and_shown(
+        gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A scope holds at most MAX_SCOPE_ASSETS assets (1,000,000; 5 here): the rest are left out, and
+    how many is in the next task's TaskCreated, in its answers and in the Gateway's log."""
+    monkeypatch.setattr("leasehold.domain.scan.MAX_SCOPE_ASSETS", 5)
+    worker = await gateway.worker(task_types=("discover", "probe"))
+    await gateway.scans.create_scan(gateway.org, {"targets": ["127.0.0.1"]}, profile=(
+        ProfileStep(task_type="discover"), ProfileStep(task_type="probe")))
+    first = (await worker.acquire()).body["lease"]
+    found = [{"type": "asset", "kind": "service", "value": f"127.0.0.1:{p}/tcp"} for p in range(1, 9)]
+    done = await worker.write(first, "complete", final_batch={
+        "sequence_number": 1, "idempotency_key": "k1", "payload_sha256": payload_sha256(found), "payload": found})
+    assert done.status == 200, done.body
+    nxt = (await worker.acquire()).body["lease"]
+    assert len(nxt["task"]["scope"]["assets"]) == 5 and nxt["task"]["scope_ref"]["omitted"] == 3
+    task = await gateway.operator("GET", f"/v1/tasks/{nxt['task']['id']}")
+    assert task.status == 200 and task.body["scope_ref"]["omitted"] == 3
+    events = await gateway.operator("GET", f"/v1/tasks/{nxt['task']['id']}/events")
+    assert events.body["items"][0]["payload"]["scope_assets_omitted"] == 3
+    assert any(r.message.startswith("a profile step's scope is full") and r.omitted == 3  # type: ignore[attr-defined]
+               for r in caplog.records)
