@@ -9,11 +9,14 @@ assets, and the third step's scope is made of the second's and those. Prints ``n
 * ``scope_ingest_s``: every batch of the first step but the last accepted (submit_batch each);
 * ``scope_settle_ms`` / ``scope_settle_next_ms``: the ``complete`` (carrying the step's final
   batch) that ends the first / second step: it holds the task's and the scan's locks while it
-  makes the next step's scope and task, so this is how long those locks are held;
+  makes the next step's scope and task, so this is how long those locks are held; the
+  ``…_cpu_ms`` lines give the CPU it took in this process and in the database's backends, which
+  a busy machine does not inflate as it does the wall time;
 * ``scope_pages`` / ``scope_bytes`` / ``scope_stored_pages_new``: the second step's scope, and how
   many pages the third step's scope stored that the second's did not have;
 * ``scope_serve_ms``: every page read through the scope route's service (no HTTP), one after the
-  other, and ``scope_serve_peak_mib``, the Python memory that reading took at its peak;
+  other, ``scope_serve_peak_mib``, the Python memory that reading took at its peak, and
+  ``scope_serve_cpu_ms``;
 * ``scope_agent_file_ms`` / ``scope_agent_file_peak_mib``: the agent's way: each page appended to
   the plugin's input file as it arrives (:class:`domain.scopes.ScopeAssembler`);
 * ``scope_build_ms`` / ``scope_build_peak_mib``: paging the scope alone (``page_scope``, pure);
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import sys
@@ -65,6 +69,7 @@ from leasehold.persistence.transaction import Database  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 async def peak(work: Callable[[], Awaitable[T]]) -> tuple[T, float, float]:
@@ -86,8 +91,42 @@ def services_found(count: int, first: int = 0) -> list[dict[str, Any]]:
             for n in range(first, first + count)]
 
 
-async def finish(s: Services, worker: UUID, a: Acquired, records: list[Any], batch: int) -> float:
-    """Every batch of ``records`` but the last, then ``complete`` carrying the last; the complete's ms."""
+def process_cpu(pid: int) -> float:
+    """CPU seconds process ``pid`` used so far (/proc; 0 when it is gone or unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+class Cpu:
+    """CPU milliseconds this process and the database's server processes (every backend connected
+    to the scratch database: the server runs on this machine) used over a block: unlike wall time,
+    what other jobs on a busy machine do does not count."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    async def _backends(self) -> dict[int, float]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            return {pid: process_cpu(pid) for (pid,) in await cur.fetchall()}
+
+    async def __aenter__(self) -> Cpu:
+        self.client0, self.server0 = time.process_time(), await self._backends()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.client_ms = (time.process_time() - self.client0) * 1000
+        after = await self._backends()
+        self.server_ms = sum(cpu - self.server0.get(pid, 0.0) for pid, cpu in after.items()) * 1000
+
+
+async def finish(s: Services, worker: UUID, a: Acquired, records: list[Any], batch: int,
+                 cpu: Cpu | None = None) -> float:
+    """Every batch of ``records`` but the last, then ``complete`` carrying the last; the complete's
+    ms (and CPU, measured by ``cpu``)."""
     lc = s.lifecycle
     await lc.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
     chunks = [records[i:i + batch] for i in range(0, len(records), batch)] or [[]]
@@ -95,10 +134,12 @@ async def finish(s: Services, worker: UUID, a: Acquired, records: list[Any], bat
         await lc.submit_batch(worker, a.task.id, a.attempt.id, a.lease_token, sequence_number=n,
                               idempotency_key=f"k{n}", payload_sha256=payload_sha256(chunk), records=chunk, final=False)
     last = chunks[-1]
-    started = time.perf_counter()
-    await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token,
-                      final_batch=ResultBatch(len(chunks), f"k{len(chunks)}", payload_sha256(last), last))
-    return (time.perf_counter() - started) * 1000
+    async with cpu or contextlib.nullcontext():
+        started = time.perf_counter()
+        await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token,
+                          final_batch=ResultBatch(len(chunks), f"k{len(chunks)}", payload_sha256(last), last))
+        ms = (time.perf_counter() - started) * 1000
+    return ms
 
 
 async def read_pages(s: Services, worker: UUID, a: Acquired) -> list[bytes]:
@@ -137,17 +178,21 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         first = await s.lifecycle.acquire(worker)
         assert first is not None
         started = time.perf_counter()
-        out["scope_settle_ms"] = round(await finish(s, worker, first, found, args.batch), 1)
+        cpu = Cpu(pool)
+        out["scope_settle_ms"] = round(await finish(s, worker, first, found, args.batch, cpu), 1)
         out["scope_ingest_s"] = round(time.perf_counter() - started - out["scope_settle_ms"] / 1000, 2)
+        out["scope_settle_cpu_ms"] = f"client={cpu.client_ms:.0f},server={cpu.server_ms:.0f}"
 
         second = await s.lifecycle.acquire(worker)
         assert second is not None and second.task.scope_ref is not None
         ref = second.task.scope_ref
         out["scope_assets"], out["scope_pages"], out["scope_bytes"] = ref.assets, ref.pages, ref.size
         out["lease_scope_bytes"] = len(orjson.dumps(second.task.scope))
-        pages, ms, mib = await peak(lambda: read_pages(s, worker, second))
+        async with Cpu(pool) as cpu:
+            pages, ms, mib = await peak(lambda: read_pages(s, worker, second))
         assert len(pages) == ref.pages - 1
         out["scope_serve_ms"], out["scope_serve_peak_mib"] = round(ms, 1), round(mib, 1)
+        out["scope_serve_cpu_ms"] = f"client={cpu.client_ms:.0f},server={cpu.server_ms:.0f}"
         with tempfile.TemporaryDirectory() as tmp:
             size, ms, mib = await peak(lambda: write_input(s, worker, second, Path(tmp) / "input.json"))
         out["scope_agent_file_ms"], out["scope_agent_file_peak_mib"] = round(ms, 1), round(mib, 1)
@@ -161,7 +206,9 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         out["yardstick_whole_scope_peak_mib"] = round(mib, 1)
 
         extra = [{"type": "asset", "kind": "url", "value": f"https://10.0.0.{n}/"} for n in range(args.extra)]
-        out["scope_settle_next_ms"] = round(await finish(s, worker, second, extra, args.batch), 1)
+        cpu = Cpu(pool)
+        out["scope_settle_next_ms"] = round(await finish(s, worker, second, extra, args.batch, cpu), 1)
+        out["scope_settle_next_cpu_ms"] = f"client={cpu.client_ms:.0f},server={cpu.server_ms:.0f}"
         third = await s.lifecycle.acquire(worker)
         assert third is not None and third.task.scope_ref is not None
         assert third.task.scope_ref.assets == args.assets + args.extra

@@ -14,7 +14,7 @@ from uuid import UUID
 
 from leasehold.domain import scan as scan_rules
 from leasehold.domain.scopes import PagedScope, page_scope
-from leasehold.persistence.transaction import Transaction
+from leasehold.persistence.transaction import Transaction, one, rows
 
 log = logging.getLogger("leasehold.gateway.scopes")
 
@@ -45,7 +45,7 @@ async def next_step_scope(tx: Transaction, scan_id: UUID, targets: dict[str, Any
     of batches that brought it), so the cost follows the scope's size. The caller holds the scan's
     lock: a step's scope is made once, by whichever transaction ended the step before it.
     """
-    found = await tx.all("scan_found_assets", {"scan_id": scan_id})
+    _, found = await tx.read(one("scope_build_settings", {}), rows("scan_found_assets", {"scan_id": scan_id}))
     scope, omitted = scan_rules.enrich_scope(dict(targets or {}), found, max_assets=scan_rules.MAX_SCOPE_ASSETS)
     if omitted:
         log.warning("a profile step's scope is full: assets left out", extra={

@@ -13,6 +13,9 @@ every page against its hash. Analysts are not granted them (scan findings, as re
 Tasks created before this revision have ``scope_ref`` NULL and no pages: their row's scope is
 the whole scope. A downgrade puts every paged scope back together in its row.
 
+``asset_sightings`` gets each sighting's ``kind`` and ``value`` and an index in the order a scan
+found its assets, which the next profile step's scope is read in (see ``scan_found_assets``).
+
 Revision ID: 0019
 Revises: 0018
 """
@@ -37,6 +40,15 @@ GRANT SELECT, INSERT ON scope_pages TO leasehold_app;
 ALTER TABLE worker_tasks
     ADD COLUMN scope_ref jsonb,
     ADD COLUMN scope_pages text[] NOT NULL DEFAULT '{}';
+
+-- The next profile step's scope reads the scan's sightings alone, in the order first seen: kind and
+-- value with each sighting (NULL in rows written before this revision, which are read through
+-- assets), and an index that hands them out in that order, so the read neither joins the whole
+-- assets table (every organisation's) nor sorts.
+ALTER TABLE asset_sightings ADD COLUMN kind text, ADD COLUMN value text;
+CREATE INDEX asset_sightings_scan_order_idx
+    ON asset_sightings (scan_id, first_seen_at, kind COLLATE "C", value COLLATE "C");
+DROP INDEX asset_sightings_scan_idx;
 """
 
 DOWNGRADE = r"""
@@ -50,6 +62,9 @@ SET scope = jsonb_set(t.scope, '{assets}', (t.scope -> 'assets') || (
 WHERE cardinality(t.scope_pages) > 0;
 
 ALTER TABLE worker_tasks DROP COLUMN scope_pages, DROP COLUMN scope_ref;
+CREATE INDEX asset_sightings_scan_idx ON asset_sightings (scan_id);
+DROP INDEX asset_sightings_scan_order_idx;
+ALTER TABLE asset_sightings DROP COLUMN value, DROP COLUMN kind;
 REVOKE ALL ON scope_pages FROM leasehold_app;
 DROP TABLE scope_pages;
 """

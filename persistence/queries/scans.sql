@@ -40,15 +40,27 @@ WHERE j.scan_id = %(scan_id)s
 -- name: scan_found_assets
 -- Every asset the scan's tasks reported so far, in the order first seen, those of one batch by
 -- kind and value (a later sighting of the same asset by another job repeats it; the caller keeps
--- the first): the next profile step's scope is made of them. Read from the ingestion tables,
--- which each accepted batch fills in its own transaction, so every asset is read once, never the
--- result payloads of every batch again. COLLATE "C": the same order whatever the database's
--- collation, and a cheaper sort.
-SELECT a.kind, a.value
-FROM asset_sightings s
-JOIN assets a ON a.id = s.asset_id
-WHERE s.scan_id = %(scan_id)s
-ORDER BY s.first_seen_at, a.kind COLLATE "C", a.value COLLATE "C"
+-- the first): the next profile step's scope is made of them. The scan's sightings alone (through
+-- asset_sightings_scan_order_idx), each asset once: never the result payloads of every batch
+-- again, nor the whole assets table, which holds every organisation's. Only a sighting written
+-- before kind and value were kept with it (migration 0019) looks its asset up. COLLATE "C": the
+-- same order whatever the database's collation. Run after scope_build_settings.
+SELECT f.kind, f.value
+FROM (SELECT s.first_seen_at, s.kind, s.value
+      FROM asset_sightings s
+      WHERE s.scan_id = %(scan_id)s AND s.kind IS NOT NULL
+      UNION ALL
+      SELECT s.first_seen_at, a.kind, a.value
+      FROM asset_sightings s
+      JOIN assets a ON a.id = s.asset_id
+      WHERE s.scan_id = %(scan_id)s AND s.kind IS NULL) f
+ORDER BY f.first_seen_at, f.kind COLLATE "C", f.value COLLATE "C"
+
+-- name: scope_build_settings
+-- For the rest of the transaction that builds a profile step's scope: no JIT compilation (for a
+-- scan of 100,000 assets, the planner's estimate of scan_found_assets passes jit_above_cost, and
+-- compiling took longer than the query), and memory to sort its rows in (not on disk).
+SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)
 
 -- name: scan_open_tasks
 SELECT t.id FROM worker_tasks t
