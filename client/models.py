@@ -162,7 +162,7 @@ class Task(Answer):
     priority: int
     scope: dict[str, Any]
     #: The whole scope (sha256, bytes, assets, pages, omitted), of which ``scope`` is the inline
-    #: part; None for a task created before scopes were paged.
+    #: part; None: ``scope`` is the whole scope.
     scope_ref: dict[str, Any] | None = None
     parameters: dict[str, Any]
     state: str

@@ -34,6 +34,10 @@ class DomainEvent(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     class_version: ClassVar[int] = 1
+    #: Optional fields added after the event was first recorded: stored only when they differ from
+    #: their default (``persistence.codec``), so an event that does not use them is stored exactly
+    #: as before, and both forms read back alike.
+    sparse_fields: ClassVar[tuple[str, ...]] = ()
 
     originator_id: UUID
     originator_version: int
@@ -207,15 +211,16 @@ class TaskCreated(DomainEvent):
     """A task, and what it commits to: its whole scope, of any size (:mod:`domain.scopes`).
 
     ``scope`` is the scope's inline part: the whole scope when its assets fit one page, else the
-    scope with only their first page. ``scope_pages`` are the sha256s of the other pages, in
-    order (stored in ``scope_pages``); ``scope_sha256`` and ``scope_bytes`` are those of the whole
+    scope with only their first page. Then ``scope_pages`` are the sha256s of the other pages, in
+    order (stored in ``scope_pages``), ``scope_sha256`` and ``scope_bytes`` those of the whole
     scope's canonical JSON, ``scope_assets`` how many assets it holds (None: no asset list), and
-    ``scope_assets_omitted`` how many assets the scan had found but left out of it
-    (``domain.scan.MAX_SCOPE_ASSETS``). Version 1, recorded before scopes were paged, held the
-    whole scope in ``scope``: it reads with ``scope_sha256`` None and no pages.
+    ``scope_assets_omitted`` how many assets the scan found but left out of it
+    (``domain.scan.MAX_SCOPE_ASSETS``). A scope whole in ``scope``, with nothing left out, sets
+    none of them (they are sparse: such an event is stored exactly as before scopes were paged).
     """
 
-    class_version: ClassVar[int] = 2
+    sparse_fields: ClassVar[tuple[str, ...]] = (
+        "scope_sha256", "scope_bytes", "scope_assets", "scope_pages", "scope_assets_omitted")
 
     scan_id: UUID
     scan_job_id: UUID
@@ -234,11 +239,6 @@ class TaskCreated(DomainEvent):
     scope_assets: int | None = None
     scope_pages: tuple[str, ...] = ()
     scope_assets_omitted: int = 0
-
-    @staticmethod
-    def upcast_v1_v2(state: dict[str, Any]) -> None:
-        """Before scopes were paged: the whole scope inline, nothing stored apart."""
-        state.update(scope_sha256=None, scope_bytes=None, scope_assets=None, scope_pages=(), scope_assets_omitted=0)
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))

@@ -57,8 +57,8 @@ class ScopeRef:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> ScopeRef | None:
-        """From :meth:`to_json`'s form (``worker_tasks.scope_ref``); None for None (a task created
-        before scopes were paged: its row's scope is the whole scope)."""
+        """From :meth:`to_json`'s form (``worker_tasks.scope_ref``); None for None (a task whose
+        scope is whole in its row: a small one, or one created before scopes were paged)."""
         if data is None:
             return None
         return cls(sha256=data["sha256"], size=data["bytes"], assets=data["assets"], pages=data["pages"],

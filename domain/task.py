@@ -133,8 +133,8 @@ class TaskState:
     current_attempt: AttemptState | None = field(default=None)
     cancel_delivered_at: datetime | None = None
     cancel_delivery_channel: CancelChannel | None = None
-    #: The whole scope's reference (``scope`` is its inline part); None for a task created before
-    #: scopes were paged, whose ``scope`` is the whole scope.
+    #: The whole scope's reference when ``scope`` is only its inline part (stored pages follow), or
+    #: when assets were left out of it; None: ``scope`` is the whole scope.
     scope_ref: ScopeRef | None = None
 
     @property
@@ -404,14 +404,18 @@ def _create(c: CreateTask, now: datetime, actor: str) -> TaskCreated:
     check_field("scope", paged.inline, max_bytes=None)
     check_field("parameters", c.parameters, max_bytes=None)
     ref = paged.ref
+    # A scope whole inline, with nothing left out, needs no reference (and the event stays as
+    # it always was); one with stored pages, or assets left out, records it.
+    whole = {} if not (paged.stored or ref.omitted) else {
+        "scope_sha256": ref.sha256, "scope_bytes": ref.size, "scope_assets": ref.assets,
+        "scope_pages": paged.page_hashes, "scope_assets_omitted": ref.omitted}
     return TaskCreated(
         originator_id=c.task_id, originator_version=1, timestamp=now, actor=actor,
         scan_id=c.scan_id, scan_job_id=c.scan_job_id, organization_id=c.organization_id,
         task_type=c.task_type, required_capabilities=tuple(sorted(set(c.required_capabilities))),
         priority=c.priority, scope=paged.inline, parameters=c.parameters, max_attempts=c.max_attempts,
         lease_seconds=c.lease_seconds, execution_timeout_seconds=c.execution_timeout_seconds,
-        available_at=c.available_at or now, scope_sha256=ref.sha256, scope_bytes=ref.size,
-        scope_assets=ref.assets, scope_pages=paged.page_hashes, scope_assets_omitted=ref.omitted,
+        available_at=c.available_at or now, **whole,
     )
 
 
@@ -754,7 +758,7 @@ def _(e: TaskCreated, task: TaskState | None) -> TaskState:
 
 
 def scope_ref_of(e: TaskCreated) -> ScopeRef | None:
-    """The scope reference a ``TaskCreated`` records (None: recorded before scopes were paged)."""
+    """The scope reference a ``TaskCreated`` records (None: its ``scope`` is the whole scope)."""
     if e.scope_sha256 is None or e.scope_bytes is None:
         return None
     pages = 0 if e.scope_assets is None else 1 + len(e.scope_pages)

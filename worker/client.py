@@ -124,7 +124,7 @@ class TaskInfo(_Answer):
     task_type: str
     state: str
     scope: dict[str, Any]
-    #: None from a Gateway before scopes were paged, or for a task created before: ``scope`` is whole.
+    #: None: ``scope`` is the whole scope (and from a Gateway before scopes were paged).
     scope_ref: ScopeRefInfo | None = None
     parameters: dict[str, Any]
     attempt_count: int

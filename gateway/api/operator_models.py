@@ -464,7 +464,7 @@ class Task(Body):
                                               "is above 1 (then its assets continue in pages kept by the Gateway)")
     scope_ref: ScopeRefView | None = Field(
         None, description="the whole scope: its sha256, size, assets, pages, and assets the scan found but left "
-                          "out of it (null for a task created before scopes were paged: scope is whole)")
+                          "out of it (null: scope is the whole scope)")
     parameters: dict[str, Any]
     state: str
     available_at: datetime

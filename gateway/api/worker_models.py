@@ -137,7 +137,8 @@ class TaskView(Body):
     scope: dict[str, Any] = Field(description="the scope's inline part: the whole scope, unless scope_ref.pages "
                                               "is above 1 (then its assets continue in further pages)")
     scope_ref: ScopeRefView | None = Field(
-        None, description="the whole scope (null for a task created before scopes were paged: scope is whole)")
+        None, description="the whole scope, when scope is only its first page of assets or assets were left "
+                          "out of it (null: scope is the whole scope)")
     parameters: dict[str, Any]
     attempt_count: int
     max_attempts: int

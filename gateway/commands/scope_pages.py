@@ -56,7 +56,7 @@ def page_count(task: TaskState) -> int:
     """How many pages of assets the task's scope has (page 0 travels in the lease)."""
     if task.scope_ref is not None:
         return task.scope_ref.pages
-    return 1 if isinstance(task.scope.get(ASSETS), list) else 0  # created before scopes were paged
+    return 1 if isinstance(task.scope.get(ASSETS), list) else 0  # the scope is whole in the lease
 
 
 class ScopePages:

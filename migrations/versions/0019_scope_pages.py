@@ -4,14 +4,14 @@ A profile step's scope holds every asset the scan found before it, which can be 
 task's row keeps the scope's inline part (``scope``: the scope with only the first page of its
 assets) and ``scope_ref`` (the sha256 and size of the whole scope's canonical JSON, how many
 assets and pages it has, how many found assets were left out of it); ``scope_pages`` lists the
-sha256s of the other pages in order. Both are projections of ``TaskCreated`` (version 2), which
-records the same. The pages themselves are in ``scope_pages``, stored once by the sha256 of their
+sha256s of the other pages in order. Both are projections of ``TaskCreated``, which records the
+same; a scope whole in ``scope`` (every scope a client sends) has neither. The pages themselves are in ``scope_pages``, stored once by the sha256 of their
 bytes (the canonical JSON array of their assets, see ``domain.scopes``), like ``result_payloads``:
 the application role may read and add pages, never change one, and ``replay verify`` checks
 every page against its hash. Analysts are not granted them (scan findings, as result payloads).
 
-Tasks created before this revision have ``scope_ref`` NULL and no pages: their row's scope is
-the whole scope. A downgrade puts every paged scope back together in its row.
+Tasks created before this revision have ``scope_ref`` NULL and no pages, like every task whose
+scope fits its row: their row's scope is the whole scope. A downgrade puts every paged scope back together in its row.
 
 ``asset_sightings`` gets each sighting's ``kind`` and ``value`` and an index in the order a scan
 found its assets, which the next profile step's scope is read in (see ``scan_found_assets``).

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from leasehold.domain.events import TaskCreated
 from leasehold.domain.limits import TooDeep
 from leasehold.domain.scopes import (
     PAGE_BYTES,
@@ -26,6 +27,7 @@ from leasehold.domain.scopes import (
     whole_scope,
 )
 from leasehold.domain.task import CreateTask, decide
+from leasehold.persistence.codec import MAPPER, decode_event, topic_of
 
 
 def services(count: int, first: int = 1) -> list[dict[str, str]]:
@@ -151,3 +153,20 @@ def test_the_reference_round_trips_through_its_row_form() -> None:
     assert ref.omitted == 7
     assert ScopeRef.from_json(orjson.loads(orjson.dumps(ref.to_json()))) == ref
     assert ScopeRef.from_json(None) is None
+
+
+def test_a_task_whose_scope_is_whole_inline_is_stored_as_before_scopes_were_paged() -> None:
+    """The scope reference is sparse: a scope that fits its row records none of it, so the event's
+    stored bytes are what they were before scopes were paged (and older code still reads them)."""
+    ids = {name: uuid4() for name in ("task_id", "scan_id", "scan_job_id", "organization_id")}
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    [small] = decide(None, CreateTask(**ids, task_type="probe", scope={"targets": ["h"], "assets": services(3)}),
+                     now=at, actor="test")
+    stored = orjson.loads(MAPPER.to_stored_event(small).state)
+    assert not [key for key in stored if key.startswith("scope_") or key == "class_version"]
+    assert decode_event(ids["task_id"], 1, topic_of(TaskCreated), orjson.dumps(stored)) == small
+    paged = page_scope({"targets": ["h"], "assets": services(5_000)})
+    [large] = decide(None, CreateTask(**ids, task_type="probe", scope=paged), now=at, actor="test")
+    stored = orjson.loads(MAPPER.to_stored_event(large).state)
+    assert stored["scope_pages"] == list(paged.page_hashes) and stored["scope_sha256"] == paged.ref.sha256
+    assert decode_event(ids["task_id"], 1, topic_of(TaskCreated), orjson.dumps(stored)) == large
