@@ -219,7 +219,7 @@ def _(e: ev.TaskCreated, hash: bytes) -> list[RowOp]:
         "updated_at": e.timestamp, "finished_at": None, "version": e.originator_version, "head_hash": hash,
         "cancel_delivered_at": None, "cancel_delivery_channel": None, "cancel_acknowledged_at": None,
         "scope_ref": None if (ref := scope_ref_of(e)) is None else ref.to_json(),
-        "scope_pages": list(e.scope_pages),
+        "scope_pages": list(e.scope_pages) or None,  # NULL, not an empty array: a narrower row
     })]
 
 

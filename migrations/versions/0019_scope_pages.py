@@ -39,7 +39,7 @@ GRANT SELECT, INSERT ON scope_pages TO leasehold_app;
 
 ALTER TABLE worker_tasks
     ADD COLUMN scope_ref jsonb,
-    ADD COLUMN scope_pages text[] NOT NULL DEFAULT '{}';
+    ADD COLUMN scope_pages text[];  -- NULL: no stored pages (a scope whole in the row)
 
 -- The next profile step's scope reads the scan's sightings alone, in the order first seen: kind and
 -- value with each sighting (NULL in rows written before this revision, which are read through

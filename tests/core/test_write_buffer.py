@@ -183,7 +183,7 @@ async def test_a_legacy_job_refuses_a_task_written_in_the_same_statement(world: 
                                    "priority": 0, "scope": {}, "parameters": {}, "state": "pending",
                                    "available_at": now, "attempt_count": 0, "max_attempts": 1, "lease_seconds": 30,
                                    "execution_timeout_seconds": 60, "created_at": now, "updated_at": now,
-                                   "version": 1, "head_hash": b"\0" * 32, "scope_pages": []})]
+                                   "version": 1, "head_hash": b"\0" * 32})]
     writes = WriteBuffer()
     writes.ops(ops)
     assert len(writes) == 1

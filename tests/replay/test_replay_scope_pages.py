@@ -72,7 +72,7 @@ async def test_a_task_created_before_scopes_were_paged_rebuilds_with_its_whole_s
     assert isinstance(event, TaskCreated) and event.scope == BIG
     assert (event.scope_sha256, event.scope_pages, event.scope_assets) == (None, (), None)
     await assert_log_rebuilds_live(database_url)
-    assert task_row(database_url, task_id) == (BIG, None, [])
+    assert task_row(database_url, task_id) == (BIG, None, None)
 
 
 def _created_state(url: str, task_id: UUID) -> bytes:
