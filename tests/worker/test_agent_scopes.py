@@ -76,6 +76,7 @@ async def scan_status(gateway: RunningGateway, scan: UUID) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # about 30 s alone; several times that while the machine is loaded
 async def test_a_scan_of_1600_open_ports_runs_tcp_connect_http_probe_and_tls_inspect_to_the_end(
         gateway: RunningGateway) -> None:
     """tcp-connect finds 1,600 open loopback ports; its final batch used to be refused (413) because
