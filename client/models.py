@@ -161,6 +161,9 @@ class Task(Answer):
     required_capabilities: list[str]
     priority: int
     scope: dict[str, Any]
+    #: The whole scope (sha256, bytes, assets, pages, omitted), of which ``scope`` is the inline
+    #: part; None: ``scope`` is the whole scope.
+    scope_ref: dict[str, Any] | None = None
     parameters: dict[str, Any]
     state: str
     available_at: datetime

@@ -34,6 +34,10 @@ class DomainEvent(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     class_version: ClassVar[int] = 1
+    #: Optional fields added after the event was first recorded: stored only when they differ from
+    #: their default (``persistence.codec``), so an event that does not use them is stored exactly
+    #: as before, and both forms read back alike.
+    sparse_fields: ClassVar[tuple[str, ...]] = ()
 
     originator_id: UUID
     originator_version: int
@@ -204,6 +208,20 @@ class ScanReopened(DomainEvent):
 
 
 class TaskCreated(DomainEvent):
+    """A task, and what it commits to: its whole scope, of any size (:mod:`domain.scopes`).
+
+    ``scope`` is the scope's inline part: the whole scope when its assets fit one page, else the
+    scope with only their first page. Then ``scope_pages`` are the sha256s of the other pages, in
+    order (stored in ``scope_pages``), ``scope_sha256`` and ``scope_bytes`` those of the whole
+    scope's canonical JSON, ``scope_assets`` how many assets it holds (None: no asset list), and
+    ``scope_assets_omitted`` how many assets the scan found but left out of it
+    (``domain.scan.MAX_SCOPE_ASSETS``). A scope whole in ``scope``, with nothing left out, sets
+    none of them (they are sparse: such an event is stored exactly as before scopes were paged).
+    """
+
+    sparse_fields: ClassVar[tuple[str, ...]] = (
+        "scope_sha256", "scope_bytes", "scope_assets", "scope_pages", "scope_assets_omitted")
+
     scan_id: UUID
     scan_job_id: UUID
     organization_id: UUID
@@ -216,6 +234,11 @@ class TaskCreated(DomainEvent):
     lease_seconds: int
     execution_timeout_seconds: int
     available_at: datetime
+    scope_sha256: str | None = None
+    scope_bytes: int | None = None
+    scope_assets: int | None = None
+    scope_pages: tuple[str, ...] = ()
+    scope_assets_omitted: int = 0
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))

@@ -13,6 +13,7 @@ Depth counts containers: ``1`` and ``"a"`` have depth 0, ``{}`` and ``[]`` depth
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import orjson
@@ -67,12 +68,29 @@ def depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def check_field(field: str, value: Any, *, max_depth: int | None = None, max_bytes: int | None = None) -> None:
+class _Default(Enum):
+    """The type of :data:`DEFAULT`."""
+
+    DEFAULT = "default"
+
+
+#: ``check_field(..., max_bytes=DEFAULT)``: the field's own limit from :data:`FIELD_LIMITS`.
+DEFAULT = _Default.DEFAULT
+
+
+def check_field(field: str, value: Any, *, max_depth: int | None = None,
+                max_bytes: int | None | _Default = DEFAULT) -> None:
     """Refuse ``value`` of ``field`` (TooDeep, TooLarge) when it exceeds the field's limits
-    (:data:`FIELD_LIMITS` by the field's last name, or the ones given)."""
+    (:data:`FIELD_LIMITS` by the field's last name, or the ones given).
+
+    ``max_bytes=None`` means no size limit (what the Gateway derives itself, such as the scope
+    of a profile's next step, is bounded by what produced it, not by the limit on what a client
+    may send); left out, the field's own limit applies. Depth is always bounded: ``max_depth``
+    None is the field's own limit, since a value nesting deeper than the encoder goes could
+    never be answered."""
     default_depth, default_bytes = FIELD_LIMITS.get(field.rsplit(".", 1)[-1], (MAX_FIELD_DEPTH, MAX_FIELD_BYTES))
     depth = default_depth if max_depth is None else max_depth
-    size_limit = default_bytes if max_bytes is None else max_bytes
+    size_limit = default_bytes if isinstance(max_bytes, _Default) else max_bytes
     if depth_exceeds(value, depth):
         raise TooDeep(f"{field} nests deeper than {depth} levels", field=field, max_depth=depth)
     if size_limit is not None:

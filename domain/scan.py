@@ -120,7 +120,8 @@ def reopen_for_retry(scan_id: UUID, version: int, status: str, cancel_requested:
 
 
 MAX_PROFILE_STEPS = 50
-MAX_SCOPE_ASSETS = 10_000
+#: The most assets a profile step's scope holds (see :func:`enrich_scope`).
+MAX_SCOPE_ASSETS = 1_000_000
 MAX_LEGACY_SCAN_ID = 200
 
 
@@ -209,11 +210,29 @@ def next_step(steps: Sequence[ProfileStep], job_count: int, last_status: str | N
     return None
 
 
-def enrich_scope(scope: dict[str, Any], assets: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    """``scope`` plus the assets found so far under ``"assets"``: deduplicated by (kind, value),
-    at most :data:`MAX_SCOPE_ASSETS`."""
+def enrich_scope(scope: dict[str, Any], assets: Iterable[tuple[str, str]], *,
+                 max_assets: int = MAX_SCOPE_ASSETS) -> tuple[dict[str, Any], int]:
+    """``scope`` plus the assets found so far under ``"assets"``, deduplicated by (kind, value), the
+    scope's own first, then the found ones in order; and how many were left out.
+
+    At most ``max_assets`` assets: a scope past that would hold the Gateway's memory and its
+    worker's for too long. Those left out are counted (each once), and the count is recorded in
+    the next task's ``TaskCreated`` (``scope_assets_omitted``) and shown with its scope, never
+    dropped silently."""
     seen: dict[tuple[str, str], None] = {}
-    for item in [*scope.get("assets", ()), *({"kind": k, "value": v} for k, v in assets)]:
-        if isinstance(item, dict) and len(seen) < MAX_SCOPE_ASSETS:
-            seen.setdefault((str(item.get("kind", "")), str(item.get("value", ""))), None)
-    return {**scope, "assets": [{"kind": k, "value": v} for k, v in seen]}
+    left_out: set[tuple[str, str]] = set()
+
+    def add(key: tuple[str, str]) -> None:
+        if key in seen:
+            return
+        if len(seen) < max_assets:
+            seen[key] = None
+        else:
+            left_out.add(key)
+
+    for item in scope.get("assets", ()):
+        if isinstance(item, dict):
+            add((str(item.get("kind", "")), str(item.get("value", ""))))
+    for key in assets:
+        add(key)
+    return {**scope, "assets": [{"kind": k, "value": v} for k, v in seen]}, len(left_out)

@@ -70,6 +70,7 @@ from leasehold.domain.events import (
 )
 from leasehold.domain.limits import check_field
 from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from leasehold.domain.scopes import PagedScope, ScopeRef, page_scope
 
 LIVE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"leased", "running"})
 ACQUIRABLE_STATES: frozenset[str] = frozenset({"pending", "retry_wait"})
@@ -132,6 +133,9 @@ class TaskState:
     current_attempt: AttemptState | None = field(default=None)
     cancel_delivered_at: datetime | None = None
     cancel_delivery_channel: CancelChannel | None = None
+    #: The whole scope's reference when ``scope`` is only its inline part (stored pages follow), or
+    #: when assets were left out of it; None: ``scope`` is the whole scope.
+    scope_ref: ScopeRef | None = None
 
     @property
     def terminal(self) -> bool:
@@ -177,7 +181,9 @@ class CreateTask:
     task_type: str
     required_capabilities: tuple[str, ...] = ()
     priority: int = 0
-    scope: dict[str, Any] = field(default_factory=dict)
+    #: The scope, whole (a small one) or already cut into pages by the caller, who stores the
+    #: pages (:func:`domain.scopes.page_scope`).
+    scope: dict[str, Any] | PagedScope = field(default_factory=dict)
     parameters: dict[str, Any] = field(default_factory=dict)
     max_attempts: int = 3
     lease_seconds: int = 60
@@ -387,17 +393,29 @@ def _create(c: CreateTask, now: datetime, actor: str) -> TaskCreated:
         raise InvalidRequest("execution_timeout_seconds must be between 1 and 604800")
     if not c.task_type:
         raise InvalidRequest("task_type must not be empty")
+    paged = c.scope if isinstance(c.scope, PagedScope) else page_scope(c.scope)
+    if paged.stored and not isinstance(c.scope, PagedScope):
+        raise ValueError("a scope of more than one page is paged (and its pages stored) by the caller")
     # A task that could not be handed to a worker (its lease answer would not encode) is refused
-    # here, whichever way it is created; the size limits apply where the request enters.
-    check_field("scope", c.scope, max_bytes=None)
+    # here, whichever way it is created: the scope's inline part, which every answer carries (the
+    # stored pages hold assets from clients, checked where they entered, or from the orchestrator,
+    # kind and value strings). The size limits apply where a request enters, never to what the
+    # Gateway derives.
+    check_field("scope", paged.inline, max_bytes=None)
     check_field("parameters", c.parameters, max_bytes=None)
+    ref = paged.ref
+    # A scope whole inline, with nothing left out, needs no reference (and the event stays as
+    # it always was); one with stored pages, or assets left out, records it.
+    whole = {} if not (paged.stored or ref.omitted) else {
+        "scope_sha256": ref.sha256, "scope_bytes": ref.size, "scope_assets": ref.assets,
+        "scope_pages": paged.page_hashes, "scope_assets_omitted": ref.omitted}
     return TaskCreated(
         originator_id=c.task_id, originator_version=1, timestamp=now, actor=actor,
         scan_id=c.scan_id, scan_job_id=c.scan_job_id, organization_id=c.organization_id,
         task_type=c.task_type, required_capabilities=tuple(sorted(set(c.required_capabilities))),
-        priority=c.priority, scope=c.scope, parameters=c.parameters, max_attempts=c.max_attempts,
+        priority=c.priority, scope=paged.inline, parameters=c.parameters, max_attempts=c.max_attempts,
         lease_seconds=c.lease_seconds, execution_timeout_seconds=c.execution_timeout_seconds,
-        available_at=c.available_at or now,
+        available_at=c.available_at or now, **whole,
     )
 
 
@@ -696,8 +714,25 @@ _REJECTION_MESSAGES: dict[str, str] = {
 
 def rejection_error(event: WriteRejected) -> LeaseholdError:
     """The error a recorded rejection answers the worker with."""
-    cls = _REJECTION_ERRORS[event.reason]
-    return cls(_REJECTION_MESSAGES[event.reason], reason=event.reason, attempt_id=str(event.attempt_id))
+    return _refusal(event.reason, event.attempt_id)
+
+
+def _refusal(reason: str, attempt_id: UUID) -> LeaseholdError:
+    cls = _REJECTION_ERRORS[reason]
+    return cls(_REJECTION_MESSAGES[reason], reason=reason, attempt_id=str(attempt_id))
+
+
+def read_refusal(task: TaskState, attempt: AttemptState, lease_token_hash: str, *,
+                 now: datetime) -> LeaseholdError | None:
+    """Why the worker holding ``attempt`` may not read what the attempt needs from the Gateway
+    (the pages of its task's scope) at ``now``, as the error to answer with; None when it may.
+
+    The fencing of worker writes: the token must be the attempt's, the attempt the task's live
+    one, its lease and deadline not passed, the task not cancelled. Unlike a refused write, a
+    refused read is not recorded: it changes nothing.
+    """
+    reason = _Decider(task, now, "", 0.5, DEFAULT_RETRY_POLICY)._fence(WorkerWrite(attempt, lease_token_hash))
+    return None if reason is None else _refusal(reason, attempt.id)
 
 
 # --- evolve ---------------------------------------------------------------------------------
@@ -718,8 +753,16 @@ def _(e: TaskCreated, task: TaskState | None) -> TaskState:
         parameters=e.parameters, state="pending", available_at=e.available_at, attempt_count=0,
         max_attempts=e.max_attempts, lease_seconds=e.lease_seconds,
         execution_timeout_seconds=e.execution_timeout_seconds, created_at=e.timestamp,
-        updated_at=e.timestamp,
+        updated_at=e.timestamp, scope_ref=scope_ref_of(e),
     )
+
+
+def scope_ref_of(e: TaskCreated) -> ScopeRef | None:
+    """The scope reference a ``TaskCreated`` records (None: its ``scope`` is the whole scope)."""
+    if e.scope_sha256 is None or e.scope_bytes is None:
+        return None
+    pages = 0 if e.scope_assets is None else 1 + len(e.scope_pages)
+    return ScopeRef(e.scope_sha256, e.scope_bytes, e.scope_assets, pages, e.scope_assets_omitted)
 
 
 def _step(task: TaskState | None, e: DomainEvent, **changes: Any) -> TaskState:

@@ -21,6 +21,7 @@ from leasehold.gateway.commands.profiles import Profiles
 from leasehold.gateway.commands.registry import Registry
 from leasehold.gateway.commands.scans import Scans
 from leasehold.gateway.commands.schedules import FailureBackoff, Schedules
+from leasehold.gateway.commands.scope_pages import ScopePages
 from leasehold.persistence.transaction import Clock, Database, system_clock
 
 
@@ -35,6 +36,7 @@ class Services:
     schedules: Schedules
     profiles: Profiles
     legacy: LegacyScans
+    scope_pages: ScopePages
 
 
 def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Random | None = None,
@@ -55,4 +57,5 @@ def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Ran
         db=db, lifecycle=lifecycle, scans=scans, registry=Registry(db, clock=clock, new_id=new_id),
         schedules=Schedules(db, clock=clock, new_id=new_id, backoff=schedule_backoff,
                             on_failure=on_schedule_failure),
-        profiles=Profiles(db, clock=clock, new_id=new_id), legacy=LegacyScans(db, clock=clock, new_id=new_id))
+        profiles=Profiles(db, clock=clock, new_id=new_id), legacy=LegacyScans(db, clock=clock, new_id=new_id),
+        scope_pages=ScopePages(db, clock=clock))

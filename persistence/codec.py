@@ -1,7 +1,7 @@
 """The one serialization path for events: eventsourcing's mapper with an orjson transcoder.
 
-Stored state is compact JSON (orjson) of the event's fields minus its stream position, plus
-``class_version`` when above 1. Reading (:func:`decode_event`, which the mapper's
+Stored state is compact JSON (orjson) of the event's fields minus its stream position (and minus
+its sparse fields while at their default), plus ``class_version`` when above 1. Reading (:func:`decode_event`, which the mapper's
 ``to_domain_event`` also uses) resolves the topic to the event class, runs the class's
 ``upcast_vN_vN+1`` functions (eventsourcing's convention) and validates with pydantic.
 """
@@ -44,6 +44,10 @@ class EventMapper(Mapper[Any]):
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
         event = cast(DomainEvent, domain_event)
         state = {k: v for k, v in event.__dict__.items() if k not in _POSITION}
+        cls = type(event)
+        for name in cls.sparse_fields:  # left out at their default: see DomainEvent.sparse_fields
+            if state[name] == cls.model_fields[name].default:
+                del state[name]
         class_version = type(event).class_version
         if class_version > 1:
             state["class_version"] = class_version

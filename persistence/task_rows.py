@@ -6,10 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from leasehold.domain.errors import Forbidden
+from leasehold.domain.scopes import ScopeRef
 from leasehold.domain.task import AttemptState, BatchRecord, TaskState
 from leasehold.persistence.event_log import StreamHead
 
-TASK_COLUMNS = 24
+TASK_COLUMNS = 25
 ATTEMPT_COLUMNS = 13
 BATCH_COLUMNS = 8
 
@@ -25,7 +26,7 @@ def task_from_row(row: Sequence[Any], task_id_offset: int = 0) -> tuple[TaskStat
         available_at=r[12], attempt_count=r[13], max_attempts=r[14], lease_seconds=r[15],
         execution_timeout_seconds=r[16], cancel_requested_at=r[17], last_error=r[18], created_at=r[19],
         updated_at=r[20], finished_at=r[21], cancel_delivered_at=r[22],
-        cancel_delivery_channel=r[23], current_attempt=attempt,
+        cancel_delivery_channel=r[23], current_attempt=attempt, scope_ref=ScopeRef.from_json(r[24]),
     )
     return task, StreamHead(r[0], r[1], bytes(r[2]))
 

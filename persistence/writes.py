@@ -122,7 +122,7 @@ _EVENT_COLUMNS = ("originator_id", "originator_version", "topic", "state", "prev
 _events_cache: dict[int, sql.Composed] = {}
 _statement_text: dict[tuple[Any, ...], bytes] = {}
 _positional: dict[str, tuple[sql.SQL, tuple[str, ...]]] = {}
-_NAMED = re.compile(r"%\((\w+)\)s")
+_NAMED = re.compile(r"%\((\w+)\)([sb])")
 
 
 def _insert_events(count: int) -> sql.Composed:
@@ -220,12 +220,13 @@ class WriteBuffer:
             self._for(op.table).parts.append((shape, query, params))
 
     def statement(self, table: str, query: str, params: dict[str, Any]) -> None:
-        """Queue a data-modifying statement on ``table`` with named parameters (``%(name)s``)
+        """Queue a data-modifying statement on ``table`` with named parameters (``%(name)s``, or
+        ``%(name)b`` for one sent in binary: a bytea array as text would be twice its size in hex)
         that may run as a CTE (no ``WITH`` of its own, no result anyone reads)."""
         found = _positional.get(query)
         if found is None:
-            names = tuple(_NAMED.findall(query))
-            found = _positional[query] = (sql.SQL(_NAMED.sub("%s", query)), names)
+            names = tuple(name for name, _ in _NAMED.findall(query))
+            found = _positional[query] = (sql.SQL(_NAMED.sub(r"%\2", query)), names)
         text, names = found
         self._for(table).parts.append((("statement", query), text, [params[n] for n in names]))
 

@@ -19,7 +19,7 @@ from functools import singledispatch
 from typing import Any
 
 from leasehold.domain import events as ev
-from leasehold.domain.task import ACKNOWLEDGED_BY_WORKER, TIMEOUT_ERROR
+from leasehold.domain.task import ACKNOWLEDGED_BY_WORKER, TIMEOUT_ERROR, scope_ref_of
 from leasehold.projections.rows import Insert, RowOp, Update, Upsert
 
 
@@ -218,6 +218,8 @@ def _(e: ev.TaskCreated, hash: bytes) -> list[RowOp]:
         "cancel_requested_at": None, "last_error": None, "created_at": e.timestamp,
         "updated_at": e.timestamp, "finished_at": None, "version": e.originator_version, "head_hash": hash,
         "cancel_delivered_at": None, "cancel_delivery_channel": None, "cancel_acknowledged_at": None,
+        "scope_ref": None if (ref := scope_ref_of(e)) is None else ref.to_json(),
+        "scope_pages": list(e.scope_pages) or None,  # NULL, not an empty array: a narrower row
     })]
 
 

@@ -14,6 +14,10 @@ about a day's events. Rows of groups the log has not
 touched since then are not read again (the verification that covered the checkpoint did), and
 a touched scan's untouched tasks are found through the projection's ``worker_tasks.scan_id``
 index: a full verification, the default, reads everything.
+
+The stored pages of tasks' scopes are not projections (the log lists their hashes, see
+``domain.scopes``): every page the verified tasks refer to is held against its sha256, and one
+that is missing or changed is a difference of table ``scope_pages``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from psycopg import AsyncConnection
 
 from leasehold.persistence.checkpoints import Checkpoint, latest_checkpoint
 from leasehold.persistence.event_log import streams_touched_since
+from leasehold.persistence.scope_pages import damaged_scope_pages
 from leasehold.persistence.snapshot import snapshot
 from leasehold.projections.compare import Difference
 from leasehold.replay.fold import Progress
@@ -64,15 +69,28 @@ async def verify_projections(conn: AsyncConnection[Any], *, schema: str = "publi
     async with snapshot(conn):
         latest = await latest_checkpoint(conn)
         if since is not None:
-            part = await _touched(conn, schema, since, progress)
+            part, streams = await _touched(conn, schema, since, progress)
         else:
             part = await over_ranges(conn, url or "", ("verify", schema), jobs=jobs, progress=progress)
-    differences = part.comparison.differences()
+            streams = None
+        damaged = await damaged_scope_pages(conn, streams) if schema == "public" else []
+    differences = part.comparison.differences() + [_damaged(key, actual) for key, actual in damaged]
     return Verified(part.events, part.rows, differences, time.perf_counter() - started, since, latest)
 
 
-async def _touched(conn: AsyncConnection[Any], schema: str, since: Checkpoint, progress: Progress | None) -> Part:
+def _damaged(key: str, actual: str | None) -> Difference:
+    """A stored scope page that the log names (by ``key``, its sha256) and that is missing or
+    changed (its bytes hash to ``actual``)."""
+    if actual is None:
+        return Difference("scope_pages", (key,), "missing_live", {})
+    return Difference("scope_pages", (key,), "changed", {"sha256": (actual, key)})
+
+
+async def _touched(conn: AsyncConnection[Any], schema: str, since: Checkpoint,
+                   progress: Progress | None) -> tuple[Part, list[UUID]]:
+    """The verification of the groups touched since ``since``, and every stream it refolded."""
     total = Part()
+    touched: list[UUID] = []
     groups: list[UUID] = []
     streams: list[UUID] = []
 
@@ -85,6 +103,7 @@ async def _touched(conn: AsyncConnection[Any], schema: str, since: Checkpoint, p
         streams.clear()
 
     async for batch in streams_touched_since(conn, since.id, since.transaction_xmin):
+        touched.extend(stream for stream, _ in batch)
         for stream, group in batch:
             if not groups or groups[-1] != group:
                 if len(groups) >= GROUPS_PER_CHUNK:
@@ -93,4 +112,4 @@ async def _touched(conn: AsyncConnection[Any], schema: str, since: Checkpoint, p
             streams.append(stream)
     if groups:
         await flush()
-    return total
+    return total, touched

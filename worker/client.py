@@ -52,6 +52,8 @@ __all__ = [
     "LeaseLost",
     "Rejected",
     "RenewAnswer",
+    "ScopePageAnswer",
+    "ScopeRefInfo",
     "Stopped",
     "TaskWasCancelled",
     "client_ssl_context",
@@ -108,11 +110,22 @@ class _Answer(BaseModel):
 _A = TypeVar("_A", bound=_Answer)
 
 
+class ScopeRefInfo(_Answer):
+    """The task's whole scope, of which ``TaskInfo.scope`` is the first page (see :mod:`domain.scopes`)."""
+
+    sha256: str
+    bytes: int
+    assets: int | None
+    pages: int
+
+
 class TaskInfo(_Answer):
     id: UUID
     task_type: str
     state: str
     scope: dict[str, Any]
+    #: None: ``scope`` is the whole scope (and from a Gateway before scopes were paged).
+    scope_ref: ScopeRefInfo | None = None
     parameters: dict[str, Any]
     attempt_count: int
     max_attempts: int
@@ -138,6 +151,12 @@ class LeaseInfo(_Answer):
     deadline_at: datetime
     #: The organisation's target policy (``{"allow": [...], "deny": [...]}``); absent: the default.
     target_policy: dict[str, Any] | None = None
+
+
+class ScopePageAnswer(_Answer):
+    page: int
+    pages: int
+    assets: list[Any]
 
 
 class CancelNotice(_Answer):
@@ -304,6 +323,13 @@ class GatewayClient:
                                    "idempotency_key": final_batch.idempotency_key,
                                    "payload_sha256": final_batch.payload_sha256, "payload": final_batch.payload}
         await self._write(attempt, "complete", body, retry_while, stop)
+
+    async def scope_page(self, attempt: AttemptRef, page: int, *, retry_while: Callable[[], bool] = _always,
+                         stop: asyncio.Event | None = None) -> ScopePageAnswer:
+        """Page ``page`` of the attempt's task's scope (fenced like a write: a lost lease or a
+        cancelled task raises :class:`LeaseLost` or :class:`TaskWasCancelled`)."""
+        reply = await self._write(attempt, "scope", {"page": page}, retry_while, stop)
+        return _parse(ScopePageAnswer, reply.body, "scope")
 
     async def fail(self, attempt: AttemptRef, *, error: str, retryable: bool,
                    retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:

@@ -187,16 +187,23 @@ class PluginProcess:
         self._stderr_task = asyncio.create_task(self._drain_stderr())
 
     @classmethod
-    async def start(cls, command: PluginCommand, document: bytes, *, cwd: Path,
+    async def start(cls, command: PluginCommand, document: bytes | Path, *, cwd: Path,
                     env: Mapping[str, str] | None = None, max_line_bytes: int = 1024 * 1024,
                     on_stderr_line: Callable[[str], None] | None = None) -> PluginProcess:
-        """Start the plugin and feed it ``document`` on stdin (then close stdin)."""
-        process = await asyncio.create_subprocess_exec(
-            *command.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=str(cwd), env=dict(env) if env is not None else None,
-            start_new_session=True, preexec_fn=_die_with_parent(), limit=max_line_bytes + 1)
+        """Start the plugin and feed it ``document`` on stdin (then close stdin): bytes through a
+        pipe, or a file (a large scope's input, written page by page) that the plugin reads as
+        its stdin directly, so the worker never holds the document in memory."""
+        with contextlib.ExitStack() as files:
+            stdin: Any = asyncio.subprocess.PIPE
+            if isinstance(document, Path):
+                stdin = files.enter_context(document.open("rb"))  # the child keeps its own descriptor
+            process = await asyncio.create_subprocess_exec(
+                *command.argv, stdin=stdin, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=str(cwd), env=dict(env) if env is not None else None,
+                start_new_session=True, preexec_fn=_die_with_parent(), limit=max_line_bytes + 1)
         plugin = cls(process, command, on_stderr_line)
-        plugin._stdin_task = asyncio.create_task(plugin._feed(document))
+        if isinstance(document, bytes):
+            plugin._stdin_task = asyncio.create_task(plugin._feed(document))
         return plugin
 
     async def _feed(self, document: bytes) -> None:
@@ -280,8 +287,10 @@ class PluginProcess:
         if self.process.returncode is None:
             await self.stop(0.0)
         for task in (self._stdin_task, self._stderr_task):
+            if task is None:
+                continue
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    _stdin_task: asyncio.Task[None]
+    _stdin_task: asyncio.Task[None] | None = None

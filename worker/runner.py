@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 import orjson
 
+from leasehold.domain.scopes import ScopeAssembler, ScopeMismatch, ScopeRef
 from leasehold.protocol.targets import refused_target
 from leasehold.worker.batcher import Batcher
 from leasehold.worker.client import (
@@ -57,6 +58,7 @@ from leasehold.worker.client import (
     LeaseInfo,
     LeaseLost,
     Rejected,
+    ScopeRefInfo,
     TaskWasCancelled,
 )
 from leasehold.worker.plugin import (
@@ -73,6 +75,9 @@ from leasehold.worker.status import RunningTask, Status
 __all__ = ["AcquireTiming", "Ending", "TaskRunner"]
 
 log = logging.getLogger("leasehold.worker.task")
+
+#: The plugin's input document, in its working directory, when the scope came in pages.
+INPUT_FILE = ".leasehold-input.json"
 
 EndingKind = Literal["exited", "invalid_output", "deadline", "cancelled", "lost", "shutdown", "rejected", "crashed"]
 
@@ -198,7 +203,21 @@ class TaskRunner:
             shutil.rmtree(workdir, ignore_errors=True)
 
     async def _run_plugin(self, command: PluginCommand, workdir: Path) -> str:
-        document = orjson.dumps({"scope": self.task.scope, "parameters": self.task.parameters})
+        # The lease is renewed, and the deadline watched, from here: reading a large scope takes
+        # a while before the plugin starts.
+        self._spawn(self._renew())
+        self._spawn(self._watch_deadline())
+        document: bytes | Path
+        ref = self.task.scope_ref
+        if ref is None or ref.pages <= 1:  # the lease carried the whole scope
+            document = orjson.dumps({"scope": self.task.scope, "parameters": self.task.parameters})
+        else:
+            self.status.task_phase(self.attempt.attempt_id, "reading scope")
+            read = await self._first(self._read_scope(ref, workdir / INPUT_FILE),
+                                     kinds=("cancelled", "lost", "deadline", "shutdown", "crashed"))
+            if read is not None:
+                return await self._stop_and_report(None, read)
+            document = workdir / INPUT_FILE
         env = {**os.environ, "LEASEHOLD_TASK_ID": str(self.task.id),
                "LEASEHOLD_ATTEMPT_ID": str(self.attempt.attempt_id),
                "LEASEHOLD_ATTEMPT_NUMBER": str(self.lease.attempt.attempt_number),
@@ -218,8 +237,6 @@ class TaskRunner:
         pump = self._spawn(self._pump(plugin, batcher))
         sender = self._spawn(self._send(batcher))
         timer = self._spawn(batcher.run_timer())
-        self._spawn(self._renew())
-        self._spawn(self._watch_deadline())
 
         ending = await self._endings.get()
         if ending.kind == "exited" and ending.exit_code == 0 and not self._error_records:
@@ -232,6 +249,37 @@ class TaskRunner:
         for task in (pump, timer, sender):
             task.cancel()  # nothing more is submitted for this attempt
         return await self._stop_and_report(plugin, ending)
+
+    async def _read_scope(self, ref: ScopeRefInfo, path: Path) -> None:
+        """Write the plugin's input document to ``path``, the scope's pages read from the Gateway
+        one by one and appended as they arrive (memory holds one page), then check that every
+        asset of the scope arrived. A refusal, or a scope that is not whole, ends the attempt."""
+        assembler = ScopeAssembler(self.task.scope)
+        started = time.monotonic()
+        try:
+            with path.open("wb") as out:
+                out.write(b'{"scope":' + assembler.start())
+                for number in range(1, ref.pages):
+                    page = await self.client.scope_page(self.attempt, number, retry_while=self.lease_alive)
+                    if page.page != number or page.pages != ref.pages:
+                        raise ScopeMismatch(f"asked for page {number} of {ref.pages}, got page {page.page} of "
+                                            f"{page.pages}")
+                    out.write(assembler.add(page.assets))
+                out.write(assembler.finish() + b',"parameters":' + orjson.dumps(self.task.parameters) + b"}")
+            assembler.check(ScopeRef(ref.sha256, ref.bytes, ref.assets, ref.pages))
+        except TaskWasCancelled as exc:
+            self._end(Ending("cancelled", f"the Gateway refused to hand out the scope: {exc.detail}"))
+        except LeaseLost as exc:
+            self._end(Ending("lost", exc.detail))
+        except GatewayUnavailable as exc:
+            self._end(Ending("lost", f"the lease expired while the Gateway was unreachable: {exc}"))
+        except (GatewayError, ScopeMismatch, OSError) as exc:
+            self._end(Ending("crashed", f"the task's scope could not be read: {exc}"))
+        else:
+            log.info("scope read", extra={**self.log_fields, "pages": ref.pages, "assets": assembler.assets,
+                                          "bytes": assembler.size, "seconds": round(time.monotonic() - started, 2)})
+            return
+        await asyncio.Event().wait()  # the ending reported above ends the attempt
 
     async def _finish(self, batcher: Batcher) -> None:
         await batcher.finish()
@@ -249,9 +297,10 @@ class TaskRunner:
                                           "batches": batcher.batches_cut, "seconds": self._elapsed()})
         return "completed"
 
-    async def _stop_and_report(self, plugin: PluginProcess, ending: Ending) -> str:
-        """Stop the plugin if it still runs, then make the one write this ending calls for."""
-        if plugin.process.returncode is None:
+    async def _stop_and_report(self, plugin: PluginProcess | None, ending: Ending) -> str:
+        """Stop the plugin if it still runs (None: it never started), then make the one write this
+        ending calls for."""
+        if plugin is not None and plugin.process.returncode is None:
             self.status.task_phase(self.attempt.attempt_id, "stopping")
             code = await plugin.stop(self.settings.kill_grace_seconds)
             log.info("plugin stopped", extra={**self.log_fields, "pid": plugin.pid, "exit_code": code,
@@ -260,10 +309,10 @@ class TaskRunner:
             return await self._acknowledge_cancel(ending.detail)
         if ending.kind == "lost":
             return self._lost(ending.detail)
-        if ending.kind == "exited":
+        if ending.kind == "exited" and plugin is not None:
             error, retryable = self._exit_error(plugin, ending.exit_code)
             return await self._fail(error, retryable=retryable)
-        if ending.kind == "invalid_output":
+        if ending.kind == "invalid_output" and plugin is not None:
             return await self._fail(f"invalid output from plugin {self.task.task_type}: {ending.detail}; "
                                     f"plugin stopped{self._stderr_suffix(plugin)}", retryable=True)
         if ending.kind == "deadline":
@@ -279,7 +328,8 @@ class TaskRunner:
             return await self._fail(f"worker shutting down: plugin {self.task.task_type} stopped after "
                                     f"{self._elapsed()}s before it finished ({ending.detail})", retryable=True)
         if ending.kind == "crashed":
-            return await self._fail(f"worker error while running plugin {self.task.task_type}: {ending.detail}",
+            doing = "running" if plugin is not None else "preparing"
+            return await self._fail(f"worker error while {doing} plugin {self.task.task_type}: {ending.detail}",
                                     retryable=True)
         return await self._fail(f"the Gateway refused a write of this attempt: {ending.detail}", retryable=True)
 
@@ -436,7 +486,9 @@ class TaskRunner:
         return text + self._stderr_suffix(plugin), retryable
 
     @staticmethod
-    def _stderr_suffix(plugin: PluginProcess) -> str:
+    def _stderr_suffix(plugin: PluginProcess | None) -> str:
+        if plugin is None:
+            return "; the plugin had not started"
         tail = plugin.stderr_tail()
         return f"; stderr tail:\n{tail}" if tail else "; no stderr output"
 

@@ -34,7 +34,7 @@ from leasehold.client.models import TaskSummary as TaskSummary
 from leasehold.domain.events import ScanStatus, TaskStateName
 from leasehold.domain.task import TaskState
 from leasehold.gateway.api.http import INTEGRAL, json_limits
-from leasehold.gateway.api.worker_models import AttemptView
+from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
@@ -460,7 +460,11 @@ class Task(Body):
     task_type: str
     required_capabilities: list[str]
     priority: int
-    scope: dict[str, Any]
+    scope: dict[str, Any] = Field(description="the scope's inline part: the whole scope, unless scope_ref.pages "
+                                              "is above 1 (then its assets continue in pages kept by the Gateway)")
+    scope_ref: ScopeRefView | None = Field(
+        None, description="the whole scope: its sha256, size, assets, pages, and assets the scan found but left "
+                          "out of it (null: scope is the whole scope)")
     parameters: dict[str, Any]
     state: str
     available_at: datetime
@@ -484,7 +488,9 @@ class Task(Body):
     def of(cls, t: TaskState, attempts: Sequence[Attempt]) -> Task:
         return cls(id=t.id, organization_id=t.organization_id, scan_id=t.scan_id, scan_job_id=t.scan_job_id,
                    task_type=t.task_type, required_capabilities=list(t.required_capabilities),
-                   priority=t.priority, scope=t.scope, parameters=t.parameters, state=t.state,
+                   priority=t.priority, scope=t.scope,
+                   scope_ref=None if t.scope_ref is None else ScopeRefView.of(t.scope_ref),
+                   parameters=t.parameters, state=t.state,
                    available_at=t.available_at, attempt_count=t.attempt_count, max_attempts=t.max_attempts,
                    lease_seconds=t.lease_seconds, execution_timeout_seconds=t.execution_timeout_seconds,
                    cancel_requested_at=t.cancel_requested_at, cancel_delivered_at=t.cancel_delivered_at,

@@ -1,4 +1,5 @@
-"""The worker API: acquire (long-poll), renew, progress, results, complete, fail, cancel-ack.
+"""The worker API: acquire (long-poll), renew, progress, results, complete, fail, cancel-ack, and
+the pages of a task's scope.
 
 Every endpoint authenticates the worker by its client certificate first. Lease token and
 attempt id travel in the body/path, never in logs. Stale or foreign writes answer 409 or 404
@@ -28,6 +29,8 @@ from leasehold.gateway.api.worker_models import (
     Lease,
     RenewResponse,
     ResultBatchRequest,
+    ScopePageRequest,
+    ScopePageView,
     TargetPolicyView,
     TaskStatus,
     TaskView,
@@ -197,6 +200,18 @@ async def complete(request: web.Request) -> web.StreamResponse:
                                                    batch.payload_sha256, batch.payload)
     return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
                                                                            **w.caller())))
+
+
+@routes.route("POST", ATTEMPT_PATH + "/scope",
+              summary="Read a page of the task's scope (the lease carries page 0; scope_ref.pages says how many)",
+              auth="worker", request=ScopePageRequest, response=ScopePageView, tags=("worker",))
+async def scope(request: web.Request) -> web.StreamResponse:
+    w = await _attempt_write(request, ScopePageRequest)
+    page = await request.app[SERVICES].scope_pages.read(*w.args(), w.body.page,
+                                                          fingerprint=w.worker.fingerprint)
+    # The page's stored bytes (a canonical JSON array) go out as they are: never parsed here.
+    return web.Response(body=b'{"task_id":"%s","page":%d,"pages":%d,"assets":%s}' % (
+        str(page.task_id).encode(), page.page, page.pages, page.body), content_type="application/json")
 
 
 @routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",

@@ -19,6 +19,7 @@ from pydantic import (
 )
 from typing_extensions import TypeAliasType
 
+from leasehold.domain.scopes import ScopeRef
 from leasehold.domain.task import AttemptState, TaskState
 from leasehold.gateway.api.http import INTEGRAL, json_limits
 
@@ -80,6 +81,11 @@ class CompleteRequest(WorkerWriteRequest):
                           "(exactly as POST …/results with final=true, then POST …/complete)")
 
 
+class ScopePageRequest(WorkerWriteRequest):
+    page: Annotated[StrictInt, Field(ge=0, le=1_000_000), INTEGRAL] = Field(
+        description="which page of the scope's assets (0 is the first, the one the lease carries inline)")
+
+
 class FailRequest(WorkerWriteRequest):
     error: str = Field(max_length=20_000)
     retryable: StrictBool = True
@@ -106,6 +112,21 @@ class AttemptView(Body):
                    final_batch_accepted=a.final_batch_accepted, error=a.error)
 
 
+class ScopeRefView(Body):
+    """The task's whole scope, of which ``scope`` is the inline part (its first page of assets)."""
+
+    sha256: str = Field(description="sha256 of the whole scope's canonical JSON (orjson, keys sorted, compact)")
+    bytes: int = Field(description="size of that JSON")
+    assets: int | None = Field(description="how many assets the whole scope holds (null: it has no asset list)")
+    pages: int = Field(description="pages of assets, the inline first one (page 0) included: read pages 1 to "
+                                   "pages-1 with POST …/scope and append their assets to scope.assets in order")
+    omitted: int = Field(description="assets the scan found but left out of the scope (over its limit)")
+
+    @classmethod
+    def of(cls, ref: ScopeRef) -> ScopeRefView:
+        return cls(sha256=ref.sha256, bytes=ref.size, assets=ref.assets, pages=ref.pages, omitted=ref.omitted)
+
+
 class TaskView(Body):
     id: UUID
     scan_id: UUID
@@ -113,7 +134,11 @@ class TaskView(Body):
     task_type: str
     state: str
     priority: int
-    scope: dict[str, Any]
+    scope: dict[str, Any] = Field(description="the scope's inline part: the whole scope, unless scope_ref.pages "
+                                              "is above 1 (then its assets continue in further pages)")
+    scope_ref: ScopeRefView | None = Field(
+        None, description="the whole scope, when scope is only its first page of assets or assets were left "
+                          "out of it (null: scope is the whole scope)")
     parameters: dict[str, Any]
     attempt_count: int
     max_attempts: int
@@ -125,7 +150,9 @@ class TaskView(Body):
     @classmethod
     def of(cls, t: TaskState) -> TaskView:
         return cls(id=t.id, scan_id=t.scan_id, scan_job_id=t.scan_job_id, task_type=t.task_type, state=t.state,
-                   priority=t.priority, scope=t.scope, parameters=t.parameters, attempt_count=t.attempt_count,
+                   priority=t.priority, scope=t.scope,
+                   scope_ref=None if t.scope_ref is None else ScopeRefView.of(t.scope_ref),
+                   parameters=t.parameters, attempt_count=t.attempt_count,
                    max_attempts=t.max_attempts, lease_seconds=t.lease_seconds,
                    execution_timeout_seconds=t.execution_timeout_seconds,
                    cancel_requested=t.cancel_requested_at is not None and t.state in ("cancelling", "cancelled"),
@@ -141,6 +168,16 @@ class TaskStatus(Body):
     @classmethod
     def of(cls, t: TaskState) -> TaskStatus:
         return cls(task=TaskView.of(t), attempt=AttemptView.of(t.current_attempt) if t.current_attempt else None)
+
+
+class ScopePageView(Body):
+    """One page of a task's scope: its assets, in order (the canonical JSON array stored, whose sha256
+    the task's TaskCreated event lists)."""
+
+    task_id: UUID
+    page: int
+    pages: int = Field(description="how many pages the scope's assets have")
+    assets: list[Any]
 
 
 class CancelNotice(Body):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -71,6 +71,7 @@ from leasehold.domain.task import (
 from leasehold.gateway.commands import wakeups
 from leasehold.gateway.commands.ingestion import ingest_batch
 from leasehold.gateway.commands.scans import settle_scan
+from leasehold.gateway.commands.scopes import paged
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.task_rows import (
     ATTEMPT_COLUMNS,
@@ -250,7 +251,7 @@ class Lifecycle:
             created = decide(None, CreateTask(
                 task_id=task_id, scan_id=scan_id, scan_job_id=job_id, organization_id=org_id,
                 task_type=spec.task_type, required_capabilities=spec.required_capabilities,
-                priority=spec.priority, scope=spec.scope or {}, parameters=spec.parameters or {},
+                priority=spec.priority, scope=paged(tx, spec.scope or {}), parameters=spec.parameters or {},
                 max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
                 execution_timeout_seconds=spec.execution_timeout_seconds), now=now, actor=actor)
             tx.append(StreamHead(scan_id, version, bytes(head_hash)), [queued])
@@ -531,11 +532,14 @@ class Lifecycle:
                 events = [e for e in events if e is not rejection]  # counted only (it is the last)
             if payload is not None and events and not rejected:
                 tx.write("result_payloads", "payload_store", {"sha256": payload[0], "body": payload[1]})
-            after, settled = await self._commit(tx, task, head, events, now)
-            if payload is not None and not rejected:
-                for event in events:  # only a newly accepted batch: a duplicate has no events
-                    if isinstance(event, ResultBatchAccepted):
-                        await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
+
+            async def ingest() -> None:
+                if payload is not None and not rejected:
+                    for event in events:  # only a newly accepted batch: a duplicate has no events
+                        if isinstance(event, ResultBatchAccepted):
+                            await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
+
+            after, settled = await self._commit(tx, task, head, events, now, appended=ingest)
             return after, existing, [*events, *settled], rejection, task
 
         after, existing, events, rejection, before = await self.db.run(body, key=worker_id)
@@ -684,13 +688,19 @@ class Lifecycle:
 
     async def _commit(self, tx: Transaction, task: TaskState, head: StreamHead,
                       events: Sequence[DomainEvent], now: datetime, releases: dict[UUID, int] | None = None,
+                      appended: Callable[[], Awaitable[None]] | None = None,
                       ) -> tuple[TaskState, list[DomainEvent]]:
-        """Append ``events`` to the task and, if it just ended, settle its scan; the new state,
-        and the events settling appended. An attempt that ended stops counting against its
-        organisation's cap: at once, or added to ``releases`` for the caller to send."""
+        """Append ``events`` to the task, run ``appended`` (the ingestion of a batch they accept),
+        and, if the task just ended, settle its scan; the new state, and the events settling
+        appended. An attempt that ended stops counting against its organisation's cap: at once,
+        or added to ``releases`` for the caller to send."""
         after = project_task(events, task)
         assert after is not None
         tx.append(head, events)
+        if appended is not None:
+            # Before settling: the next profile step's scope is made of the assets ingested so
+            # far, the final batch's included when it travelled with the completion.
+            await appended()
         ended = attempts_ended(events)
         if ended and releases is None:
             release_attempts(tx, {task.organization_id: ended}, now)

@@ -33,9 +33,11 @@ from leasehold.domain.errors import InvalidRequest, NotFound
 from leasehold.domain.events import DomainEvent, ExecutionMode, ProfileStep, ScanStatus
 from leasehold.domain.profiles import LegacyExecuted, execution_mode
 from leasehold.domain.schedule import ScheduleState
+from leasehold.domain.scopes import PagedScope
 from leasehold.domain.targets import check_scope, policy_from_json
 from leasehold.domain.task import CreateTask, TaskState, decide
 from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.scopes import next_step_scope, paged
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
 from leasehold.protocol.targets import resolve_names
@@ -52,10 +54,11 @@ def profile_steps(profile: dict[str, Any] | None) -> list[ProfileStep]:
 
 
 def queue_step(tx: Transaction, scan: StreamHead, organization_id: UUID, index: int, step: ProfileStep,
-               scope: dict[str, Any], *, now: datetime, actor: str, new_id: Callable[[], UUID],
+               scope: dict[str, Any] | PagedScope, *, now: datetime, actor: str, new_id: Callable[[], UUID],
                status: ScanStatus = "pending") -> list[DomainEvent]:
     """Queue profile step ``index`` as job ``index`` of the scan and create its task, inside the
-    caller's transaction, which holds the scan lock (``scan`` is its head)."""
+    caller's transaction, which holds the scan lock (``scan`` is its head). A scope not paged yet
+    is paged here (and its stored pages queued)."""
     job_id, task_id = new_id(), new_id()
     queued = scan_rules.queue_job(
         scan.id, scan.version, status, organization_id=organization_id,
@@ -63,7 +66,7 @@ def queue_step(tx: Transaction, scan: StreamHead, organization_id: UUID, index: 
     created = decide(None, CreateTask(
         task_id=task_id, scan_id=scan.id, scan_job_id=job_id, organization_id=organization_id,
         task_type=step.task_type, required_capabilities=step.required_capabilities, priority=step.priority,
-        scope=scope, parameters={"profile_step": index}, max_attempts=step.max_attempts,
+        scope=paged(tx, scope), parameters={"profile_step": index}, max_attempts=step.max_attempts,
         lease_seconds=step.lease_seconds, execution_timeout_seconds=step.execution_timeout_seconds),
         now=now, actor=actor)
     tx.append(scan, [queued])
@@ -167,16 +170,14 @@ async def settle_scan(tx: Transaction, scan_id: UUID, now: datetime, *,
                                       one("scan_jobs_summary", {"scan_id": scan_id}))
     assert scan_row is not None, "the foreign key guarantees the scan"
     statuses, job_count, last_status, last_job = summary
-    _, version, head_hash, scan_status, cancel_requested, org_id, profile, _targets = scan_row
+    _, version, head_hash, scan_status, cancel_requested, org_id, profile, targets = scan_row
     if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
         return []
     head = StreamHead(scan_id, version, bytes(head_hash))
     steps = profile_steps(profile)
     step = scan_rules.next_step(steps, job_count, last_status, cancel_requested=cancel_requested)
     if step is not None:
-        (last_scope,) = await tx.value("scan_job_scope", {"job_id": last_job})
-        found = [(kind, value) for kind, value in await tx.all("scan_found_assets", {"scan_id": scan_id})]
-        scope = scan_rules.enrich_scope(dict(last_scope or {}), found)
+        scope = await next_step_scope(tx, scan_id, targets)
         return queue_step(tx, head, org_id, step, steps[step], scope, now=now, actor="system", new_id=new_id,
                           status=scan_status)
     outcome = scan_rules.scan_outcome(statuses, cancel_requested=cancel_requested)

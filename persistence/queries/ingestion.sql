@@ -3,7 +3,8 @@
 
 -- name: ingest_assets
 -- Every asset of one batch (distinct kind and value: the caller merges repeats) and its sighting
--- by the batch's job. attributes merge into what earlier batches reported.
+-- by the batch's job, with the asset's kind and value (a scan's next scope reads its sightings
+-- alone: scan_found_assets). attributes merge into what earlier batches reported.
 WITH a AS (
     INSERT INTO assets (id, organization_id, kind, value, attributes, first_seen_at, last_seen_at,
                         first_batch_id)
@@ -13,10 +14,10 @@ WITH a AS (
     ON CONFLICT (organization_id, kind, value) DO UPDATE
         SET last_seen_at = greatest(assets.last_seen_at, excluded.last_seen_at),
             attributes = assets.attributes || excluded.attributes
-    RETURNING id
+    RETURNING id, kind, value
 )
-INSERT INTO asset_sightings (asset_id, scan_job_id, scan_id, first_seen_at)
-SELECT a.id, %(scan_job_id)s, %(scan_id)s, %(now)s FROM a
+INSERT INTO asset_sightings (asset_id, scan_job_id, scan_id, first_seen_at, kind, value)
+SELECT a.id, %(scan_job_id)s, %(scan_id)s, %(now)s, a.kind, a.value FROM a
 ON CONFLICT (asset_id, scan_job_id) DO NOTHING
 
 -- name: ingest_threat_external

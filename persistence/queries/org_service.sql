@@ -41,7 +41,7 @@ WITH task AS (
            t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
            t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
            t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at,
-           t.cancel_delivered_at, t.cancel_delivery_channel
+           t.cancel_delivered_at, t.cancel_delivery_channel, t.scope_ref
     FROM worker_tasks t
     WHERE t.organization_id = %(organization_id)s
       AND t.state IN ('pending', 'retry_wait')

@@ -37,20 +37,30 @@ SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]), count(*),
 FROM scan_jobs j
 WHERE j.scan_id = %(scan_id)s
 
--- name: scan_job_scope
--- The scope the task of one job ran with (the next profile step starts from it).
-SELECT t.scope FROM worker_tasks t WHERE t.scan_job_id = %(job_id)s
-
 -- name: scan_found_assets
--- Assets in the accepted result batches of the scan's tasks (bounded; deduplicated).
-SELECT DISTINCT r ->> 'kind', r ->> 'value'
-FROM worker_tasks t
-JOIN worker_result_batches b ON b.task_id = t.id
-JOIN result_payloads p ON p.sha256 = b.payload_sha256
-CROSS JOIN LATERAL jsonb_array_elements(convert_from(p.body, 'UTF8')::jsonb) AS r
-WHERE t.scan_id = %(scan_id)s AND jsonb_typeof(r) = 'object' AND r ->> 'type' = 'asset'
-  AND r ->> 'kind' IS NOT NULL AND r ->> 'value' IS NOT NULL
-LIMIT 10000
+-- Every asset the scan's tasks reported so far, in the order first seen, those of one batch by
+-- kind and value (a later sighting of the same asset by another job repeats it; the caller keeps
+-- the first): the next profile step's scope is made of them. The scan's sightings alone (through
+-- asset_sightings_scan_order_idx), each asset once: never the result payloads of every batch
+-- again, nor the whole assets table, which holds every organisation's. Only a sighting written
+-- before kind and value were kept with it (migration 0019) looks its asset up. COLLATE "C": the
+-- same order whatever the database's collation. Run after scope_build_settings.
+SELECT f.kind, f.value
+FROM (SELECT s.first_seen_at, s.kind, s.value
+      FROM asset_sightings s
+      WHERE s.scan_id = %(scan_id)s AND s.kind IS NOT NULL
+      UNION ALL
+      SELECT s.first_seen_at, a.kind, a.value
+      FROM asset_sightings s
+      JOIN assets a ON a.id = s.asset_id
+      WHERE s.scan_id = %(scan_id)s AND s.kind IS NULL) f
+ORDER BY f.first_seen_at, f.kind COLLATE "C", f.value COLLATE "C"
+
+-- name: scope_build_settings
+-- For the rest of the transaction that builds a profile step's scope: no JIT compilation (for a
+-- scan of 100,000 assets, the planner's estimate of scan_found_assets passes jit_above_cost, and
+-- compiling took longer than the query), and memory to sort its rows in (not on disk).
+SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)
 
 -- name: scan_open_tasks
 SELECT t.id FROM worker_tasks t

@@ -37,7 +37,7 @@ from leasehold.gateway.api.service import routes as service_routes
 from leasehold.gateway.api.worker import ATTEMPT_PATH
 from support.gateway import RunningGateway, WorkerClient, service_get
 
-WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack")
+WRITES = ("progress", "renew", "results", "complete", "fail", "cancel-ack", "scope")  # scope: a fenced read
 
 
 # --- worker API -------------------------------------------------------------------------------
@@ -88,6 +88,8 @@ async def send(worker: WorkerClient, task_id: str, attempt_id: str, token: str, 
                  "payload_sha256": "4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945", "final": True}
     elif action == "fail":
         body["error"] = "x"
+    elif action == "scope":
+        body["page"] = 0
     return await worker.post(f"/v1/tasks/{task_id}/attempts/{attempt_id}/{action}", body)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from leasehold.persistence.queries import QUERIES
 
-PARAM = re.compile(r"%\((\w+)\)s")
+PARAM = re.compile(r"%\((\w+)\)[sb]")
 
 
 def test_queries_are_loaded() -> None:

@@ -46,6 +46,18 @@ def test_fields_are_refused_naming_themselves() -> None:
     check_body({"ok": nested(63)})
 
 
+def test_no_size_limit_means_none_and_leaving_it_out_means_the_fields_own() -> None:
+    """``max_bytes=None`` is "no limit" (what the Gateway derives: a profile step's scope of every
+    asset found so far); only leaving it out applies the limit meant for what clients send."""
+    large = {"assets": [{"kind": "service", "value": f"127.0.0.1:{port}/tcp"} for port in range(1, 1601)]}
+    assert len(orjson.dumps(large)) > MAX_FIELD_BYTES
+    check_field("scope", large, max_bytes=None)
+    with pytest.raises(TooLarge):
+        check_field("scope", large)
+    with pytest.raises(TooDeep):  # depth stays bounded either way
+        check_field("scope", nested(33), max_bytes=None)
+
+
 @pytest.mark.parametrize("levels", [33, 255, 900])
 def test_a_legacy_message_nesting_too_deep_is_invalid(levels: int) -> None:
     raw = orjson.dumps({"scan_id": "L-1", "organization_id": str(uuid4()), "steps": ["probe"],

@@ -76,6 +76,8 @@ def assert_task_row_matches(task_row: Row, task: TaskState, head: bytes) -> None
         "last_error": task.last_error, "finished_at": task.finished_at, "version": task.version,
         "current_attempt_id": task.current_attempt.id if task.current_attempt else None, "head_hash": head,
         "cancel_delivered_at": task.cancel_delivered_at, "cancel_delivery_channel": task.cancel_delivery_channel,
+        "scope_ref": None if task.scope_ref is None else task.scope_ref.to_json(),
+        "scope_pages": None,  # these scopes fit their row (tests/core/test_scopes.py pages larger ones)
     }
     # When the worker acknowledged a cancellation is the analysts' column alone (not in the state).
     assert {k: v for k, v in task_row.items() if k != "cancel_acknowledged_at"} == expected

@@ -223,18 +223,28 @@ def test_the_next_step_starts_after_the_last_one_ended_well_enough(jobs: int, la
 def test_enriched_scope_adds_found_assets_once_each() -> None:
     scope = {"targets": ["10.0.0.1"], "assets": [{"kind": "host", "value": "a"}, "not an asset"]}
     enriched = scan.enrich_scope(scope, [("host", "a"), ("host", "b"), ("port", "a"), ("host", "b")])
-    assert enriched == {"targets": ["10.0.0.1"], "assets": [
-        {"kind": "host", "value": "a"}, {"kind": "host", "value": "b"}, {"kind": "port", "value": "a"}]}
+    assert enriched == ({"targets": ["10.0.0.1"], "assets": [
+        {"kind": "host", "value": "a"}, {"kind": "host", "value": "b"}, {"kind": "port", "value": "a"}]}, 0)
     assert scope["assets"] == [{"kind": "host", "value": "a"}, "not an asset"]  # the input is left alone
-    assert scan.enrich_scope({}, []) == {"assets": []}
+    assert scan.enrich_scope({}, []) == ({"assets": []}, 0)
 
 
-def test_enriched_scope_keeps_at_most_the_asset_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scan, "MAX_SCOPE_ASSETS", 3)
-    enriched = scan.enrich_scope({}, [("host", str(i)) for i in range(5)])
-    assert [a["value"] for a in enriched["assets"]] == ["0", "1", "2"]
+def test_enriched_scope_keeps_every_asset_found_past_ten_thousand() -> None:
+    """A scope used to stop at 10,000 assets without a word: the rest never reached the next step."""
+    scope, omitted = scan.enrich_scope({"targets": ["10.0.0.0/8"]}, [("host", str(i)) for i in range(100_000)])
+    assert len(scope["assets"]) == 100_000 and omitted == 0
+    assert scope["assets"][-1] == {"kind": "host", "value": "99999"}
+
+
+def test_enriched_scope_past_its_limit_says_how_many_it_left_out() -> None:
+    scope, omitted = scan.enrich_scope({"assets": [{"kind": "host", "value": "0"}]},
+                                       [("host", str(i)) for i in range(5)] + [("host", "1"), ("host", "4")],
+                                       max_assets=3)
+    assert [a["value"] for a in scope["assets"]] == ["0", "1", "2"]
+    assert omitted == 2  # "3" and "4", each once however often it was found
+    assert scan.MAX_SCOPE_ASSETS >= 1_000_000
 
 
 def test_enriched_scope_reads_missing_fields_as_empty() -> None:
-    enriched = scan.enrich_scope({"assets": [{"kind": "host"}, {}]}, [])
+    enriched, _ = scan.enrich_scope({"assets": [{"kind": "host"}, {}]}, [])
     assert enriched["assets"] == [{"kind": "host", "value": ""}, {"kind": "", "value": ""}]
