@@ -144,6 +144,13 @@ def test_priority_comes_before_fairness() -> None:
     assert [c.candidate.organization_id for c in fairness.preference(candidates, fair=False)] == [a, b]
 
 
+def test_with_fairness_off_priority_still_comes_before_age() -> None:
+    a, b, c = ORG_IDS[:3]
+    candidates = [fairness.Candidate(a, 0, T0, 0.0, 1), fairness.Candidate(b, 5, T0 + timedelta(2), 9.0, 1),
+                  fairness.Candidate(c, 2, T0 + timedelta(1), 0.0, 1)]
+    assert [ch.candidate.organization_id for ch in fairness.preference(candidates, fair=False)] == [b, c, a]
+
+
 def test_an_organisation_at_its_cap_is_not_eligible() -> None:
     a, b = ORG_IDS[:2]
     candidates = [fairness.Candidate(a, 0, T0, 0.0, 1, live=2, max_live_attempts=2),
