@@ -82,6 +82,25 @@ async def test_acquire_requires_assignment_and_capability(world: World, pool: An
         assert await scalar(pool, "SELECT state FROM worker_tasks") == "pending"
 
 
+@pytest.mark.parametrize("mismatch", ["task_type", "capability"])
+async def test_acquire_never_leases_a_task_the_worker_cannot_run_even_its_organisations_first(
+        world: World, pool: Any, mismatch: str) -> None:
+    """The organisation's oldest, most urgent tasks need another type (or a capability the
+    worker lacks); the worker is leased the one task it can run, and the others stay pending
+    (the lock statement filters them itself, not only the query that picks the organisation)."""
+    worker = await world.worker(capacity=2, task_types=("probe",), capabilities=("ipv4",))
+    spec: dict[str, Any] = ({"task_type": "dns"} if mismatch == "task_type"
+                            else {"required_capabilities": ("ipv4", "ipv6")})
+    others = [await world.task(priority=9, **spec) for _ in range(3)]
+    world.clock.advance(1)
+    mine = await world.task(priority=0, required_capabilities=("ipv4",))
+    acquired = await world.lifecycle.acquire(worker)
+    assert acquired is not None and acquired.task.id == mine
+    assert await world.lifecycle.acquire(worker) is None
+    assert await scalar(pool, "SELECT array_agg(state::text) FROM worker_tasks WHERE id = ANY(%s)",
+                        others) == ["pending"] * 3
+
+
 async def test_acquire_respects_capacity_and_priority(world: World) -> None:
     worker = await world.worker(capacity=2)
     low = await world.task(priority=1)
