@@ -9,7 +9,8 @@
 #                                               and the demo on the embedded PostgreSQL, whatever
 #                                               TEST_DATABASE_URL says (the server `make test` uses alone)
 #   make mutation                               mutation testing of domain/ against tests/unit (minutes);
-#                                               writes docs/mutation-report.md (score, surviving mutants)
+#                                               writes docs/mutation-report.md (score, surviving mutants,
+#                                               input hashes): commit it with any change to domain/ or tests/unit
 #   make openapi / make cli-help                rewrite the committed contract snapshots from the code
 #   make lint                                   ruff + mypy + import contracts (lint-imports)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
@@ -77,11 +78,17 @@ $(MUTATION_STAMP): pyproject.toml | $(STAMP)
 
 # Not part of `make test`: every mutant of domain/ (mutmut, configured in pyproject's [tool.mutmut])
 # is judged by the unit tier, with hypothesis derandomized so a verdict never depends on luck.
-# mutants/ is rebuilt each time (mutmut's cache does not know which mutants new tests may kill).
-# The report lists the score and every surviving mutant with its diff; it fails below 90% or when
-# tests/unit/equivalent_mutants.md names a mutant that no longer survives.
+# mutants/ is rebuilt each time (mutmut's cache does not know which mutants new tests may kill),
+# starting with the hashes of the run's inputs (domain/, the unit tier, [tool.mutmut]).
+# docs/mutation-report.md gets the score, every surviving mutant with its diff and those hashes
+# (tests/unit/test_mutation_report.py holds them against the code: commit the report). It fails
+# below 95%, when tests/unit/equivalent_mutants.md names a mutant that no longer survives, when
+# mutants/leasehold/domain (what the tests import) is not the mutated copy, or when an input
+# changed during the run.
 mutation: $(MUTATION_STAMP)
 	rm -rf mutants
+	mkdir mutants
+	$(VENV_PY) tests/unit/mutation_report.py --inputs > mutants/inputs.json
 	LEASEHOLD_HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
 	$(VENV_PY) tests/unit/mutation_report.py
 

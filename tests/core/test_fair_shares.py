@@ -85,6 +85,22 @@ async def test_with_fair_shares_off_the_oldest_task_goes_first(database_url: str
     assert await served_orgs(world, worker, 13) == [org] * 10 + [b] * 3
 
 
+async def test_with_fair_shares_off_priority_still_comes_first(database_url: str, pool: Any) -> None:
+    """Fairness off skips only the least-served rule: the most urgent task of any organisation is
+    still leased first, however old the other organisations' tasks are."""
+    clock = ManualClock()
+    services = build_services(Database(pool), clock=clock, fair_shares=False)
+    org = await services.registry.create_organization("a")
+    world = World(services, clock, org, await services.scans.create_scan(org, {"targets": ["192.0.2.10"]}))
+    worker = await world.worker(capacity=100)
+    await queue(world, world.scan, 3)  # the oldest tasks, at priority 0
+    b, b_scan = await tenant(world, "b", worker)
+    await queue(world, b_scan, 2, priority=5)
+    c, c_scan = await tenant(world, "c", worker)
+    await queue(world, c_scan, 1, priority=2)
+    assert await served_orgs(world, worker, 6) == [b, b, c, org, org, org]
+
+
 async def test_weights_divide_the_leases(world: World) -> None:
     worker = await world.worker(capacity=100)
     a = world.org

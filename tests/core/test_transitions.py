@@ -5,6 +5,7 @@ Each test names the row it covers: actor, precondition, mutation and idempotency
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -79,6 +80,25 @@ async def test_acquire_requires_assignment_and_capability(world: World, pool: An
     else:
         assert acquired is None
         assert await scalar(pool, "SELECT state FROM worker_tasks") == "pending"
+
+
+@pytest.mark.parametrize("mismatch", ["task_type", "capability"])
+async def test_acquire_never_leases_a_task_the_worker_cannot_run_even_its_organisations_first(
+        world: World, pool: Any, mismatch: str) -> None:
+    """The organisation's oldest, most urgent tasks need another type (or a capability the
+    worker lacks); the worker is leased the one task it can run, and the others stay pending
+    (the lock statement filters them itself, not only the query that picks the organisation)."""
+    worker = await world.worker(capacity=2, task_types=("probe",), capabilities=("ipv4",))
+    spec: dict[str, Any] = ({"task_type": "dns"} if mismatch == "task_type"
+                            else {"required_capabilities": ("ipv4", "ipv6")})
+    others = [await world.task(priority=9, **spec) for _ in range(3)]
+    world.clock.advance(1)
+    mine = await world.task(priority=0, required_capabilities=("ipv4",))
+    acquired = await world.lifecycle.acquire(worker)
+    assert acquired is not None and acquired.task.id == mine
+    assert await world.lifecycle.acquire(worker) is None
+    assert await scalar(pool, "SELECT array_agg(state::text) FROM worker_tasks WHERE id = ANY(%s)",
+                        others) == ["pending"] * 3
 
 
 async def test_acquire_respects_capacity_and_priority(world: World) -> None:
@@ -261,6 +281,38 @@ async def test_expired_lease_goes_to_retry_wait_with_backoff_then_is_leased_agai
     world.clock.advance(3)
     again = await world.lifecycle.acquire(worker)
     assert again is not None and again.attempt.attempt_number == 2 and again.task.id == a.task.id
+
+
+class FixedDraw(random.Random):
+    """A random source whose every draw is ``value``: the jitter a retry's backoff must show."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+async def test_retry_backoff_carries_the_gateways_jitter_draw(world: World, pool: Any) -> None:
+    """The backoff is ``base * 2**(n-1) * (1 - jitter * draw)`` with the Gateway's own draw, both
+    for a worker's retryable failure and for the sweeper's lease expiry: with a draw of 0.75 the
+    default policy (2 s base, jitter 0.5) waits 1.25 s after the first attempt and 2.5 s after the
+    second, not the undrawn 2 s and 4 s."""
+    world.lifecycle.rng = FixedDraw(0.75)
+    worker = await world.worker()
+    a = await world.running(worker, lease_seconds=10, max_attempts=3)
+    failed_at = world.clock.now
+    t = await world.lifecycle.fail(worker, a.task.id, a.attempt.id, a.lease_token, error="boom")
+    assert t.state == "retry_wait" and t.available_at == failed_at + timedelta(seconds=1.25)
+    assert await scalar(pool, "SELECT available_at FROM worker_tasks") == failed_at + timedelta(seconds=1.25)
+    world.clock.advance(1.25)
+    b = await world.lifecycle.acquire(worker)
+    assert b is not None and b.attempt.attempt_number == 2
+    world.clock.advance(10)
+    swept_at = world.clock.now
+    assert await world.lifecycle.expire_leases() == 1
+    assert await scalar(pool, "SELECT available_at FROM worker_tasks") == swept_at + timedelta(seconds=2.5)
 
 
 async def test_expired_lease_with_attempts_exhausted_is_terminal(world: World, pool: Any) -> None:

@@ -9,7 +9,7 @@ import hashlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import orjson
 import psycopg
@@ -277,6 +277,41 @@ async def test_an_archive_that_does_not_verify_leaves_the_partition(world: World
         assert await cur.fetchone() == (0,)
     code, report = await cli_json("replay", "verify-chain", "--database-url", database_url)
     assert code == 0 and report["ok"], report["problems"]
+
+
+async def test_a_partition_that_changed_after_it_was_archived_is_not_dropped(
+        world: World, database_url: str, tmp_path: Path, keys: tuple[Path, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append recorded inside the partition's range whose transaction commits only after the
+    archive was written and verified (a command that began before the boundary) makes the
+    partition differ from its archive: the drop refuses (PartitionChanged, under the detach's
+    lock), and the partition, with the late event, stays; nothing is registered."""
+    boundary = split_log_at(database_url, 1.5)
+    worker, a = await first_half(world)
+    late_stream = uuid4()
+    async with await psycopg.AsyncConnection.connect(database_url) as late:
+        await late.execute(
+            "INSERT INTO events (originator_id, originator_version, topic, state, prev_hash, hash, recorded_at)"
+            " VALUES (%s, 1, 'late', '\\x00', %s, %s, %s)",
+            (late_stream, bytes(32), bytes(32), boundary - timedelta(seconds=1)))  # open, not yet committed
+        wait_until_past(database_url, boundary)
+        await second_half(world, worker, a)
+        real_drop = retention.drop_archived
+
+        async def commit_late_then_drop(*args: Any) -> Any:
+            await late.commit()  # the archive is written and verified; the partition changes now
+            return await real_drop(*args)
+
+        monkeypatch.setattr(retention, "drop_archived", commit_late_then_drop)
+        async with await connect(database_url) as conn:
+            (due,) = await retention.due_partitions(conn, timedelta(0))
+            with pytest.raises(retention.ArchiveFailed, match="nothing dropped"):
+                await retention.archive_partition(conn, due, tmp_path / "a", load_private_key(keys[0]))
+            assert due.name in [p.name for p in await list_partitions(conn)]
+            cur = await conn.execute("SELECT count(*) FROM event_archives")
+            assert await cur.fetchone() == (0,)
+    assert partitions_of(database_url, late_stream) == {due.name: 1}
+    assert sum(partitions_of(database_url, a.task.id).values()) > 0
 
 
 async def test_archives_must_join_up(world: World, database_url: str, tmp_path: Path, keys: tuple[Path, Path]) -> None:

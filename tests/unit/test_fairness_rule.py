@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 
 from leasehold.domain import fairness
 from leasehold.domain.errors import InvalidRequest
-from leasehold.domain.events import OrganizationFairShareSet
+from leasehold.domain.events import (
+    FairShareCandidate,
+    FairShareGrant,
+    OrganizationFairShareSet,
+    TaskCancelled,
+    TaskCompleted,
+)
+from support.refusals import refused
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -144,6 +151,13 @@ def test_priority_comes_before_fairness() -> None:
     assert [c.candidate.organization_id for c in fairness.preference(candidates, fair=False)] == [a, b]
 
 
+def test_with_fairness_off_priority_still_comes_before_age() -> None:
+    a, b, c = ORG_IDS[:3]
+    candidates = [fairness.Candidate(a, 0, T0, 0.0, 1), fairness.Candidate(b, 5, T0 + timedelta(2), 9.0, 1),
+                  fairness.Candidate(c, 2, T0 + timedelta(1), 0.0, 1)]
+    assert [ch.candidate.organization_id for ch in fairness.preference(candidates, fair=False)] == [b, c, a]
+
+
 def test_an_organisation_at_its_cap_is_not_eligible() -> None:
     a, b = ORG_IDS[:2]
     candidates = [fairness.Candidate(a, 0, T0, 0.0, 1, live=2, max_live_attempts=2),
@@ -176,6 +190,43 @@ def test_setting_weights_and_caps() -> None:
     for weight, cap in ((0, None), (1001, None), (1, 0), (1, 1_000_001)):
         with pytest.raises(InvalidRequest):
             fairness.set_fair_share(org, 4, (1, None), weight, cap, now=T0, actor="operator:k")
+
+
+def test_weights_and_caps_are_bounded_inclusively_with_a_message_naming_the_range() -> None:
+    for weight in (1, fairness.MAX_WEIGHT):
+        fairness.validate_weight(weight)
+    for weight in (0, fairness.MAX_WEIGHT + 1):
+        with refused(InvalidRequest, f"weight must be between 1 and {fairness.MAX_WEIGHT}"):
+            fairness.validate_weight(weight)
+    for cap in (None, 1, fairness.MAX_CAP):
+        fairness.validate_cap(cap)
+    for cap in (0, fairness.MAX_CAP + 1):
+        with refused(InvalidRequest, f"max_live_attempts must be between 1 and {fairness.MAX_CAP}, or null (no cap)"):
+            fairness.validate_cap(cap)
+
+
+def test_the_grant_records_the_choice_and_every_eligible_organisation() -> None:
+    a, b = ORG_IDS[:2]
+    candidates = [fairness.Candidate(a, 3, T0, 10.0, 1), fairness.Candidate(b, 3, T0, 0.0, 4, live=2,
+                                                                            max_live_attempts=5)]
+    choice = fairness.preference(candidates)[0]
+    grant = fairness.grant_record(choice, candidates, virtual_time=9.25, live=3, waited_seconds=1.5)
+    assert grant == FairShareGrant(
+        organization_id=b, tag=9.0, floor=9.0, virtual_time=9.25, weight=4, live=3, max_live_attempts=5,
+        waited_seconds=1.5, eligible=(
+            FairShareCandidate(organization_id=a, priority=3, virtual_time=10.0, weight=1, live=0,
+                               max_live_attempts=None),
+            FairShareCandidate(organization_id=b, priority=3, virtual_time=0.0, weight=4, live=2,
+                               max_live_attempts=5)))
+
+
+def test_which_events_end_a_live_attempt() -> None:
+    head = {"originator_id": ORG_IDS[0], "originator_version": 2, "timestamp": T0, "actor": "t"}
+    job, attempt = ORG_IDS[1], ORG_IDS[2]
+    assert fairness.ends_attempt(TaskCancelled(**head, scan_job_id=job, attempt_id=attempt, reason="r"))
+    assert not fairness.ends_attempt(TaskCancelled(**head, scan_job_id=job, attempt_id=None, reason="r"))
+    assert fairness.ends_attempt(TaskCompleted(**head, scan_job_id=job, attempt_id=attempt))
+    assert not fairness.ends_attempt(OrganizationFairShareSet(**head, weight=1, max_live_attempts=None))
 
 
 def test_the_timeline_explains_a_fair_share_lease() -> None:

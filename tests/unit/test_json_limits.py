@@ -12,7 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from leasehold.domain.legacy import InvalidMessage, parse_message
-from leasehold.domain.limits import MAX_FIELD_BYTES, TooDeep, TooLarge, check_body, check_field, depth_exceeds
+from leasehold.domain.limits import (
+    MAX_BODY_DEPTH,
+    MAX_FIELD_BYTES,
+    MAX_FIELD_DEPTH,
+    TooDeep,
+    TooLarge,
+    check_body,
+    check_field,
+    depth_exceeds,
+)
 from leasehold.gateway.api.operator_models import CLIPPED, clip
 
 
@@ -42,7 +51,8 @@ def test_fields_are_refused_naming_themselves() -> None:
     check_field("payload", [{"x": "y" * MAX_FIELD_BYTES}])  # payloads: bounded by the body limit only
     with pytest.raises(TooDeep) as body:
         check_body({"ok": 1, "deep": nested(64)})
-    assert body.value.details["field"] == "deep"
+    assert body.value.details == {"field": "deep", "max_depth": MAX_BODY_DEPTH}
+    assert body.value.message == f"deep nests deeper than the body's limit of {MAX_BODY_DEPTH} levels"
     check_body({"ok": nested(63)})
 
 
@@ -56,6 +66,59 @@ def test_no_size_limit_means_none_and_leaving_it_out_means_the_fields_own() -> N
         check_field("scope", large)
     with pytest.raises(TooDeep):  # depth stays bounded either way
         check_field("scope", nested(33), max_bytes=None)
+
+
+def sized(n: int) -> dict[str, str]:
+    """An object whose compact JSON is exactly ``n`` bytes (``{"x":"…"}``)."""
+    return {"x": "y" * (n - len('{"x":""}'))}
+
+
+@pytest.mark.parametrize("field", ["scope", "parameters", "targets", "task.scope", "a.b.parameters",
+                                   "not-a-listed-field", "a.b.unlisted"])
+def test_a_client_sent_field_keeps_its_size_limit_to_the_byte(field: str) -> None:
+    """Scope, parameters and targets, under any prefix, and a field the table does not list, are
+    limited to MAX_FIELD_BYTES encoded: at the limit accepted, one byte more refused, naming the
+    field, its size and the limit."""
+    check_field(field, sized(MAX_FIELD_BYTES))
+    with pytest.raises(TooLarge) as large:
+        check_field(field, sized(MAX_FIELD_BYTES + 1))
+    assert large.value.message == f"{field} has {MAX_FIELD_BYTES + 1} bytes encoded, more than {MAX_FIELD_BYTES}"
+    assert large.value.details == {"field": field, "max_bytes": MAX_FIELD_BYTES}
+
+
+@pytest.mark.parametrize("field", ["payload", "batch.payload", "a.b.payload"])
+def test_a_field_listed_without_a_size_limit_has_none_not_the_default(field: str) -> None:
+    """"No limit" in FIELD_LIMITS means none (the body limit bounds it), never the default size."""
+    check_field(field, sized(4 * MAX_FIELD_BYTES))
+    with pytest.raises(TooDeep):  # its depth limit still holds
+        check_field(field, nested(MAX_FIELD_DEPTH + 1))
+
+
+def test_limits_given_by_the_caller_replace_the_fields_own() -> None:
+    check_field("scope", sized(10), max_bytes=10)
+    with pytest.raises(TooLarge) as large:
+        check_field("scope", sized(11), max_bytes=10)
+    assert large.value.details == {"field": "scope", "max_bytes": 10}
+    check_field("payload", sized(10), max_bytes=10)
+    with pytest.raises(TooLarge):  # a limit given applies where the table has none
+        check_field("payload", sized(11), max_bytes=10)
+    check_field("scope", sized(MAX_FIELD_BYTES + 100), max_bytes=MAX_FIELD_BYTES + 100)
+
+    check_field("scope", nested(4), max_depth=4)
+    with pytest.raises(TooDeep) as deep:
+        check_field("scope", nested(5), max_depth=4)
+    assert deep.value.message == "scope nests deeper than 4 levels"
+    assert deep.value.details == {"field": "scope", "max_depth": 4}
+    check_field("scope", nested(MAX_FIELD_DEPTH + 8), max_depth=MAX_FIELD_DEPTH + 8)
+
+
+def test_a_refusal_for_depth_names_the_field_and_its_limit() -> None:
+    with pytest.raises(TooDeep) as deep:
+        check_field("a.scope", [nested(MAX_FIELD_DEPTH)])
+    assert deep.value.message == f"a.scope nests deeper than {MAX_FIELD_DEPTH} levels"
+    assert deep.value.details == {"field": "a.scope", "max_depth": MAX_FIELD_DEPTH}
+    check_field("a.scope", 1)  # scalars have no depth
+    check_field("a.scope", None)
 
 
 @pytest.mark.parametrize("levels", [33, 255, 900])

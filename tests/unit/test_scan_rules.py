@@ -12,6 +12,7 @@ import pytest
 from leasehold.domain import events as ev
 from leasehold.domain import scan
 from leasehold.domain.errors import InvalidRequest, InvalidTransition
+from leasehold.domain.limits import MAX_FIELD_DEPTH, TooDeep
 from support.refusals import refused
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -73,6 +74,16 @@ def test_create_scan_starts_the_scans_stream() -> None:
     event = scan.create_scan(SCAN, ORG, {"targets": ["h"]}, "legacy", now=NOW, actor="op")
     assert (event.originator_id, event.originator_version, event.timestamp, event.actor) == (SCAN, 1, NOW, "op")
     assert (event.organization_id, event.targets, event.execution_mode) == (ORG, {"targets": ["h"]}, "legacy")
+
+
+def test_create_scan_refuses_targets_nesting_deeper_than_the_field_limit() -> None:
+    deep: dict[str, Any] = {}
+    for _ in range(MAX_FIELD_DEPTH - 1):  # with the outer object: one level past the limit
+        deep = {"a": deep}
+    scan.create_scan(SCAN, ORG, {"targets": ["h"], "x": deep["a"]}, "gateway", now=NOW, actor="op")
+    with refused(TooDeep, f"targets nests deeper than {MAX_FIELD_DEPTH} levels") as refusal:
+        scan.create_scan(SCAN, ORG, {"targets": ["h"], "x": deep}, "gateway", now=NOW, actor="op")
+    assert refusal.value.details == {"field": "targets", "max_depth": MAX_FIELD_DEPTH}
 
 
 def test_queue_job_adds_the_next_event_of_a_scan_that_has_not_ended() -> None:

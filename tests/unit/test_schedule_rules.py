@@ -13,6 +13,7 @@ import pytest
 from leasehold.domain import events as ev
 from leasehold.domain import schedule
 from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.limits import MAX_FIELD_DEPTH, TooDeep
 from leasehold.domain.schedule import ScheduleState, Timing
 from support.refusals import refused
 
@@ -135,6 +136,16 @@ NAME = "schedule name must be 1..200 characters"
 def test_create_refuses_a_schedule_that_cannot_run(changes: dict[str, Any], message: str) -> None:
     with refused(InvalidRequest, message):
         _create(**changes)
+
+
+def test_create_refuses_targets_nesting_deeper_than_the_field_limit() -> None:
+    deep: dict[str, Any] = {}
+    for _ in range(MAX_FIELD_DEPTH - 1):  # with the outer object: one level past the limit
+        deep = {"a": deep}
+    _create(targets={"x": deep["a"]})
+    with refused(TooDeep, f"targets nests deeper than {MAX_FIELD_DEPTH} levels") as refusal:
+        _create(targets={"x": deep})
+    assert refusal.value.details == {"field": "targets", "max_depth": MAX_FIELD_DEPTH}
 
 
 def test_a_name_of_two_hundred_characters_is_accepted() -> None:

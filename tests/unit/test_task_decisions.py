@@ -27,6 +27,7 @@ from leasehold.domain.events import (
     AttemptTimedOut,
     CancelDelivered,
     CancelRequested,
+    FairShareGrant,
     LeaseExpired,
     LeaseReissued,
     LeaseRenewed,
@@ -39,6 +40,7 @@ from leasehold.domain.events import (
     TaskStarted,
     WriteRejected,
 )
+from leasehold.domain.limits import MAX_FIELD_DEPTH, TooDeep
 from leasehold.domain.retry import RetryPolicy
 from leasehold.domain.scan import job_status_after
 from leasehold.domain.task import (
@@ -103,6 +105,23 @@ def test_create_needs_a_task_type() -> None:
         Story.create(task_type="")
 
 
+def _nested(levels: int) -> dict[str, object]:
+    value: dict[str, object] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("field", ["scope", "parameters"])
+def test_create_refuses_a_scope_or_parameters_nesting_deeper_than_the_field_limit(field: str) -> None:
+    """Whichever way a task is created (an operator's request, a profile step), a value its lease
+    answer could not carry is refused here, naming the field."""
+    Story.create(**{field: _nested(MAX_FIELD_DEPTH)})
+    with refused(TooDeep, f"{field} nests deeper than {MAX_FIELD_DEPTH} levels") as deep:
+        Story.create(**{field: _nested(MAX_FIELD_DEPTH + 1)})
+    assert deep.value.details == {"field": field, "max_depth": MAX_FIELD_DEPTH}
+
+
 def test_a_task_is_created_once_and_nothing_else_happens_to_a_task_that_does_not_exist() -> None:
     story = Story.create()
     with refused(InvalidTransition, "task already exists") as again:
@@ -138,6 +157,14 @@ def test_lease_gives_the_worker_a_new_attempt_with_lease_and_deadline() -> None:
     assert event.lease_expires_at == START + timedelta(seconds=60)
     assert event.deadline_at == START + timedelta(seconds=600)
     assert event.originator_version == 2
+
+
+def test_a_lease_records_the_fair_share_decision_it_was_granted_by() -> None:
+    grant = FairShareGrant(organization_id=UUID(int=4), tag=2.0, floor=1.0, virtual_time=3.0, weight=1, live=1,
+                           max_live_attempts=None, waited_seconds=0.5)
+    (event,) = Story.create().decide(GrantLease(attempt_id=UUID(int=50), worker=worker(),
+                                                lease_token_hash=token_hash(5), fair_share=grant))
+    assert isinstance(event, TaskLeased) and event.fair_share == grant
 
 
 def test_a_lease_never_outlives_the_execution_deadline() -> None:

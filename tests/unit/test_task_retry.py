@@ -15,6 +15,7 @@ from leasehold.domain.errors import InvalidRequest, InvalidTransition
 from leasehold.domain.task import MAX_ATTEMPTS, Fail, Renew, RequestCancel, RetryTask
 from leasehold.projections.projector import project
 from leasehold.projections.rows import Insert, Update
+from support.refusals import refused
 from support.task_states import SCAN_ID, START, TASK_ID, Story, leased, running
 
 
@@ -49,6 +50,23 @@ def test_the_fresh_budget_can_be_chosen_and_is_bounded() -> None:
         story.decide(RetryTask(attempts=0))
 
 
+def test_a_retry_of_one_attempt_is_allowed_and_fewer_or_too_many_are_refused_exactly() -> None:
+    story = failed(max_attempts=1)
+    assert story.decide(RetryTask(attempts=1))[0].max_attempts == 2  # type: ignore[attr-defined]
+    with refused(InvalidRequest, "attempts must be at least 1"):
+        story.decide(RetryTask(attempts=0))
+    with refused(InvalidTransition, f"the task has made 1 attempts; {MAX_ATTEMPTS} more would exceed "
+                                    f"{MAX_ATTEMPTS} in all") as too_many:
+        story.decide(RetryTask(attempts=MAX_ATTEMPTS))
+    assert too_many.value.details == {"attempt_count": 1}
+
+
+def test_a_retry_of_a_task_that_did_not_fail_names_its_state() -> None:
+    with refused(InvalidTransition, "only a failed_terminal task can be retried; this one is running") as wrong:
+        running().decide(RetryTask())
+    assert wrong.value.details == {"state": "running"}
+
+
 def _cancelling() -> Story:
     story = running()
     story.apply(RequestCancel())
@@ -76,7 +94,7 @@ def test_a_failed_scan_reopens_a_running_one_needs_nothing_a_cancelled_one_refus
     assert scan.reopen_for_retry(SCAN_ID, 7, "running", False, task_id=TASK_ID, reason="r", now=START,
                                  actor="a") == []
     for status, cancel_requested in (("cancelled", False), ("running", True), ("failed", True)):
-        with pytest.raises(InvalidTransition, match="cancelled"):
+        with refused(InvalidTransition, "the task's scan was cancelled; its tasks are not retried"):
             scan.reopen_for_retry(SCAN_ID, 7, status, cancel_requested, task_id=TASK_ID, reason="r", now=START,
                                   actor="a")
     (op,) = project(reopened, b"h" * 32)
