@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from leasehold.domain.limits import TooDeep
+from leasehold.domain.limits import TooDeep, check_field
 
 #: The largest a page of assets may be (its canonical JSON array), unless one asset alone is larger.
 PAGE_BYTES = 64 * 1024
@@ -92,6 +92,9 @@ def page_scope(scope: Mapping[str, Any], *, omitted: int = 0, page_bytes: int = 
     they send it); a scope that cannot be encoded is refused (TooDeep). How deep the inline part,
     which every answer about the task carries, may nest is checked where the task is created
     (:func:`domain.task.decide`)."""
+    # Depth first: a scope nesting deeper than its limit is refused naming the limit (the
+    # encoder's own recursion limit would refuse it too, without saying which limit it broke).
+    check_field("scope", scope, max_bytes=None)
     try:
         whole = canonical(scope)
     except orjson.JSONEncodeError as exc:
