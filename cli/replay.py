@@ -5,6 +5,7 @@
     leasehold replay verify [--schema NAME] [--jobs N] [--since CHECKPOINT|SEAL|TIME]
     leasehold replay as-of TIME (TASK_ID | --scan SCAN_ID) [--clock event|recorded]
     leasehold replay verify-chain [--digests PATH] [--public-key KEY] [--archive PATH ...]
+    leasehold replay verify-fair-shares
     leasehold replay checkpoint
     leasehold replay export (TASK_ID | --scan SCAN_ID) OUT [--signing-key KEY]
     leasehold replay verify-bundle OUT [--public-key KEY]
@@ -12,7 +13,7 @@
 Every action but ``verify-bundle`` works on the database of ``--database-url``, else
 ``$LEASEHOLD_DATABASE_URL``, else ``$DATABASE_URL`` (``--embedded``: the embedded development
 server; nothing set: a usage error), named on stderr, and refuses one that was never migrated.
-``verify`` and ``verify-chain`` of a log without events say ``EMPTY`` and exit 1: nothing was
+``verify``, ``verify-chain`` and ``verify-fair-shares`` of a log without events say ``EMPTY`` and exit 1: nothing was
 verified. Every action takes ``--json`` (machine output) and ``--no-progress``. Exit codes: 0 all
 good, 1 a finding (differences, broken chains, a bad bundle, nothing to verify) or a failure, 2
 a usage error.
@@ -40,6 +41,7 @@ from leasehold.persistence.partitions import archive_records
 from leasehold.persistence.queries import QUERIES
 from leasehold.persistence.seals import SealKeyError, load_private_key, load_public_key
 from leasehold.persistence.snapshot import snapshot
+from leasehold.persistence.tables import fair_share_rows
 from leasehold.persistence.urls import database_label
 from leasehold.projections.memory import ProjectionError
 from leasehold.replay import render
@@ -47,6 +49,7 @@ from leasehold.replay.archive import ArchiveSet, verify_bundle_or_archive
 from leasehold.replay.asof import scan_as_of, task_as_of
 from leasehold.replay.bundle import export_bundle
 from leasehold.replay.digests import load_digests
+from leasehold.replay.fairness import fair_share_differences
 from leasehold.replay.integrity import verify_log
 from leasehold.replay.log import NotFound
 from leasehold.replay.parallel import EVENTS_PER_JOB, default_jobs
@@ -120,6 +123,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         " signatures are checked with")
     archives(p, "to verify and to continue the chains from")
     p.set_defaults(func=_run(_verify_chain))
+
+    p = actions.add_parser("verify-fair-shares", parents=[common],
+                           help="re-derive every organisation's fair-share state from the log and compare it with"
+                                " org_service (exit 1 on any difference)")
+    p.set_defaults(func=_run(_verify_fair_shares))
 
     p = actions.add_parser("checkpoint", parents=[common], help="seal the current heads of all streams")
     p.set_defaults(func=_run(_checkpoint))
@@ -333,6 +341,25 @@ async def _verify(args: argparse.Namespace) -> int:
                                             if empty else ""))
         if result.latest is not None:
             _out(f"verified through checkpoint {result.latest.id} (next: --since {result.latest.seal.hex()})")
+    return EXIT_OK if ok else EXIT_FAILURE
+
+
+async def _verify_fair_shares(args: argparse.Namespace) -> int:
+    """``org_service`` (the acquire's fair-share state, written under each organisation's row
+    lock, not a projection) against what the lease events recorded: one snapshot, the live log."""
+    async with await _connect(args) as conn:
+        await _note_archived(conn, "verify-fair-shares")
+        differences = await fair_share_differences(conn)
+        organizations = len(await fair_share_rows(conn))
+        await conn.rollback()
+    empty = not organizations and not differences
+    ok = not differences and not empty
+    if args.json:
+        render.print_json({"ok": ok, "empty": empty, "organizations": organizations, "differences": differences})
+    else:
+        _out(*differences)
+        verdict = "OK" if ok else "EMPTY" if not differences else _n(len(differences), "difference").upper()
+        _out(f"{verdict}: the fair-share state of {_n(organizations, 'organisation')} compared with the log")
     return EXIT_OK if ok else EXIT_FAILURE
 
 
