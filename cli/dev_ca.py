@@ -173,6 +173,8 @@ def issue_worker_certificate(
     not_after: dt.datetime | None = None,
     eku_client: bool = True,
     key_usage_ok: bool = True,
+    eku_absent: bool = False,
+    ca: bool = False,
     force: bool = False,
 ) -> IssuedCertificate:
     """Issue a worker's client certificate, signed by the CA in ``directory``.
@@ -184,8 +186,10 @@ def issue_worker_certificate(
     The remaining knobs exist for security tests: ``not_before``/``not_after`` (timezone-aware,
     they override ``days``) make expired or not-yet-valid certificates; ``eku_client=False``
     gives the certificate EKU serverAuth instead of clientAuth; ``key_usage_ok=False`` gives it
-    a keyUsage that allows neither digitalSignature nor keyAgreement. The Gateway must refuse
-    all of these.
+    a keyUsage that allows neither digitalSignature nor keyAgreement; ``eku_absent=True`` leaves
+    the extendedKeyUsage extension out; ``ca=True`` makes it say basicConstraints CA:TRUE. The
+    Gateway must refuse all of these (the last two pass OpenSSL's own purpose check: the Gateway
+    refuses them itself, see :func:`gateway.tls.client_certificate_problem`).
     """
     _check_name(name)
     paths = PkiPaths.for_directory(directory)
@@ -195,13 +199,14 @@ def issue_worker_certificate(
         raise PkiExistsError(f"worker certificate {cert_path} already exists (use force to replace it)")
     start, end = _validity(days, not_before, not_after)
     paths.workers_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    eku = [ExtendedKeyUsageOID.CLIENT_AUTH] if eku_client else [ExtendedKeyUsageOID.SERVER_AUTH]
+    eku = [] if eku_absent else [ExtendedKeyUsageOID.CLIENT_AUTH] if eku_client else [ExtendedKeyUsageOID.SERVER_AUTH]
     return _issue_leaf(
         paths,
         common_name=name,
         san_names=None,
         eku=eku,
         key_usage_ok=key_usage_ok,
+        ca=ca,
         not_before=start,
         not_after=end,
         cert_path=cert_path,
@@ -374,6 +379,7 @@ def _issue_leaf(
     san_names: Sequence[str] | None,
     eku: list[x509.ObjectIdentifier],
     key_usage_ok: bool,
+    ca: bool = False,
     not_before: dt.datetime,
     not_after: dt.datetime,
     cert_path: Path,
@@ -399,12 +405,13 @@ def _issue_leaf(
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(_leaf_key_usage(ok=key_usage_ok), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(eku), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
     )
+    if eku:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(eku), critical=False)
     if san_names:
         builder = builder.add_extension(
             x509.SubjectAlternativeName(_general_names(san_names)), critical=False

@@ -9,6 +9,7 @@ from the database, never from the request.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from aiohttp import web
@@ -16,8 +17,10 @@ from aiohttp import web
 from leasehold.domain.errors import Forbidden, LeaseholdError
 from leasehold.gateway.identity import Operator, WorkerIdentity
 from leasehold.gateway.keys import BUCKETS, CERTIFICATES, OPERATOR, SERVICES, WORKER, WORKER_FINGERPRINT
-from leasehold.gateway.tls import peer_fingerprint
+from leasehold.gateway.tls import client_certificate_problem, fingerprint_of_der, peer_certificate
 from leasehold.protocol.logs import LOG_CONTEXT
+
+log = logging.getLogger("leasehold.gateway")
 
 
 class Unauthorized(LeaseholdError):
@@ -45,9 +48,10 @@ async def worker_identity(request: web.Request) -> WorkerIdentity:
     cached = request.get(WORKER)
     if cached is not None:
         return cached
-    fingerprint = peer_fingerprint(request.transport.get_extra_info("ssl_object") if request.transport else None)
-    if fingerprint is None:
+    der = peer_certificate(request.transport.get_extra_info("ssl_object") if request.transport else None)
+    if der is None:
         raise Forbidden("a client certificate is required on the worker API")
+    fingerprint = fingerprint_of_der(der)
     request[WORKER_FINGERPRINT] = fingerprint
     wait = request.app[BUCKETS].take(fingerprint)
     if wait > 0:
@@ -55,6 +59,13 @@ async def worker_identity(request: web.Request) -> WorkerIdentity:
     known = request.app[CERTIFICATES]
     identity = known.get(fingerprint)
     if identity is None:
+        # Checked once per certificate and process (a fit one is then remembered below), before
+        # anything is read from the database.
+        problem = client_certificate_problem(der)
+        if problem is not None:
+            log.warning("a worker certificate unfit for client authentication was refused",
+                        extra={"fingerprint": fingerprint, "reason": problem})
+            raise Forbidden(problem, fingerprint=fingerprint)
         worker_id, name = await request.app[SERVICES].registry.worker_by_certificate(fingerprint)
         identity = WorkerIdentity(worker_id, name, fingerprint)
         known.remember(identity)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 __all__ = [
     "CA_CERT_FILE",
@@ -38,9 +39,11 @@ __all__ = [
     "PkiError",
     "PkiNotFoundError",
     "PkiPaths",
+    "client_certificate_problem",
     "fingerprint_of_der",
     "fingerprint_of_pem",
     "load_pki",
+    "peer_certificate",
     "peer_fingerprint",
     "server_ssl_context",
 ]
@@ -109,17 +112,48 @@ def fingerprint_of_pem(pem: bytes) -> str:
     return fingerprint_of_der(cert.public_bytes(serialization.Encoding.DER))
 
 
+def peer_certificate(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> bytes | None:
+    """The peer's certificate on a TLS connection (DER), or ``None``."""
+    if ssl_object is None:
+        return None
+    return ssl_object.getpeercert(binary_form=True) or None
+
+
 def peer_fingerprint(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
     """Return the fingerprint of the peer's certificate on a TLS connection, or ``None``.
 
     With aiohttp: ``peer_fingerprint(request.transport.get_extra_info("ssl_object"))``.
     """
-    if ssl_object is None:
-        return None
-    der = ssl_object.getpeercert(binary_form=True)
-    if not der:
-        return None
-    return fingerprint_of_der(der)
+    der = peer_certificate(ssl_object)
+    return None if der is None else fingerprint_of_der(der)
+
+
+def client_certificate_problem(der: bytes) -> str | None:
+    """Why a certificate the handshake accepted still may not authenticate a worker (None: it may).
+
+    OpenSSL's purpose check on the server refuses a client certificate whose extendedKeyUsage
+    lacks clientAuth, but accepts one with no extendedKeyUsage at all, and does not look at a
+    leaf's basicConstraints. A worker certificate must say both: extendedKeyUsage with
+    clientAuth, and basicConstraints CA:FALSE (a CA certificate, signed by our CA by mistake,
+    could otherwise sign certificates of its own).
+    """
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        return f"the client certificate cannot be read: {exc}"
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        return "the client certificate has no basicConstraints extension: a worker certificate must say CA:FALSE"
+    if constraints.ca:
+        return "the client certificate is a CA certificate (basicConstraints CA:TRUE): a worker certificate must say CA:FALSE"
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return "the client certificate has no extendedKeyUsage extension: a worker certificate must carry clientAuth"
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usage:
+        return "the client certificate's extendedKeyUsage lacks clientAuth"
+    return None
 
 
 

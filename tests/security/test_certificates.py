@@ -189,3 +189,27 @@ async def test_tls_below_1_2(gateway: RunningGateway, control: None, version: st
         ctx.minimum_version = ctx.maximum_version = getattr(ssl.TLSVersion, version)
         ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # let the client really offer it
     await assert_refused(gateway, ctx, handshake_error("UNSUPPORTED_PROTOCOL"), caplog)
+
+
+@pytest.mark.parametrize(("name", "options", "reason"), [
+    # Both pass OpenSSL's purpose check (it refuses an extendedKeyUsage without clientAuth, not a
+    # missing one, and never looks at a leaf's basicConstraints): the Gateway refuses them itself.
+    ("no-eku", {"eku_absent": True}, "no extendedKeyUsage extension"),
+    ("ca-leaf", {"ca": True}, "is a CA certificate"),
+])
+async def test_a_certificate_without_client_auth_or_saying_ca_true_is_refused_before_any_work(
+        gateway: RunningGateway, control: None, name: str, options: dict[str, bool], reason: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    issued = await worker_certificate(gateway, name, **options)
+    events = await gateway.count("SELECT count(*) FROM events")
+    ctx = presenting(gateway, issued)
+    with caplog.at_level(logging.WARNING, logger="leasehold.gateway"):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            for _ in range(2):  # refused every time, not only on the first sight of the certificate
+                async with s.post(gateway.worker_url + "/v1/tasks/acquire", json={"wait_seconds": 0}) as r:
+                    assert r.status == 403, await r.text()
+                    assert r.content_type == "application/problem+json"
+                    problem = await r.json()
+                    assert reason in problem["detail"] and problem["fingerprint"] == issued.fingerprint
+    assert await gateway.count("SELECT count(*) FROM events") == events
+    assert any("unfit for client authentication" in rec.getMessage() for rec in caplog.records)
