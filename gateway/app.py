@@ -32,8 +32,9 @@ from leasehold.gateway.background import checkpointer, partitioner, sampler, sch
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
 from leasehold.gateway.console.site import routes as console_routes
-from leasehold.gateway.identity import KnownCertificates, TokenBuckets
+from leasehold.gateway.identity import FailureBudgets, KnownCertificates, TokenBuckets
 from leasehold.gateway.keys import (
+    AUTH_FAILURES,
     BUCKETS,
     CERTIFICATES,
     HINTS,
@@ -179,6 +180,7 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[OBSERVE_REQUEST] = app[METRICS].observe_request
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
     app[CERTIFICATES] = KnownCertificates()
+    app[AUTH_FAILURES] = FailureBudgets(settings.auth_failures_per_minute / 60, settings.auth_failure_burst)
     if settings.seal_key_file is not None and settings.digest_dir is not None:
         # Loaded before serving: a missing or wrong key stops the start, not the first seal.
         app[SEALER] = Sealer(load_private_key(settings.seal_key_file), open_sink(settings.digest_dir))

@@ -15,8 +15,18 @@ import math
 from aiohttp import web
 
 from leasehold.domain.errors import Forbidden, LeaseholdError
+from leasehold.gateway.commands.registry import ApiKey
 from leasehold.gateway.identity import Operator, WorkerIdentity
-from leasehold.gateway.keys import BUCKETS, CERTIFICATES, OPERATOR, SERVICES, WORKER, WORKER_FINGERPRINT
+from leasehold.gateway.keys import (
+    AUTH_FAILURES,
+    BUCKETS,
+    CERTIFICATES,
+    METRICS,
+    OPERATOR,
+    SERVICES,
+    WORKER,
+    WORKER_FINGERPRINT,
+)
 from leasehold.gateway.tls import client_certificate_problem, fingerprint_of_der, peer_certificate
 from leasehold.protocol.logs import LOG_CONTEXT
 
@@ -73,6 +83,27 @@ async def worker_identity(request: web.Request) -> WorkerIdentity:
     return identity
 
 
+async def checked_api_key(request: web.Request, key: str, *, door: str) -> ApiKey | None:
+    """The live operator key ``key`` is (None: unknown, revoked or expired), within the failure
+    budgets of the caller's address and of the key's prefix (:class:`gateway.identity.FailureBudgets`):
+    with either spent, RateLimited (429, Retry-After) before the key is looked up. ``door``
+    names the way in for the metrics (``api``, ``console``)."""
+    budgets, metrics = request.app[AUTH_FAILURES], request.app[METRICS]
+    source = request.remote or "unknown"
+    wait, budget = budgets.blocked(source, key)
+    if wait > 0:
+        metrics.auth_throttled.labels(door, budget or "source").inc()
+        log.warning("operator authentication throttled: too many failures", extra={
+            "door": door, "budget": budget, "source": source, "retry_after_seconds": math.ceil(wait)})
+        raise RateLimited("too many failed authentications from this address or with this key prefix; "
+                          "try again later", retry_after=math.ceil(wait))
+    found = await request.app[SERVICES].registry.api_key(key)
+    if found is None:
+        budgets.failed(source, key)
+        metrics.auth_failures.labels(door).inc()
+    return found
+
+
 async def operator_identity(request: web.Request) -> Operator:
     """The calling operator, from ``Authorization: Bearer <key>`` (401 when missing or unknown)."""
     cached = request.get(OPERATOR)
@@ -82,7 +113,7 @@ async def operator_identity(request: web.Request) -> Operator:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("send an operator API key as 'Authorization: Bearer <key>'")
-    found = await request.app[SERVICES].registry.api_key(key.strip())
+    found = await checked_api_key(request, key.strip(), door="api")
     if found is None:
         raise Unauthorized("unknown or revoked API key")
     operator = Operator(key_id=found.id, name=found.name, organization_id=found.organization_id)

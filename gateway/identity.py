@@ -64,6 +64,45 @@ class TokenBuckets:
         return (1 - tokens) / self.rate
 
 
+class FailureBudgets:
+    """Failed authentications (unknown, revoked or expired operator API keys, at the API and at the
+    console's sign-in) allowed per source address and per key prefix: ``burst`` at once, one
+    more every ``1 / rate`` seconds. Spent, every further attempt from that source, or with that
+    prefix, is refused (429) before the key is looked up: guessing keys costs the database
+    nothing, and one key's holder is not locked out by a stranger guessing from elsewhere unless
+    the stranger guesses that key's own prefix. In process: each Gateway process counts its own.
+    """
+
+    #: How much of a presented key names its prefix (``lh_`` and 9 characters of its secret).
+    PREFIX = 12
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._spent: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def _tokens(self, key: tuple[str, str], now: float) -> float:
+        tokens, last = self._spent.get(key, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - last) * self.rate)
+
+    def blocked(self, source: str, key: str) -> tuple[float, str | None]:
+        """Seconds until an attempt from ``source`` with ``key`` may be made (0: now), and which
+        budget is spent (``source`` or ``prefix``)."""
+        now = time.monotonic()
+        for kind, name in (("source", source), ("prefix", key[:self.PREFIX])):
+            tokens = self._tokens((kind, name), now)
+            if tokens < 1:
+                return (1 - tokens) / self.rate, kind
+        return 0.0, None
+
+    def failed(self, source: str, key: str) -> None:
+        """One failed attempt from ``source`` with ``key``: charged to both budgets."""
+        now = time.monotonic()
+        if len(self._spent) > 100_000:  # bounded memory under address churn
+            self._spent.clear()
+        for kind, name in (("source", source), ("prefix", key[:self.PREFIX])):
+            self._spent[(kind, name)] = (self._tokens((kind, name), now) - 1, now)
+
+
 class KnownCertificates:
     """Certificate fingerprint -> the worker it was registered for, as far as this process has
     seen it. The mapping never changes (a fingerprint is unique and a worker keeps its id), so it

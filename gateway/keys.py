@@ -8,7 +8,13 @@ from aiohttp import web
 
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
-from leasehold.gateway.identity import KnownCertificates, Operator, TokenBuckets, WorkerIdentity
+from leasehold.gateway.identity import (
+    FailureBudgets,
+    KnownCertificates,
+    Operator,
+    TokenBuckets,
+    WorkerIdentity,
+)
 from leasehold.gateway.metrics import Metrics
 from leasehold.gateway.services import Services
 from leasehold.gateway.settings import GatewaySettings
@@ -29,6 +35,7 @@ METRICS = web.AppKey("metrics", Metrics)
 OBSERVE_REQUEST: web.AppKey[ObserveRequest] = web.AppKey("observe_request")
 ROUTES = web.AppKey("routes", list)
 BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
+AUTH_FAILURES = web.AppKey("auth_failures", FailureBudgets)
 CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
 SEALER = web.AppKey("sealer", Sealer)
 #: The connection guards of the listeners (worker, operator), once serving (gateway.serve.start).

@@ -86,6 +86,15 @@ class Metrics:
             "worker) and delivery_to_ack (handed -> the worker acknowledged), by delivery channel",
             ["leg", "channel"], registry=self.registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.auth_failures = Counter(
+            "leasehold_auth_failures_total",
+            "Failed operator authentications (unknown, revoked or expired API key), by door (api, console)",
+            ["door"], registry=self.registry)
+        self.auth_throttled = Counter(
+            "leasehold_auth_throttled_total",
+            "Operator authentications refused (429) because the failure budget of the source address or of "
+            "the key prefix was spent, by door and budget (source, prefix)", ["door", "budget"],
+            registry=self.registry)
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",

@@ -96,6 +96,13 @@ class GatewaySettings(BaseSettings):
                                                               "(instead of LEASEHOLD_ADMIN_API_KEY)")
     rate_limit_per_second: float = Field(200.0, gt=0, description="requests per second per worker certificate")
     rate_limit_burst: int = Field(400, ge=1, description="burst allowance per worker certificate")
+    auth_failure_burst: int = Field(
+        20, ge=1, description="failed operator authentications (unknown, revoked or expired API keys, at the API "
+                              "and the console's sign-in) allowed at once per source address and per key prefix; "
+                              "past it, 429 until the budget refills")
+    auth_failures_per_minute: float = Field(
+        6.0, gt=0, description="how fast the failed-authentication budget of a source address or key prefix "
+                               "refills (failures per minute)")
     shutdown_timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="on SIGTERM, how long in-flight requests may take to finish before they are "
                                         "cancelled (waiting long-polls are answered at once)")

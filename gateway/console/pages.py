@@ -30,6 +30,7 @@ from leasehold.gateway.api.operator_models import (
     ScanListQuery,
     Task,
 )
+from leasehold.gateway.auth import RateLimited
 from leasehold.gateway.console import sessions
 from leasehold.gateway.console.charts import (
     BUCKET,
@@ -93,7 +94,13 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     if not expected or not sessions.csrf_matches(expected, form.get("csrf")):
         return error(403, "This form has no valid CSRF token; reload the sign-in page and try again.")
     key = form.get("key")
-    token = await sessions.open_session(request, key.strip()) if isinstance(key, str) and key.strip() else None
+    try:
+        token = await sessions.open_session(request, key.strip()) if isinstance(key, str) and key.strip() else None
+    except RateLimited as limited:
+        response = _sign_in_page(secrets.token_urlsafe(24), "Too many failed sign-ins from this address or with "
+                                 "this key; try again later.", status=429)
+        response.headers["Retry-After"] = str(limited.details.get("retry_after", 60))
+        return response
     if token is None:
         return _sign_in_page(secrets.token_urlsafe(24), "Unknown, revoked or expired API key.", status=401)
     response = redirect(ROOT)

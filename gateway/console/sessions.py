@@ -20,6 +20,7 @@ from uuid import UUID
 
 from aiohttp import web
 
+from leasehold.gateway.auth import checked_api_key
 from leasehold.gateway.identity import Operator
 from leasehold.gateway.keys import SERVICES
 
@@ -50,7 +51,7 @@ def set_cookie(response: web.StreamResponse, name: str, value: str, max_age: int
 async def open_session(request: web.Request, key: str) -> str | None:
     """A new session for the live operator key ``key`` (its token), or None for an unknown key."""
     services = request.app[SERVICES]
-    found = await services.registry.api_key(key)
+    found = await checked_api_key(request, key, door="console")  # RateLimited past the failure budget
     if found is None:
         return None
     token = secrets.token_urlsafe(32)

@@ -87,10 +87,10 @@ async def run(name: str, argv: list[str], env: dict[str, str], cwd: Path) -> dic
 @pytest.mark.slow
 async def test_schemathesis_finds_nothing(database_url: str, pki: PkiPaths, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    # Long-polls are capped at 1 s (the schema allows 30) and the per-certificate rate limit is out
+    # Long-polls are capped at 1 s (the schema allows 30) and the rate limits (per certificate, failed keys) are out
     # of the way: the budget is for test cases, and both limits have tests of their own.
     async with running_gateway(database_url, pki, max_wait_seconds=1, rate_limit_per_second=1e6,
-                               rate_limit_burst=1_000_000) as gw:
+                               rate_limit_burst=1_000_000, auth_failure_burst=1_000_000) as gw:
         worker = await gw.worker(capacity=1000)
         for _ in range(50):
             await gw.task()
