@@ -54,32 +54,36 @@ EXIT_STARTUP = 1
 
 class GuardedSockSite(web.SockSite):
     """A listener on a bound socket whose connections pass through a :class:`ConnectionGuard`
-    (with TLS: the handshake bounded by the header timeout)."""
+    (with TLS: started by the guard on each connection it admitted, the handshake bounded by the
+    header timeout)."""
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, *, ssl_context: ssl.SSLContext | None,
                  guard: ConnectionGuard, backlog: int = 128) -> None:
         super().__init__(runner, sock, ssl_context=ssl_context, backlog=backlog)
         self.guard = guard
+        guard.tls = ssl_context
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with the runner
         server = self._runner.server
         assert server is not None
+        # No ssl= here: the guard starts TLS on each connection it admitted (see gateway.guard).
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard.factory(server), sock=self._sock, ssl=self._ssl_context, backlog=self._backlog,
-            ssl_handshake_timeout=self.guard.header_timeout if self._ssl_context is not None else None)
+            self.guard.factory(server), sock=self._sock, backlog=self._backlog)
 
 
 def _guard_metrics(app: web.Application, guards: list[ConnectionGuard]) -> None:
     registry = app[METRICS].registry
     open_ = Gauge("leasehold_connections_open", "Open connections, per listener", ["listener"], registry=registry)
     closed = Gauge("leasehold_connections_closed_by_guard", "Connections the guard closed since start, per "
-                   "listener and reason (header_timeout, evicted, refused)", ["listener", "reason"], registry=registry)
+                   "listener and reason (header_timeout, evicted, refused, handshake_failed)", ["listener", "reason"], registry=registry)
     for g in guards:
         open_.labels(g.name).set_function(lambda g=g: len(g.open))  # type: ignore[misc]
         closed.labels(g.name, "header_timeout").set_function(lambda g=g: g.timed_out)  # type: ignore[misc]
         closed.labels(g.name, "evicted").set_function(lambda g=g: g.evicted)  # type: ignore[misc]
         closed.labels(g.name, "refused").set_function(lambda g=g: g.refused)  # type: ignore[misc]
+        closed.labels(g.name, "handshake_failed").set_function(
+            lambda g=g: g.handshakes_failed)  # type: ignore[misc]
 
 
 async def start(settings: GatewaySettings, *, reuse_port: bool = False,

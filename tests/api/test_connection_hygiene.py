@@ -31,7 +31,9 @@ from support.slow_clients import one as slow_client
 from support.waits import wait_until
 
 TESTS = str(Path(__file__).resolve().parents[1])
-HEADER_TIMEOUT = 2.0
+#: Long enough for the Gateway to accept and handshake 600 connections at once on a busy 2-core
+#: machine and still hold them while this test reads its metrics (the timeout runs from the accept).
+HEADER_TIMEOUT = 5.0
 KEEPALIVE_TIMEOUT = 1.5
 SLOW_PER_LISTENER = 300
 #: Scheduling slack on a busy shared 2-core machine, on top of the documented timeout (the
@@ -125,8 +127,8 @@ async def check_slow_clients(server: GatewayProcess, gateway: RunningGateway, wo
     longest = {kind: round(max(values), 2) for kind, values in lived.items()}
     typical = {kind: round(sorted(values)[len(values) // 2], 2) for kind, values in lived.items()}
     print(f"slow connections per listener {SLOW_PER_LISTENER}; lives (s): longest {longest}, median {typical}")
-    # The documented bound: the TLS handshake, then the header, each within the header timeout.
-    assert max(longest.values()) < 2 * HEADER_TIMEOUT + SLACK, longest
+    # The documented bound: the TLS handshake and the header together within the header timeout.
+    assert max(longest.values()) < HEADER_TIMEOUT + SLACK, longest
     assert min(lived["drip"]) >= HEADER_TIMEOUT * 0.9  # dripping did not close them early, nor keep them
     for name in ("worker", "operator"):
         closed = await labelled(server, f'leasehold_connections_closed_by_guard{{listener="{name}",'
@@ -155,6 +157,26 @@ async def test_at_the_cap_slow_connections_are_evicted_for_a_normal_client(datab
         for task in clients:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
+
+
+async def test_connections_still_in_their_tls_handshake_count_against_the_cap(database_url: str,
+                                                                              pki: PkiPaths) -> None:
+    """A flood of TCP connections that never send a ClientHello fills the cap like any other slow
+    connection: counted from the accept (not only once the handshake is done), evicted oldest first
+    for a normal client, and closed at the header timeout."""
+    async with running_gateway(database_url, pki, max_connections_per_listener=20, header_timeout_seconds=30) as gw:
+        guard = gateway_guards(gw)[1]
+        stalled = [await asyncio.open_connection("127.0.0.1", port(gw.operator_url)) for _ in range(20)]
+        await wait_until(lambda: len(guard.open) == 20, 10, what="20 stalled handshakes counted")
+        seconds, reply = await timed(gw.operator("GET", f"/v1/organizations/{gw.org}", key=ADMIN_KEY))
+        assert reply.status == 200 and seconds < 1.0  # type: ignore[attr-defined]
+        assert guard.evicted == 1 and guard.refused == 0
+        # The evicted one is the oldest: its socket is closed by the Gateway.
+        assert await asyncio.wait_for(stalled[0][0].read(), 5) == b""
+        await wait_until(lambda: len(guard.open) == 19, 5, what="the normal client's connection to close")
+        for _, writer in stalled:
+            writer.close()
+        await wait_until(lambda: not guard.open, 5, what="every stalled handshake forgotten once closed")
 
 
 async def test_a_kept_alive_connection_is_closed_after_the_keepalive_timeout(database_url: str,
