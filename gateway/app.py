@@ -122,24 +122,31 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
     loops = [
-        asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds, metrics.swept.inc),
+        asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds,
+                                        lambda changed: _swept(metrics, changed)),
                             name="leasehold-sweeper"),
         asyncio.create_task(sampler.run(db, metrics, settings.metrics_sample_seconds), name="leasehold-sampler"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:
-        loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer),
+        loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer,
+                                                          on_pass=lambda made: _sealed(metrics, made)),
                                          name="leasehold-seals"))
     elif settings.checkpoint_interval_seconds > 0:
-        loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
+        loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds,
+                                                          on_pass=lambda _: metrics.passed("checkpoints")),
                                          name="leasehold-checkpoints"))
     if settings.partition_interval_seconds > 0:
         loops.append(asyncio.create_task(partitioner.run(db, settings.partition_interval_seconds,
-                                                         span=settings.partition_span, ahead=settings.partition_ahead),
+                                                         span=settings.partition_span, ahead=settings.partition_ahead,
+                                                         on_pass=lambda _: metrics.passed("partitions")),
                                          name="leasehold-partitions"))
     if settings.schedule_interval_seconds > 0:
-        loops.append(asyncio.create_task(scheduler.run(services.schedules, settings.schedule_interval_seconds),
+        loops.append(asyncio.create_task(scheduler.run(services.schedules, settings.schedule_interval_seconds,
+                                                       on_pass=lambda _: metrics.passed("scheduler")),
                                          name="leasehold-scheduler"))
+    for task in loops:  # a loop that never passes shows as passed at 0 (1970), not as no series at all
+        metrics.loop_passes.labels(task.get_name().removeprefix("leasehold-"))
     try:
         yield
     finally:
@@ -155,6 +162,16 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if read_pool is not None:
             await read_pool.close()
         await pool.close()
+
+
+def _swept(metrics: Metrics, changed: int) -> None:
+    metrics.swept.inc(changed)
+    metrics.passed("sweeper")
+
+
+def _sealed(metrics: Metrics, made: float) -> None:
+    metrics.passed("seals")
+    metrics.last_seal.set(made)
 
 
 def _pool_stat(pool: AsyncConnectionPool, name: str) -> Callable[[], float]:

@@ -88,6 +88,15 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
+        # Per process (each runs its own loops): a loop that stops passing shows as a timestamp
+        # that stops moving, whatever the reason (stuck, crashing on every pass, never started).
+        self.loop_passes = Gauge("leasehold_background_last_pass_timestamp_seconds",
+                                 "When each background loop of this process last finished a pass (Unix time), "
+                                 "by loop: sweeper, sampler, seals, checkpoints, partitions, scheduler",
+                                 ["loop"], registry=self.registry)
+        self.last_seal = Gauge("leasehold_last_seal_timestamp_seconds",
+                               "When the newest record in the digest sink was sealed (Unix time), as this "
+                               "process's seal loop last saw it; 0 until it has seen one", registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
               ["version", "schema_revision", "python"], registry=self.registry, multiprocess_mode="max").labels(
             version, schema_revision or "none", platform.python_version()).set(1)
@@ -99,6 +108,10 @@ class Metrics:
             self.acquire.labels(outcome).observe(seconds)
         else:
             self.latency.labels(route).observe(seconds)
+
+    def passed(self, loop: str) -> None:
+        """A pass of background loop ``loop`` finished (see ``leasehold_background_last_pass_timestamp_seconds``)."""
+        self.loop_passes.labels(loop).set_to_current_time()
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()

@@ -15,6 +15,7 @@ async def run(db: Database, metrics: Metrics, every: float = 5.0) -> None:
     while True:
         try:
             await sample(db, metrics)
+            metrics.passed("sampler")
         except Exception as exc:  # an outage skips a sample; a cancellation stops the loop
             stop_if_cancelled(exc)
         await asyncio.sleep(every)
