@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from psycopg_pool import AsyncConnectionPool
 
+from leasehold.gateway import health
 from leasehold.gateway.api import operator as operator_api
 from leasehold.gateway.api import service as service_api
 from leasehold.gateway.api import worker as worker_api
@@ -130,7 +131,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     sealer = app.get(SEALER)
     if sealer is not None:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer,
-                                                          on_pass=lambda made: _sealed(metrics, made)),
+                                                          on_pass=metrics.sealed),
                                          name="leasehold-seals"))
     elif settings.checkpoint_interval_seconds > 0:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds,
@@ -147,6 +148,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                          name="leasehold-scheduler"))
     for task in loops:  # a loop that never passes shows as passed at 0 (1970), not as no series at all
         metrics.loop_passes.labels(task.get_name().removeprefix("leasehold-"))
+    checks = Gauge("leasehold_health_degraded", "1 while this process's health check finds that dependency slow "
+                   "or down, by check: database, listen, redis, digest_sink, partitions (see GET /v1/health)",
+                   ["check"], registry=metrics.registry)
+    for name in health.CHECKS:
+        checks.labels(name).set_function(_degraded(app, name))
     try:
         yield
     finally:
@@ -164,14 +170,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await pool.close()
 
 
+def _degraded(app: web.Application, check: str) -> Callable[[], float]:
+    return lambda: 1.0 if health.assess(app)[check].degraded else 0.0
+
+
 def _swept(metrics: Metrics, changed: int) -> None:
     metrics.swept.inc(changed)
     metrics.passed("sweeper")
-
-
-def _sealed(metrics: Metrics, made: float) -> None:
-    metrics.passed("seals")
-    metrics.last_seal.set(made)
 
 
 def _pool_stat(pool: AsyncConnectionPool, name: str) -> Callable[[], float]:
