@@ -38,6 +38,9 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count"
             "summary": ("", "_count", "_sum", "_created"), "gauge": ("",), "info": ("_info",),
             "unknown": ("",)}
 
+#: The background loops a Gateway with sealing runs (each with a pass timestamp).
+LOOPS = ("sweeper", "sampler", "seals", "partitions", "scheduler")
+
 Catalogue = dict[str, set[str]]  # selectable series name -> label names it may carry
 
 
@@ -171,7 +174,7 @@ async def test_the_dashboard_and_the_alert_rules_query_only_what_a_gateway_serve
         async def settled() -> str | None:
             text = await scrape(gw)
             passed = [value(text, "leasehold_background_last_pass_timestamp_seconds", loop=loop)
-                      for loop in ("sweeper", "sampler", "seals")]
+                      for loop in LOOPS]
             sealed = value(text, "leasehold_last_seal_timestamp_seconds")
             pending = value(text, "leasehold_organization_queue_depth", organization=str(gw.org), state="pending")
             return text if all(passed) and sealed and pending == 2 else None
@@ -180,7 +183,7 @@ async def test_the_dashboard_and_the_alert_rules_query_only_what_a_gateway_serve
     catalogue = catalogue_of(text, declared_labels())
     # The new series say what they claim: recent passes, a seal made just now.
     now = time.time()
-    for loop in ("sweeper", "sampler", "seals", "partitions", "scheduler"):
+    for loop in LOOPS:
         passed = value(text, "leasehold_background_last_pass_timestamp_seconds", loop=loop)
         assert passed is not None and now - 60 < passed <= now + 1, (loop, passed)
     sealed = value(text, "leasehold_last_seal_timestamp_seconds")
