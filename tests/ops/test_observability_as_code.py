@@ -251,6 +251,28 @@ def test_promtool_unit_tests_of_the_rules_pass() -> None:
     assert "SUCCESS" in run.stdout
 
 
+#: What Grafana puts in place of the dashboard's variables before it sends a query.
+GRAFANA_VALUES = {"$__rate_interval": "5m", "$job": ".+", "$organization": ".+"}
+
+
+def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
+    """Each panel query, its variables replaced as Grafana would, is valid PromQL: promtool
+    checks it as a recording rule (a typo such as an unclosed brace fails here)."""
+    rules = []
+    for n, (_, expression) in enumerate(dashboard_expressions(json.loads(DASHBOARD.read_text()))):
+        if expression.lstrip().startswith("label_values("):
+            continue  # Grafana's own template function, not PromQL
+        for variable, replacement in GRAFANA_VALUES.items():
+            expression = expression.replace(variable, replacement)
+        assert "$" not in expression, expression
+        rules.append({"record": f"leasehold:dashboard_query_{n}", "expr": expression})
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    run = subprocess.run([_promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"{len(rules)} rules found" in run.stdout
+
+
 def test_promtool_unit_tests_fail_on_a_broken_rule(tmp_path: Path) -> None:
     """The unit tests can fail: with one alert's threshold raised out of reach, they do."""
     rules = RULES.read_text()
