@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from psycopg_pool import AsyncConnectionPool
 
+from leasehold.gateway import health
 from leasehold.gateway.api import operator as operator_api
 from leasehold.gateway.api import service as service_api
 from leasehold.gateway.api import worker as worker_api
@@ -123,24 +124,36 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
     loops = [
-        asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds, metrics.swept.inc),
+        asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds,
+                                        lambda changed: _swept(metrics, changed)),
                             name="leasehold-sweeper"),
         asyncio.create_task(sampler.run(db, metrics, settings.metrics_sample_seconds), name="leasehold-sampler"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:
-        loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer),
+        loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer,
+                                                          on_pass=metrics.sealed),
                                          name="leasehold-seals"))
     elif settings.checkpoint_interval_seconds > 0:
-        loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds),
+        loops.append(asyncio.create_task(checkpointer.run(db, settings.checkpoint_interval_seconds,
+                                                          on_pass=lambda _: metrics.passed("checkpoints")),
                                          name="leasehold-checkpoints"))
     if settings.partition_interval_seconds > 0:
         loops.append(asyncio.create_task(partitioner.run(db, settings.partition_interval_seconds,
-                                                         span=settings.partition_span, ahead=settings.partition_ahead),
+                                                         span=settings.partition_span, ahead=settings.partition_ahead,
+                                                         on_pass=lambda _: metrics.passed("partitions")),
                                          name="leasehold-partitions"))
     if settings.schedule_interval_seconds > 0:
-        loops.append(asyncio.create_task(scheduler.run(services.schedules, settings.schedule_interval_seconds),
+        loops.append(asyncio.create_task(scheduler.run(services.schedules, settings.schedule_interval_seconds,
+                                                       on_pass=lambda _: metrics.passed("scheduler")),
                                          name="leasehold-scheduler"))
+    for task in loops:  # a loop that never passes shows as passed at 0 (1970), not as no series at all
+        metrics.loop_passes.labels(task.get_name().removeprefix("leasehold-"))
+    checks = Gauge("leasehold_health_degraded", "1 while this process's health check finds that dependency slow "
+                   "or down, by check: database, listen, redis, digest_sink, partitions (see GET /v1/health)",
+                   ["check"], registry=metrics.registry)
+    for name in health.CHECKS:
+        checks.labels(name).set_function(_degraded(app, name))
     try:
         yield
     finally:
@@ -156,6 +169,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if read_pool is not None:
             await read_pool.close()
         await pool.close()
+
+
+def _degraded(app: web.Application, check: str) -> Callable[[], float]:
+    return lambda: 1.0 if health.assess(app)[check].degraded else 0.0
+
+
+def _swept(metrics: Metrics, changed: int) -> None:
+    metrics.swept.inc(changed)
+    metrics.passed("sweeper")
 
 
 def _pool_stat(pool: AsyncConnectionPool, name: str) -> Callable[[], float]:

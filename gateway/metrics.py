@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -97,6 +98,29 @@ class Metrics:
             registry=self.registry)
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
+        # Per process (each runs its own loops): a loop that stops passing shows as a timestamp
+        # that stops moving, whatever the reason (stuck, crashing on every pass, never started).
+        self.loop_passes = Gauge("leasehold_background_last_pass_timestamp_seconds",
+                                 "When each background loop of this process last finished a pass (Unix time), "
+                                 "by loop: sweeper, sampler, seals, checkpoints, partitions, scheduler",
+                                 ["loop"], registry=self.registry)
+        #: Read by :mod:`gateway.health`: when the database gauges were last sampled (``None``:
+        #: not yet), their values, and the time of the newest seal seen (0: none yet).
+        self.sampled_at: float | None = None
+        self.database_latency_seconds = 0.0
+        self.partitions_ahead_seconds = 0.0
+        self.last_seal_at = 0.0
+        self.started = time.time()
+        self.database_latency = Gauge("leasehold_database_latency_seconds",
+                                      "Round trip of a trivial query to the database, as last sampled",
+                                      registry=self.registry)
+        self.partitions_reach = Gauge("leasehold_event_partitions_ahead_seconds",
+                                      "How far past now the event log's time partitions reach, as last sampled "
+                                      "(negative: events already land in the default partition)",
+                                      registry=self.registry)
+        self.last_seal = Gauge("leasehold_last_seal_timestamp_seconds",
+                               "When the newest record in the digest sink was sealed (Unix time), as this "
+                               "process's seal loop last saw it; 0 until it has seen one", registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
               ["version", "schema_revision", "python"], registry=self.registry, multiprocess_mode="max").labels(
             version, schema_revision or "none", platform.python_version()).set(1)
@@ -108,6 +132,22 @@ class Metrics:
             self.acquire.labels(outcome).observe(seconds)
         else:
             self.latency.labels(route).observe(seconds)
+
+    def sampled(self, *, database_latency: float, partitions_ahead: float) -> None:
+        self.database_latency_seconds, self.partitions_ahead_seconds = database_latency, partitions_ahead
+        self.database_latency.set(database_latency)
+        self.partitions_reach.set(partitions_ahead)
+        self.sampled_at = time.time()
+
+    def sealed(self, at: float) -> None:
+        """The seal loop passed; the newest seal in the sink was made at ``at`` (Unix time)."""
+        self.last_seal_at = at
+        self.last_seal.set(at)
+        self.passed("seals")
+
+    def passed(self, loop: str) -> None:
+        """A pass of background loop ``loop`` finished (see ``leasehold_background_last_pass_timestamp_seconds``)."""
+        self.loop_passes.labels(loop).set_to_current_time()
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()

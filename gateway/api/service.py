@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
 from leasehold.domain.errors import LeaseholdError, Unavailable
+from leasehold.gateway import health
 from leasehold.gateway.api.http import Listener, RouteTable, ok
 from leasehold.gateway.api.openapi import build_openapi
 from leasehold.gateway.auth import operator_identity
 from leasehold.gateway.keys import HINTS, METRICS, NOTIFIER, ROUTES, SERVICES
-from leasehold.gateway.schema import schema_status
+from leasehold.gateway.schema import SchemaStatus, schema_status
 
 routes = RouteTable()
 
@@ -29,19 +32,63 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return ok({"status": "ok", "pid": os.getpid()})
 
 
-@routes.route("GET", "/readyz", summary="Readiness: the database answers at the expected schema revision",
+@routes.route("GET", "/readyz", summary="Readiness: the database answers at the expected schema revision "
+                                      "(status degraded, still 200: which dependencies are slow or down)",
               auth="none", statuses=(200, 503), tags=("service",), listeners=PROBES)
 async def readyz(request: web.Request) -> web.StreamResponse:
+    schema, checks = await _checks(request.app)
+    slow = health.degraded(checks)
+    return ok({"status": "degraded" if slow else "ready", "degraded": slow,
+               "listening": request.app[NOTIFIER].connected.is_set(), "redis": _redis_state(request.app),
+               "schema": schema.as_json()})
+
+
+class HealthCheck(BaseModel):
+    state: str = Field(description="ok, degraded (slow or down) or off (not configured)")
+    detail: str
+    seconds: float | None = Field(description="what the state was judged on: round trip, seal age, partitions "
+                                              "ahead (seconds)")
+
+
+class Health(BaseModel):
+    """Which dependency of the answering Gateway process is slow or down."""
+
+    status: str = Field(description="ready, or degraded when a check is")
+    degraded: list[str] = Field(description="the checks that are degraded")
+    pid: int
+    checks: dict[str, HealthCheck] = Field(description="database, listen, redis, digest_sink, partitions")
+
+
+@routes.route("GET", "/v1/health", summary="Health detail: which dependency is slow or down (database round trip, "
+                                          "LISTEN, Redis, digest sink, event log partitions)",
+              auth="none", response=Health, statuses=(503,), tags=("service",))
+async def health_detail(request: web.Request) -> web.StreamResponse:
+    # Like /metrics: anyone who reaches the operator port; it names dependencies, never organisations.
+    _, checks = await _checks(request.app)
+    slow = health.degraded(checks)
+    return ok(Health(status="degraded" if slow else "ready", degraded=slow, pid=os.getpid(),
+                     checks={name: HealthCheck(state=c.state, detail=c.detail, seconds=c.seconds)
+                             for name, c in checks.items()}))
+
+
+async def _schema(app: web.Application) -> SchemaStatus:
+    """The schema revision the database is at; 503 when it does not answer or is not the one expected."""
     try:
         async with asyncio.timeout(2):
-            schema = await schema_status(request.app[SERVICES].db)
+            schema = await schema_status(app[SERVICES].db)
     except Exception as exc:
         raise Unavailable("the database does not answer") from exc
     problem = schema.problem()
     if problem is not None:
         raise Unavailable(problem, schema=schema.as_json())
-    return ok({"status": "ready", "listening": request.app[NOTIFIER].connected.is_set(),
-               "redis": _redis_state(request.app), "schema": schema.as_json()})
+    return schema
+
+
+async def _checks(app: web.Application) -> tuple[SchemaStatus, dict[str, health.Check]]:
+    """The schema status and the checks, the database's judged on that round trip (503 when it fails)."""
+    started = time.perf_counter()
+    schema = await _schema(app)
+    return schema, health.assess(app, database_latency=time.perf_counter() - started)
 
 
 def _redis_state(app: web.Application) -> str:

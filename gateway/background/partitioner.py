@@ -9,6 +9,7 @@ partition covers goes to the default partition.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from leasehold.gateway.background.loops import every
 from leasehold.persistence.partitions import ensure_partitions
@@ -17,7 +18,8 @@ from leasehold.persistence.transaction import Database
 log = logging.getLogger("leasehold.gateway")
 
 
-async def run(db: Database, interval: float, *, span: str, ahead: str) -> None:
+async def run(db: Database, interval: float, *, span: str, ahead: str,
+              on_pass: Callable[[int], None] | None = None) -> None:
     """Ensure the partitions now, then every ``interval`` seconds, forever."""
 
     async def step() -> int:
@@ -27,4 +29,4 @@ async def run(db: Database, interval: float, *, span: str, ahead: str) -> None:
             log.info("event log partitions created", extra={"partitions": created})
         return len(created)
 
-    await every(interval, step, name="partitions")
+    await every(interval, step, name="partitions", on_pass=on_pass)

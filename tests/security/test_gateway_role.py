@@ -14,10 +14,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from leasehold.gateway.keys import METRICS
 from leasehold.gateway.tls import PkiPaths
 from leasehold.persistence.seals import generate_keypair
 from support.cli_runner import run_cli
 from support.gateway import running_gateway
+from support.waits import wait_until
 
 
 @pytest.fixture
@@ -53,7 +55,13 @@ async def test_the_gateway_works_as_the_app_role_and_does_not_warn(
     key, public = tmp_path / "k.pem", tmp_path / "p.pem"
     generate_keypair(key, public)
     caplog.set_level(logging.WARNING, logger="leasehold.gateway")
-    async with running_gateway(url, pki, seal_key_file=key, digest_dir=tmp_path / "d") as gw:
+    async with running_gateway(url, pki, seal_key_file=key, digest_dir=tmp_path / "d",
+                               metrics_sample_seconds=0.1) as gw:
+        # The sampled gauges (queue, database round trip, partitions ahead) read as this role too.
+        await wait_until(lambda: gw.app[METRICS].sampled_at is not None, 10, what="a sample as the app role")
+        health = (await gw.operator("GET", "/v1/health")).body
+        assert health["checks"]["partitions"]["state"] == "ok", health
+        assert health["checks"]["digest_sink"]["state"] == "ok", health
         worker = await gw.worker()
         reply = await gw.operator("POST", f"/v1/scans/{gw.scan}/tasks", {"task_type": "probe"})
         assert reply.status == 201, reply.body
