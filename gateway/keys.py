@@ -10,6 +10,7 @@ from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
 from leasehold.gateway.identity import KnownCertificates, Operator, TokenBuckets, WorkerIdentity
 from leasehold.gateway.metrics import Metrics
+from leasehold.gateway.presence import Presence
 from leasehold.gateway.services import Services
 from leasehold.gateway.settings import GatewaySettings
 from leasehold.persistence.seals import Sealer
@@ -31,6 +32,8 @@ ROUTES = web.AppKey("routes", list)
 BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
 CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
 SEALER = web.AppKey("sealer", Sealer)
+#: The workers this process saw, not yet published (gateway.presence).
+PRESENCE = web.AppKey("presence", Presence)
 #: The connection guards of the listeners (worker, operator), once serving (gateway.serve.start).
 GUARDS = web.AppKey("connection_guards", list)
 #: Local port -> listener ("worker", "operator", "health"), set when the ports are bound.

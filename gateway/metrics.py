@@ -88,6 +88,13 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
+        self.presence_publishes = Counter(
+            "leasehold_presence_publishes_total",
+            "Worker presence publishes: one statement each, for every worker seen since the last one",
+            registry=self.registry)
+        self.presence_workers = Counter(
+            "leasehold_presence_workers_published_total",
+            "Workers whose last poll, renew or write went out in a presence publish", registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
               ["version", "schema_revision", "python"], registry=self.registry, multiprocess_mode="max").labels(
             version, schema_revision or "none", platform.python_version()).set(1)
@@ -102,6 +109,10 @@ class Metrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def presence_published(self, workers: int) -> None:
+        self.presence_publishes.inc()
+        self.presence_workers.inc(workers)
 
     def count_events(self, events: Sequence[object]) -> None:
         for event in events:
