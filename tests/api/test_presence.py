@@ -19,6 +19,7 @@ from test_operator_api import assert_problem, make_tenant
 from leasehold.gateway.keys import METRICS
 from leasehold.gateway.tls import PkiPaths
 from leasehold.persistence.presence import publish
+from support.console import signed_in
 from support.gateway import RunningGateway, WorkerClient, running_gateway
 from support.waits import wait_until
 
@@ -116,6 +117,19 @@ async def test_a_worker_that_stops_polling_turns_idle_then_gone_and_the_filter_a
     body = await shown(quick, worker.id)
     assert body["last_poll_at"] is not None  # gone, but its last poll is still known
     assert_problem(await quick.operator("GET", "/v1/workers?liveness=asleep"), 422)
+
+
+async def test_the_console_shows_liveness_and_the_last_poll(quick: RunningGateway) -> None:
+    worker, never = await quick.worker(), await quick.worker()
+    assert (await worker.acquire()).status == 204
+    await wait_until(lambda: _liveness_is(quick, worker.id, "live"), what="the worker live")
+    browser = await signed_in(quick)
+    listing = await browser.get("/console/workers")
+    rows = {r[0]: r for r in listing.rows("Workers")}
+    assert rows[worker.name][3] == "live" and rows[worker.name][4].startswith("20")
+    assert rows[never.name][3] == "gone"
+    detail = await browser.get(f"/console/workers/{worker.id}")
+    assert '<td data-field="liveness">live</td>' in detail.text
 
 
 async def _liveness_is(gateway: RunningGateway, worker_id: UUID, state: str) -> bool:
