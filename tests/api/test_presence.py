@@ -9,18 +9,22 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from test_finding_work import rebuilt_equals_live
 from test_operator_api import assert_problem, make_tenant
 
 from leasehold.gateway.keys import METRICS
+from leasehold.gateway.services import Services, build_services
 from leasehold.gateway.tls import PkiPaths
+from leasehold.persistence.connection import create_pool
 from leasehold.persistence.presence import publish
+from leasehold.persistence.transaction import Database
 from support.console import signed_in
-from support.gateway import RunningGateway, WorkerClient, running_gateway
+from support.gateway import GatewayProcess, RunningGateway, WorkerClient, running_gateway
 from support.waits import wait_until
 
 #: Short windows, so that a test sees every state within seconds.
@@ -195,3 +199,56 @@ async def test_no_write_per_poll_and_a_stopping_gateway_publishes_what_it_held(d
         body = await shown(again, worker.id)
         assert body["last_poll_at"] is not None and body["liveness"] == "live"
         assert datetime.fromisoformat(body["last_poll_at"]) <= stopped_after
+
+
+@pytest.fixture
+async def services(database_url: str) -> AsyncIterator[Services]:
+    pool = create_pool(database_url, min_size=1, max_size=4)
+    await pool.open()
+    try:
+        yield build_services(Database(pool))
+    finally:
+        await pool.close()
+
+
+async def test_a_killed_gateway_loses_at_most_about_one_interval_and_its_successor_carries_on(
+        database_url: str, pki: PkiPaths, services: Services, tmp_path: Path) -> None:
+    interval = 1.0
+    gateway = GatewayProcess(database_url, pki, tmp_path / "gateway.log", {"presence_publish_seconds": interval})
+    await gateway.start()
+    view: RunningGateway | None = None
+    try:
+        org = await services.registry.create_organization(f"org-{uuid4().hex[:12]}")
+        scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
+        view = gateway.client(services, org, scan)
+        worker = await view.worker()
+        polls: list[float] = []
+        polling = asyncio.create_task(keep_polling(worker, polls))
+        try:
+            async def published_twice() -> bool:
+                return await gateway.metric("leasehold_presence_publishes_total") >= 2
+            await wait_until(published_twice, what="two publishes with the worker polling")
+            assert await view.count("SELECT count(*) FROM worker_presence WHERE worker_id = %s", worker.id) == 1
+            before = len(polls)
+            await wait_until(lambda: len(polls) > before + 5, what="more polls")
+            await gateway.kill()  # SIGKILL while the worker polls: what it held since its last publish is lost
+            killed_at = await view.count("SELECT clock_timestamp()")
+        finally:
+            polling.cancel()
+            await asyncio.gather(polling, return_exceptions=True)
+        kept = await view.count("SELECT last_poll_at FROM worker_presence WHERE worker_id = %s", worker.id)
+        lost = (killed_at - kept).total_seconds()
+        print(f"presence_lost_on_kill_seconds {lost:.3f} interval {interval}")
+        assert lost <= interval + 1.0, lost  # one interval, plus the publish's own time and the kill's
+
+        await gateway.start()  # the successor knows nothing in memory; the published times stand
+        assert (await worker.acquire()).status == 204
+        moved = await wait_until(lambda: view.count(
+            "SELECT last_poll_at FROM worker_presence WHERE worker_id = %s AND last_poll_at > %s", worker.id, kept),
+            what="the successor to publish the next poll")
+        assert moved > kept
+    finally:
+        if view is not None:
+            for session in view.sessions:
+                await session.close()
+        await gateway.stop()
