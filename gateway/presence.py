@@ -1,7 +1,7 @@
 """Worker presence: when each worker last polled, renewed and wrote, without a write per request.
 
-Each Gateway process notes, in memory, the monotonic time of every worker request it serves
-(:class:`Presence`). A background loop publishes the workers that changed since its last pass,
+Each Gateway process notes, in memory, the monotonic time of every worker request it serves, and
+which workers wait in a long-poll right now (:class:`Presence`). A background loop publishes the workers that changed since its last pass,
 every ``presence_publish_seconds``, in one statement (:func:`persistence.presence.publish`);
 nothing is published when nothing changed. 1,000 long-polling workers cost one statement per
 interval per process, however often they poll. A process that dies loses at most the last
@@ -14,7 +14,9 @@ What an operator is shown is judged by :func:`liveness` from the latest of the t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import IntEnum
@@ -69,12 +71,25 @@ class Presence:
     """The last time each worker was seen by this process, and which changed since the last
     publish. ``clock`` is monotonic (injectable for tests)."""
 
-    __slots__ = ("_clock", "_seen", "_changed")
+    __slots__ = ("_clock", "_seen", "_changed", "_waiting")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._seen: dict[UUID, list[float | None]] = {}
         self._changed: set[UUID] = set()
+        self._waiting: Counter[UUID] = Counter()
+
+    @contextmanager
+    def waiting(self, worker_id: UUID) -> Iterator[None]:
+        """While an acquire long-poll of ``worker_id`` waits here, every publish counts it as
+        polling now: a worker waiting longer than ``worker_live_seconds`` still looks live."""
+        self._waiting[worker_id] += 1
+        try:
+            yield
+        finally:
+            self._waiting[worker_id] -= 1
+            if not self._waiting[worker_id]:
+                del self._waiting[worker_id]
 
     def saw(self, worker_id: UUID, what: Seen) -> None:
         """Note that ``worker_id`` was seen doing ``what`` now. No I/O: on every worker request."""
@@ -87,11 +102,14 @@ class Presence:
     @property
     def changed(self) -> int:
         """How many workers the next publish would send."""
-        return len(self._changed)
+        return len(self._changed | self._waiting.keys())
 
     def take(self) -> Published:
-        """The changed workers, sorted by id, as ages now; they count as published (give them
-        back with :meth:`give_back` if the publish fails)."""
+        """The changed workers (and those waiting in a long-poll, seen now), sorted by id, as
+        ages now; they count as published (give them back with :meth:`give_back` if the
+        publish fails)."""
+        for worker_id in self._waiting:
+            self.saw(worker_id, Seen.POLL)
         now = self._clock()
         ids = sorted(self._changed)
         self._changed = set()

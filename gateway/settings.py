@@ -72,9 +72,9 @@ class GatewaySettings(BaseSettings):
                                         "since its last publish (one statement for all of them; a process that "
                                         "dies loses at most this much)")
     worker_live_seconds: float = Field(
-        75.0, gt=0, le=86400, description="a worker seen (poll, renew or write) within this is `live`; keep it "
-                                          "above max_wait_seconds plus presence_publish_seconds, else a worker "
-                                          "that long-polls without pause can look idle")
+        75.0, gt=0, le=86400, description="a worker seen (poll, renew or write; a long-poll counts while it "
+                                          "waits) within this is `live`; keep it well above "
+                                          "presence_publish_seconds, else a polling worker can look idle")
     worker_idle_seconds: float = Field(
         300.0, gt=0, le=31 * 86400, description="a worker seen within this, but not within worker_live_seconds, "
                                                 "is `idle`; longer ago, or never: `gone`")

@@ -88,9 +88,11 @@ WARNING_HEADER = "Leasehold-Warning"
 async def acquire(request: web.Request) -> web.StreamResponse:
     worker = await worker_identity(request)
     presence = request.app[PRESENCE]
-    presence.saw(worker.id, Seen.POLL)  # and again when it answers: a long-poll is a worker waiting
+    # Seen when it arrives, at every publish while it waits, and when it answers.
+    presence.saw(worker.id, Seen.POLL)
     try:
-        return await _acquire(request, worker)
+        with presence.waiting(worker.id):
+            return await _acquire(request, worker)
     finally:
         presence.saw(worker.id, Seen.POLL)
 

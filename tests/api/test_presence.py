@@ -136,6 +136,22 @@ async def test_the_console_shows_liveness_and_the_last_poll(quick: RunningGatewa
     assert '<td data-field="liveness">live</td>' in detail.text
 
 
+async def test_a_long_poll_longer_than_the_live_window_keeps_its_worker_live(quick: RunningGateway) -> None:
+    worker = await quick.worker()
+    wait = 5  # more than worker_live_seconds (1.5 s)
+    started = time.monotonic()
+    poll = asyncio.create_task(worker.acquire(wait=wait))
+    await quick.long_polls_waiting(1)
+    seen: list[str] = []
+    while not poll.done() and time.monotonic() - started < wait - 0.5:
+        seen.append((await shown(quick, worker.id))["liveness"])
+        await asyncio.sleep(0.1)  # a look every 0.1 s for the length of the long-poll
+    assert (await poll).status == 204
+    assert time.monotonic() - started >= wait - 0.5 and len(seen) >= 10
+    # Live from its first publish on, for the whole wait: never idle while it waits.
+    assert "idle" not in seen and seen[-1] == "live", seen
+
+
 async def _liveness_is(gateway: RunningGateway, worker_id: UUID, state: str) -> bool:
     return (await shown(gateway, worker_id))["liveness"] == state
 

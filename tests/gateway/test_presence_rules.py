@@ -87,3 +87,15 @@ def test_a_failed_publish_gives_its_workers_back_with_their_times_then() -> None
     clock.now += 5
     retried = presence.take()
     assert retried.worker_ids == [B, A] and retried.ages[Seen.POLL] == [5.0, 5.0]
+
+
+def test_a_worker_waiting_in_a_long_poll_is_seen_at_every_publish_until_it_leaves() -> None:
+    clock = FakeClock()
+    presence = Presence(clock)
+    with presence.waiting(A), presence.waiting(A):  # two long-polls of one worker
+        clock.now += 40
+        assert presence.changed == 1
+        assert presence.take().ages == ([0.0], [None], [None])
+        clock.now += 40
+        assert presence.take().worker_ids == [A]
+    assert presence.changed == 0 and len(presence.take()) == 0  # gone from the waiting room
