@@ -71,25 +71,34 @@ async def keep_polling(worker: WorkerClient, polls: list[float]) -> None:
 
 async def test_a_worker_that_only_polls_stays_live_with_one_statement_per_interval_not_per_poll(
         quick: RunningGateway) -> None:
+    """One worker polls without pause and ten wait in long-polls: all eleven live, one statement
+    per publish interval for all of them."""
     await count_presence_writes(quick)
     worker = await quick.worker()
+    waiters = [await quick.worker() for _ in range(10)]  # and ten more, each parked in a long-poll
     assert (await shown(quick, worker.id))["liveness"] == "gone"  # never seen
     polls: list[float] = []
     started = time.monotonic()
     polling = asyncio.create_task(keep_polling(worker, polls))
+    parked = [asyncio.create_task(w.acquire(wait=30)) for w in waiters]
     try:
+        await quick.long_polls_waiting(len(waiters))
         first = await wait_until(lambda: _poll_time(quick, worker.id), what="a first published poll")
         later = await wait_until(lambda: _poll_time(quick, worker.id, after=first), what="the last poll to move")
         assert later > first
         # Polled many times per interval; the statements are the intervals, not the polls.
         await wait_until(lambda: len(polls) >= 60, what="60 polls")
         assert (await shown(quick, worker.id))["liveness"] == "live"
+        assert await listed(quick, "live") == {str(w.id) for w in [worker, *waiters]}
     finally:
         polling.cancel()
-        await asyncio.gather(polling, return_exceptions=True)
+        for task in parked:
+            task.cancel()
+        await asyncio.gather(polling, *parked, return_exceptions=True)
     elapsed = time.monotonic() - started
     statements = await quick.count("SELECT count(*) FROM presence_writes")  # one statement each
     intervals = elapsed / SHORT["presence_publish_seconds"]
+    print(f"presence_writes {statements} polls {len(polls)} long_polls_waiting 10 seconds {elapsed:.2f}")
     assert 2 <= statements <= intervals + 1, (statements, intervals, len(polls))
     assert len(polls) >= 4 * statements, (statements, len(polls))
     metrics = quick.app[METRICS]
@@ -255,7 +264,7 @@ async def test_a_killed_gateway_loses_at_most_about_one_interval_and_its_success
         kept = await view.count("SELECT last_poll_at FROM worker_presence WHERE worker_id = %s", worker.id)
         lost = (killed_at - kept).total_seconds()
         print(f"presence_lost_on_kill_seconds {lost:.3f} interval {interval}")
-        assert lost <= interval + 1.0, lost  # one interval, plus the publish's own time and the kill's
+        assert lost <= interval + 1.5, lost  # one interval, plus the publish's own time, a poll's and the kill's
 
         await gateway.start()  # the successor knows nothing in memory; the published times stand
         assert (await worker.acquire()).status == 204
