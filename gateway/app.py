@@ -2,8 +2,8 @@
 
 The pool and the services built on it (:func:`gateway.services.build_services`, once per
 process), the LISTEN connection, the optional Redis hints, the sweeper, the scheduler, the
-checkpointer, the metrics sampler and the worker presence publisher live in ``cleanup_ctx`` (started before serving, cancelled
-and awaited on shutdown). Routes come from the API modules' route tables, which the OpenAPI
+checkpointer, the metrics sampler and the worker presence publisher live in ``cleanup_ctx``
+(started before serving, cancelled and awaited on shutdown). Routes come from the API modules' route tables, which the OpenAPI
 document is generated from as well.
 """
 
@@ -63,6 +63,8 @@ log = logging.getLogger("leasehold.gateway")
 
 #: How long stopping waits for the background loops once they are cancelled.
 LOOP_STOP_SECONDS = 5.0
+#: How long stopping waits for the last publish of worker presence.
+PRESENCE_STOP_SECONDS = 1.0
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -154,10 +156,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if stuck:
             log.warning("background loops did not stop in time", extra={"loops": [t.get_name() for t in stuck]})
         # What this process saw since its last publish goes out before the pool closes: a stop
-        # loses no presence (a crash loses at most one interval).
+        # loses no presence (a crash loses at most one interval). Bounded: with the database
+        # away, stopping does not wait for it.
         try:
             await asyncio.wait_for(presence.publish(db, app[PRESENCE], on_publish=metrics.presence_published),
-                                   LOOP_STOP_SECONDS)
+                                   PRESENCE_STOP_SECONDS)
         except Exception:
             log.warning("could not publish worker presence on the way out", exc_info=True)
         if hints is not None:
