@@ -118,9 +118,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                     description="Find workers through the operator API of a running Gateway.")
     worker_commands = workers.add_subparsers(dest="workers_command", metavar="COMMAND", required=True)
     listing = worker_commands.add_parser(
-        "list", help="list workers: last seen, live leases, warnings",
-        description="List every worker the key can see, with when it was last seen, its live leases and "
-                    "any warning (such as no task types).")
+        "list", help="list workers: liveness, last seen, live leases, warnings",
+        description="List every worker the key can see, with its liveness (live, idle or gone: from its last "
+                    "poll, renewal or write, which the Gateways publish every presence_publish_seconds), its "
+                    "last poll, when it was last seen on an attempt, its live leases and any warning (such as no "
+                    "task types).")
+    listing.add_argument("--liveness", choices=("live", "idle", "gone"), help="only the workers in this state")
     _connection(listing)
     listing.set_defaults(func=_list_workers)
 
@@ -264,11 +267,12 @@ def _retry_task(args: argparse.Namespace) -> int:
 
 def _list_workers(args: argparse.Namespace) -> int:
     async def every(api: Any) -> list[Any]:
-        return [worker async for worker in api.iter_workers()]
+        return [worker async for worker in api.iter_workers(liveness=args.liveness)]
 
     for worker in _run(args, every):
         state = "revoked" if worker.revoked_at else "enabled" if worker.enabled else "disabled"
-        text = (f"{worker.id}  {worker.name:<20} {state:<8} last seen {_when(worker.last_seen_at)}"
+        text = (f"{worker.id}  {worker.name:<20} {state:<8} {worker.liveness:<4}"
+                f"  last poll {_when(worker.last_poll_at)}  last seen {_when(worker.last_seen_at)}"
                 f"  leases {len(worker.live_leases)}/{worker.max_concurrent_tasks}"
                 f"  types {','.join(worker.task_types) or '-'}")
         text += "".join(f"\n  warning: {w}" for w in worker.warnings)

@@ -158,13 +158,15 @@ class OperatorClient:
             name=name, fingerprint=fingerprint, task_types=task_types, capabilities=capabilities,
             max_concurrent_tasks=max_concurrent_tasks))
 
-    async def list_workers(self, *, limit: int | None = None, after: Ids | None = None) -> WorkerPage:
-        return await self._get(WorkerPage, "/v1/workers", limit=limit, after=after)
+    async def list_workers(self, *, limit: int | None = None, after: Ids | None = None,
+                           liveness: str | None = None) -> WorkerPage:
+        """A page of workers; ``liveness`` (``live``, ``idle``, ``gone``): only those."""
+        return await self._get(WorkerPage, "/v1/workers", limit=limit, after=after, liveness=liveness)
 
-    async def iter_workers(self, *, page_size: int = 100) -> AsyncIterator[Worker]:
+    async def iter_workers(self, *, page_size: int = 100, liveness: str | None = None) -> AsyncIterator[Worker]:
         after: UUID | None = None
         while True:
-            page = await self.list_workers(limit=page_size, after=after)
+            page = await self.list_workers(limit=page_size, after=after, liveness=liveness)
             for worker in page.items:
                 yield worker
             if page.next_after is None:

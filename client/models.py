@@ -79,6 +79,10 @@ class Worker(Answer):
     last_seen_at: datetime | None = None
     live_leases: list[LiveLease] = []
     warnings: list[str] = []
+    liveness: str = "gone"
+    last_poll_at: datetime | None = None
+    last_renew_at: datetime | None = None
+    last_write_at: datetime | None = None
 
 
 class WorkerPage(Answer):

@@ -2,8 +2,8 @@
 
 The pool and the services built on it (:func:`gateway.services.build_services`, once per
 process), the LISTEN connection, the optional Redis hints, the sweeper, the scheduler, the
-checkpointer and the metrics sampler live in ``cleanup_ctx`` (started before serving, cancelled
-and awaited on shutdown). Routes come from the API modules' route tables, which the OpenAPI
+checkpointer, the metrics sampler and the worker presence publisher live in ``cleanup_ctx``
+(started before serving, cancelled and awaited on shutdown). Routes come from the API modules' route tables, which the OpenAPI
 document is generated from as well.
 """
 
@@ -29,7 +29,7 @@ from leasehold.gateway.api.http import (
     listeners_of,
     request_log_middleware,
 )
-from leasehold.gateway.background import checkpointer, partitioner, sampler, scheduler, sweeper
+from leasehold.gateway.background import checkpointer, partitioner, presence, sampler, scheduler, sweeper
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
 from leasehold.gateway.console.site import routes as console_routes
@@ -42,6 +42,7 @@ from leasehold.gateway.keys import (
     METRICS,
     NOTIFIER,
     OBSERVE_REQUEST,
+    PRESENCE,
     READ_DATABASE,
     ROUTE_LISTENERS,
     ROUTES,
@@ -50,6 +51,7 @@ from leasehold.gateway.keys import (
     SETTINGS,
 )
 from leasehold.gateway.metrics import Metrics
+from leasehold.gateway.presence import Presence
 from leasehold.gateway.schema import expected_revision
 from leasehold.gateway.services import build_services
 from leasehold.gateway.settings import GatewaySettings
@@ -63,6 +65,8 @@ log = logging.getLogger("leasehold.gateway")
 
 #: How long stopping waits for the background loops once they are cancelled.
 LOOP_STOP_SECONDS = 5.0
+#: How long stopping waits for the last publish of worker presence.
+PRESENCE_STOP_SECONDS = 1.0
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -128,6 +132,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                         lambda changed: _swept(metrics, changed)),
                             name="leasehold-sweeper"),
         asyncio.create_task(sampler.run(db, metrics, settings.metrics_sample_seconds), name="leasehold-sampler"),
+        asyncio.create_task(presence.run(db, app[PRESENCE], settings.presence_publish_seconds,
+                                         on_publish=metrics.presence_published,
+                                         on_pass=lambda: metrics.passed("presence")), name="leasehold-presence"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:
@@ -163,6 +170,14 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         _, stuck = await asyncio.wait(loops, timeout=LOOP_STOP_SECONDS)
         if stuck:
             log.warning("background loops did not stop in time", extra={"loops": [t.get_name() for t in stuck]})
+        # What this process saw since its last publish goes out before the pool closes: a stop
+        # loses no presence (a crash loses at most one interval). Bounded: with the database
+        # away, stopping does not wait for it.
+        try:
+            await asyncio.wait_for(presence.publish(db, app[PRESENCE], on_publish=metrics.presence_published),
+                                   PRESENCE_STOP_SECONDS)
+        except Exception:
+            log.warning("could not publish worker presence on the way out", exc_info=True)
         if hints is not None:
             await hints.stop()
         await notifier.stop()
@@ -203,6 +218,7 @@ def create_app(settings: GatewaySettings) -> web.Application:
     app[BUCKETS] = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst)
     app[CERTIFICATES] = KnownCertificates()
     app[AUTH_FAILURES] = FailureBudgets(settings.auth_failures_per_minute / 60, settings.auth_failure_burst)
+    app[PRESENCE] = Presence()
     if settings.seal_key_file is not None and settings.digest_dir is not None:
         # Loaded before serving: a missing or wrong key stops the start, not the first seal.
         app[SEALER] = Sealer(load_private_key(settings.seal_key_file), open_sink(settings.digest_dir))

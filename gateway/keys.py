@@ -16,6 +16,7 @@ from leasehold.gateway.identity import (
     WorkerIdentity,
 )
 from leasehold.gateway.metrics import Metrics
+from leasehold.gateway.presence import Presence
 from leasehold.gateway.services import Services
 from leasehold.gateway.settings import GatewaySettings
 from leasehold.persistence.seals import Sealer
@@ -38,6 +39,8 @@ BUCKETS = web.AppKey("rate_buckets", TokenBuckets)
 AUTH_FAILURES = web.AppKey("auth_failures", FailureBudgets)
 CERTIFICATES = web.AppKey("known_certificates", KnownCertificates)
 SEALER = web.AppKey("sealer", Sealer)
+#: The workers this process saw, not yet published (gateway.presence).
+PRESENCE = web.AppKey("presence", Presence)
 #: The connection guards of the listeners (worker, operator), once serving (gateway.serve.start).
 GUARDS = web.AppKey("connection_guards", list)
 #: Local port -> listener ("worker", "operator", "health"), set when the ports are bound.

@@ -102,7 +102,7 @@ class Metrics:
         # that stops moving, whatever the reason (stuck, crashing on every pass, never started).
         self.loop_passes = Gauge("leasehold_background_last_pass_timestamp_seconds",
                                  "When each background loop of this process last finished a pass (Unix time), "
-                                 "by loop: sweeper, sampler, seals, checkpoints, partitions, scheduler",
+                                 "by loop: sweeper, sampler, presence, seals, checkpoints, partitions, scheduler",
                                  ["loop"], registry=self.registry)
         #: Read by :mod:`gateway.health`: when the database gauges were last sampled (``None``:
         #: not yet), their values, and the time of the newest seal seen (0: none yet).
@@ -121,6 +121,13 @@ class Metrics:
         self.last_seal = Gauge("leasehold_last_seal_timestamp_seconds",
                                "When the newest record in the digest sink was sealed (Unix time), as this "
                                "process's seal loop last saw it; 0 until it has seen one", registry=self.registry)
+        self.presence_publishes = Counter(
+            "leasehold_presence_publishes_total",
+            "Worker presence publishes: one statement each, for every worker seen since the last one",
+            registry=self.registry)
+        self.presence_workers = Counter(
+            "leasehold_presence_workers_published_total",
+            "Workers whose last poll, renew or write went out in a presence publish", registry=self.registry)
         Gauge("leasehold_build_info", "The running Gateway: version, schema revision it needs, Python",
               ["version", "schema_revision", "python"], registry=self.registry, multiprocess_mode="max").labels(
             version, schema_revision or "none", platform.python_version()).set(1)
@@ -151,6 +158,10 @@ class Metrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def presence_published(self, workers: int) -> None:
+        self.presence_publishes.inc()
+        self.presence_workers.inc(workers)
 
     def count_events(self, events: Sequence[object]) -> None:
         for event in events:

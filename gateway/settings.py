@@ -67,6 +67,17 @@ class GatewaySettings(BaseSettings):
                                           description="how often the database gauges of /metrics (queue depth, "
                                                       "oldest pending age, live leases) are sampled")
     sweep_interval_seconds: float = Field(1.0, gt=0, le=600, description="lease sweeper period")
+    presence_publish_seconds: float = Field(
+        15.0, gt=0, le=600, description="how often each process publishes the workers it saw poll, renew or write "
+                                        "since its last publish (one statement for all of them; a process that "
+                                        "dies loses at most this much)")
+    worker_live_seconds: float = Field(
+        75.0, gt=0, le=86400, description="a worker seen (poll, renew or write; a long-poll counts while it "
+                                          "waits) within this is `live`; keep it well above "
+                                          "presence_publish_seconds, else a polling worker can look idle")
+    worker_idle_seconds: float = Field(
+        300.0, gt=0, le=31 * 86400, description="a worker seen within this, but not within worker_live_seconds, "
+                                                "is `idle`; longer ago, or never: `gone`")
     fair_shares: bool = Field(True, description="serve a shared worker's organisations by fair shares at equal "
                                                 "priority; off: the oldest task of any organisation first "
                                                 "(per-organisation caps hold either way)")
@@ -112,6 +123,12 @@ class GatewaySettings(BaseSettings):
     def _seal_settings_go_together(self) -> GatewaySettings:
         if (self.seal_key_file is None) != (self.digest_dir is None):
             raise ValueError("seal_key_file and digest_dir go together: set both to publish signed seals")
+        return self
+
+    @model_validator(mode="after")
+    def _idle_outlasts_live(self) -> GatewaySettings:
+        if self.worker_idle_seconds < self.worker_live_seconds:
+            raise ValueError("worker_idle_seconds must be at least worker_live_seconds")
         return self
 
     def bootstrap_key(self) -> str | None:

@@ -25,7 +25,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -107,6 +107,8 @@ from leasehold.gateway.api.operator_models import (
     UpdateWorker,
     Worker,
     WorkerPage,
+    WorkerPresence,
+    WorkersQuery,
     clip,
     job,
     live_lease,
@@ -117,8 +119,10 @@ from leasehold.gateway.auth import operator_identity
 from leasehold.gateway.commands.lifecycle import TaskSpec
 from leasehold.gateway.commands.registry import IssuedKey
 from leasehold.gateway.identity import Operator
-from leasehold.gateway.keys import READ_DATABASE, SEALER, SERVICES
+from leasehold.gateway.keys import READ_DATABASE, SEALER, SERVICES, SETTINGS
+from leasehold.gateway.presence import latest, liveness
 from leasehold.gateway.services import Services
+from leasehold.gateway.settings import GatewaySettings
 from leasehold.persistence.event_log import decode_event
 from leasehold.persistence.task_rows import task_from_row
 from leasehold.persistence.transaction import Database, Reader
@@ -189,18 +193,32 @@ async def _seen_organization(request: web.Request) -> tuple[Operator, UUID]:
     return operator, org_id
 
 
-async def _workers(reader: Reader, operator: Operator, rows: list[Any], *, with_leases: bool = True) -> list[Worker]:
-    """The workers of ``rows`` with their assignments, last seen and (``with_leases``) live leases."""
-    params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id}
+def _presence(row: Sequence[Any], operator: Operator, settings: GatewaySettings) -> WorkerPresence:
+    """A ``workers_presence`` row, judged; an organisation key is not shown the renewals and writes,
+    which may be for other organisations' tasks (the liveness judged from them, it is)."""
+    _, poll, renew, write, now = row
+    state = liveness(latest(poll, renew, write), now, live=timedelta(seconds=settings.worker_live_seconds),
+                     idle=timedelta(seconds=settings.worker_idle_seconds))
+    if not operator.is_admin:
+        renew = write = None
+    return WorkerPresence(liveness=state, last_poll_at=poll, last_renew_at=renew, last_write_at=write)
+
+
+async def _workers(reader: Reader, operator: Operator, rows: list[Any], settings: GatewaySettings, *,
+                   with_leases: bool = True) -> list[Worker]:
+    """The workers of ``rows`` with their assignments, last seen, presence and (``with_leases``)
+    live leases."""
+    params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id, "now": None}
     assignments: dict[UUID, list[AssignmentView]] = {}
     for a in await reader.all("assignments_of_workers", params):
         assignments.setdefault(a[0], []).append(AssignmentView.of(a))
     seen: dict[UUID, datetime | None] = {r[0]: r[1] for r in await reader.all("workers_last_seen", params)}
+    presence = {r[0]: _presence(r, operator, settings) for r in await reader.all("workers_presence", params)}
     leases: dict[UUID, list[LiveLease]] = {}
     for lease in await reader.all("workers_live_leases", params) if with_leases else []:
         leases.setdefault(lease[0], []).append(live_lease(lease))
-    return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []))
-            for r in rows]
+    return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []),
+                      presence=presence.get(r[0])) for r in rows]
 
 
 async def read_worker(request: web.Request, operator: Operator, worker_id: UUID, *,
@@ -210,7 +228,7 @@ async def read_worker(request: web.Request, operator: Operator, worker_id: UUID,
         row = await reader.one("worker_get", {"worker_id": worker_id, "organization_id": operator.organization_id})
         if row is None:
             raise NotFound("no such worker", worker_id=str(worker_id))
-        (worker,) = await _workers(reader, operator, [row], with_leases=with_leases)
+        (worker,) = await _workers(reader, operator, [row], request.app[SETTINGS], with_leases=with_leases)
     return worker
 
 
@@ -377,19 +395,23 @@ async def register_worker(request: web.Request) -> web.StreamResponse:
 
 
 @routes.route("GET", "/v1/workers", summary="List workers (an organisation key: those assigned to it)",
-              auth="operator", query=PageQuery, response=WorkerPage, tags=TAGS)
+              auth="operator", query=WorkersQuery, response=WorkerPage, tags=TAGS)
 async def list_workers(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
-    return ok(await workers_page(request, operator, read_query(request, PageQuery)))
+    return ok(await workers_page(request, operator, read_query(request, WorkersQuery)))
 
 
 async def workers_page(request: web.Request, operator: Operator, page: PageQuery, *,
                        with_leases: bool = True) -> WorkerPage:
-    """One page of the workers ``operator`` may see, in id order."""
+    """One page of the workers ``operator`` may see, in id order (with ``page.liveness``, of
+    those in that state)."""
+    settings = request.app[SETTINGS]
     async with reads(request).read() as reader:
         rows = await reader.all("workers_page", {
-            "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1})
-        items = await _workers(reader, operator, rows, with_leases=with_leases) if rows else []
+            "after": page.after, "organization_id": operator.organization_id, "limit": page.limit + 1,
+            "liveness": page.liveness if isinstance(page, WorkersQuery) else None, "now": None,
+            "live_seconds": settings.worker_live_seconds, "idle_seconds": settings.worker_idle_seconds})
+        items = await _workers(reader, operator, rows, settings, with_leases=with_leases) if rows else []
     return WorkerPage(items=items[:page.limit], next_after=_next_after(items, page.limit))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -69,6 +70,11 @@ class Query(BaseModel):
 class PageQuery(Query):
     limit: int = Field(100, ge=1, le=500, description="items per page")
     after: UUID | None = Field(None, description="the `next_after` of the previous page")
+
+
+class WorkersQuery(PageQuery):
+    liveness: Literal["live", "idle", "gone"] | None = Field(
+        None, description="only the workers in this state (see the worker's `liveness`)")
 
 
 class EventsQuery(Query):
@@ -291,15 +297,41 @@ class Worker(Body):
         "on its own tasks only)"))
     warnings: list[str] = Field(default_factory=list, description=(
         "what makes the worker unable to get work, e.g. no task types (it is never offered a task)"))
+    liveness: Literal["live", "idle", "gone"] = Field("gone", description=(
+        "from the latest of last_poll_at, last_renew_at and last_write_at: `live` within the Gateway's "
+        "worker_live_seconds, `idle` within worker_idle_seconds, else (or never seen) `gone`"))
+    last_poll_at: datetime | None = Field(None, description=(
+        "the worker's latest acquire (a long-poll counts when it starts and when it answers), as the Gateways "
+        "last published it (every presence_publish_seconds); null: never"))
+    last_renew_at: datetime | None = Field(None, description=(
+        "the worker's latest lease renewal, published like last_poll_at; null: never, or asked with an "
+        "organisation key (its renewals may be for other organisations' tasks)"))
+    last_write_at: datetime | None = Field(None, description=(
+        "the worker's latest other attempt write (progress, result batch, completion, failure, cancel "
+        "acknowledgement, scope page), published like last_poll_at; null: never, or asked with an "
+        "organisation key"))
 
     @classmethod
     def of(cls, row: Sequence[Any], assignments: Sequence[AssignmentView], *, last_seen_at: datetime | None = None,
-           live_leases: Sequence[LiveLease] = ()) -> Worker:
+           live_leases: Sequence[LiveLease] = (), presence: WorkerPresence | None = None) -> Worker:
         """From ``worker_get``/``workers_page`` rows."""
+        seen = presence or WorkerPresence()
         return cls(id=row[0], name=row[1], fingerprint=row[2], enabled=row[3], revoked_at=row[4],
                    capabilities=list(row[5]), task_types=list(row[6]), max_concurrent_tasks=row[7],
                    created_at=row[8], updated_at=row[9], assignments=list(assignments),
-                   last_seen_at=last_seen_at, live_leases=list(live_leases), warnings=worker_warnings(row[6]))
+                   last_seen_at=last_seen_at, live_leases=list(live_leases), warnings=worker_warnings(row[6]),
+                   liveness=seen.liveness, last_poll_at=seen.last_poll_at, last_renew_at=seen.last_renew_at,
+                   last_write_at=seen.last_write_at)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPresence:
+    """A worker's published presence, judged."""
+
+    liveness: Literal["live", "idle", "gone"] = "gone"
+    last_poll_at: datetime | None = None
+    last_renew_at: datetime | None = None
+    last_write_at: datetime | None = None
 
 
 class WorkerPage(Body):

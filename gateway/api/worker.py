@@ -40,7 +40,8 @@ from leasehold.gateway.auth import worker_identity
 from leasehold.gateway.commands import wakeups
 from leasehold.gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
 from leasehold.gateway.identity import WorkerIdentity
-from leasehold.gateway.keys import NOTIFIER, SERVICES, SETTINGS
+from leasehold.gateway.keys import NOTIFIER, PRESENCE, SERVICES, SETTINGS
+from leasehold.gateway.presence import Seen
 
 routes = RouteTable()
 B = TypeVar("B", bound=WorkerWriteRequest)
@@ -86,6 +87,17 @@ WARNING_HEADER = "Leasehold-Warning"
               tags=("worker",), links=LEASE_LINKS)
 async def acquire(request: web.Request) -> web.StreamResponse:
     worker = await worker_identity(request)
+    presence = request.app[PRESENCE]
+    # Seen when it arrives, at every publish while it waits, and when it answers.
+    presence.saw(worker.id, Seen.POLL)
+    try:
+        with presence.waiting(worker.id):
+            return await _acquire(request, worker)
+    finally:
+        presence.saw(worker.id, Seen.POLL)
+
+
+async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamResponse:
     body = await read_json(request, AcquireRequest)
     lifecycle, settings = request.app[SERVICES].lifecycle, request.app[SETTINGS]
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
@@ -149,8 +161,9 @@ class AttemptWrite(Generic[B]):
         return {"actor": self.worker.actor, "fingerprint": self.worker.fingerprint}
 
 
-async def _attempt_write(request: web.Request, model: type[B]) -> AttemptWrite[B]:
+async def _attempt_write(request: web.Request, model: type[B], seen: Seen = Seen.WRITE) -> AttemptWrite[B]:
     worker = await worker_identity(request)
+    request.app[PRESENCE].saw(worker.id, seen)
     task_id, attempt_id = _ids(request)
     return AttemptWrite(worker, task_id, attempt_id, await read_json(request, model))
 
@@ -158,7 +171,7 @@ async def _attempt_write(request: web.Request, model: type[B]) -> AttemptWrite[B
 @routes.route("POST", ATTEMPT_PATH + "/renew", summary="Extend the lease; says whether to stop (cancel)",
               auth="worker", request=WorkerWriteRequest, response=RenewResponse, tags=("worker",))
 async def renew(request: web.Request) -> web.StreamResponse:
-    w = await _attempt_write(request, WorkerWriteRequest)
+    w = await _attempt_write(request, WorkerWriteRequest, Seen.RENEW)
     renewed = await request.app[SERVICES].lifecycle.renew(*w.args(), **w.caller())
     status = TaskStatus.of(renewed.task)
     assert renewed.task.current_attempt is not None

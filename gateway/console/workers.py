@@ -66,10 +66,13 @@ async def workers(request: web.Request, operator: Operator, csrf: str) -> web.St
         live: dict[UUID, int] = dict(await reader.all("console_live_lease_counts", {
             "worker_ids": [w.id for w in found.items], "organization_id": operator.organization_id}))
     head = join(fmt('<th scope="col">{}</th>', h) for h in
-                ("Name", "Organisation", "Standing", "Last seen", "Live leases", "Assignments"))
-    rows = join(fmt('<tr data-worker-id="{}"><td>{}</td><td>{}</td><td data-field="standing">{}</td><td>{}</td>'
+                ("Name", "Organisation", "Standing", "Liveness", "Last poll", "Last seen", "Live leases",
+                 "Assignments"))
+    rows = join(fmt('<tr data-worker-id="{}"><td>{}</td><td>{}</td><td data-field="standing">{}</td>'
+                    '<td data-field="liveness">{}</td><td data-field="last-poll">{}</td><td>{}</td>'
                     "<td>{}</td><td>{}</td></tr>", w.id, link(f"{WORKERS}/{w.id}", w.name), _active_organizations(w),
-                    standing(w), w.last_seen_at, live.get(w.id, 0), _assignments(w)) for w in found.items)
+                    standing(w), w.liveness, w.last_poll_at, w.last_seen_at, live.get(w.id, 0), _assignments(w))
+                for w in found.items)
     more = Html("")
     if found.next_after is not None:
         more = fmt("<p>{}</p>", link(f"{WORKERS}?{urlencode({'after': str(found.next_after)})}", "Next page"))
@@ -104,11 +107,15 @@ async def worker(request: web.Request, operator: Operator, csrf: str) -> web.Str
         ((_, live),) = await reader.all("console_live_lease_counts", params) or [(w.id, 0)]
         shown = [live_lease(r) for r in await reader.all("console_live_leases", params)]
     facts = fmt('<table id="worker"><caption>The worker</caption><thead><tr><th scope="col">Name</th>'
-                '<th scope="col">Standing</th><th scope="col">Last seen</th><th scope="col">Capacity</th>'
+                '<th scope="col">Standing</th><th scope="col">Liveness</th><th scope="col">Last poll</th>'
+                '<th scope="col">Last renewal</th><th scope="col">Last write</th>'
+                '<th scope="col">Last seen</th><th scope="col">Capacity</th>'
                 '<th scope="col">Task types</th><th scope="col">Capabilities</th><th scope="col">Registered</th>'
                 "</tr></thead><tbody><tr data-worker-id=\"{}\"><td>{}</td><td data-field=\"standing\">{}</td>"
+                "<td data-field=\"liveness\">{}</td><td data-field=\"last-poll\">{}</td><td>{}</td><td>{}</td>"
                 "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr></tbody></table>",
-                w.id, w.name, standing(w), w.last_seen_at, w.max_concurrent_tasks, ", ".join(w.task_types) or "—",
+                w.id, w.name, standing(w), w.liveness, w.last_poll_at, w.last_renew_at or "—", w.last_write_at or "—",
+                w.last_seen_at, w.max_concurrent_tasks, ", ".join(w.task_types) or "—",
                 ", ".join(w.capabilities) or "—", w.created_at)
     warnings = join(fmt('<p class="error">{}</p>', text) for text in w.warnings)
 

@@ -81,11 +81,21 @@ WHERE w.id = %(worker_id)s
 
 -- name: workers_page
 -- Operator API: workers in id order after a cursor (keyset pagination; the cursor is an id, so
--- an organisation key's cursor never reveals anything about other organisations' rows).
+-- an organisation key's cursor never reveals anything about other organisations' rows). With
+-- liveness set, only the workers it describes, by the rule of gateway.presence.liveness: seen
+-- (the latest published poll, renew or write) within live_seconds: live; within idle_seconds:
+-- idle; else, or never: gone.
 SELECT w.id, w.name, w.fingerprint, w.enabled, w.revoked_at, w.capabilities, w.task_types,
        w.max_concurrent_tasks, w.created_at, w.updated_at
 FROM workers w
 WHERE (%(after)s::uuid IS NULL OR w.id > %(after)s::uuid)
+  AND (%(liveness)s::text IS NULL OR %(liveness)s::text = (
+        SELECT CASE WHEN seen.at >= now.at - make_interval(secs => %(live_seconds)s::float8) THEN 'live'
+                    WHEN seen.at >= now.at - make_interval(secs => %(idle_seconds)s::float8) THEN 'idle'
+                    ELSE 'gone' END
+        FROM (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS at) now
+        LEFT JOIN LATERAL (SELECT greatest(p.last_poll_at, p.last_renew_at, p.last_write_at) AS at
+                           FROM worker_presence p WHERE p.worker_id = w.id) seen ON true))
   AND (%(organization_id)s::uuid IS NULL OR EXISTS (
         SELECT 1 FROM organization_workers ow
         WHERE ow.worker_id = w.id AND ow.organization_id = %(organization_id)s

@@ -73,7 +73,11 @@ async def test_find_and_retry_work_from_the_command_line(gateway: RunningGateway
     (org,) = orjson.loads(out)["organizations"]
     assert org["tasks_by_state"]["pending"] == 4 and org["queue"]["depth"] == 4
     code, out, _ = await leasehold(gateway, base_env, "workers", "list")
-    assert code == 0 and "last seen 20" in out
+    assert code == 0 and "last seen 20" in out and " last poll " in out
+    worker_lines = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert worker_lines and all(line.split()[3] in ("live", "idle", "gone") for line in worker_lines)
+    code, out, _ = await leasehold(gateway, base_env, "workers", "list", "--liveness", "gone", "--json")
+    assert code == 0 and {orjson.loads(line)["liveness"] for line in out.splitlines()} <= {"gone"}
 
 
 async def test_command_line_errors_are_one_line(gateway: RunningGateway, base_env: dict[str, str],

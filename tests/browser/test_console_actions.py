@@ -74,6 +74,8 @@ async def test_disable_a_worker_after_confirming(console: Console, gateway: Runn
     assert set(await rows.evaluate_all("rs => rs.map(r => r.dataset.workerId)")) == {str(worker.id), str(idle.id)}
     row = page.locator(f'table#workers tr[data-worker-id="{worker.id}"]')
     assert await row.locator('td[data-field="standing"]').inner_text() == "active"
+    liveness = (await gateway.operator("GET", f"/v1/workers/{worker.id}")).body["liveness"]
+    assert await row.locator('td[data-field="liveness"]').inner_text() == liveness
     await console.shot("workers")
     await row.locator(f'a[href="/console/workers/{worker.id}"]').first.click()
     await page.wait_for_url(console.url(f"/console/workers/{worker.id}"))

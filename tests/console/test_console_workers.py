@@ -75,9 +75,10 @@ async def test_the_list_and_the_detail_show_standing_leases_and_assignments(gate
     assert set(re.findall(r'<tr data-worker-id="([^"]+)"', listing.text)) == {str(busy.id), str(idle.id)}
     assert standing(listing, busy.id) == "active" and standing(listing, idle.id) == "disabled"
     (row,) = [r for r in listing.rows("Workers") if r[0] == busy.name]
-    assert row[1] == str(gateway.org) and row[4] == "1" and row[5] == "1 (1 active)"
+    assert row[1] == str(gateway.org) and row[6] == "1" and row[7] == "1 (1 active)"
     api = (await gateway.operator("GET", f"/v1/workers/{busy.id}")).body
-    assert row[3].startswith(api["last_seen_at"][:19].replace("T", " "))
+    assert row[5].startswith(api["last_seen_at"][:19].replace("T", " "))
+    assert row[3] == api["liveness"] and row[3] in ("live", "idle", "gone")
     assert f'href="/console/workers/{busy.id}"' in listing.text
 
     detail = await browser.get(f"/console/workers/{busy.id}")
@@ -211,7 +212,7 @@ async def test_a_worker_page_lists_its_first_live_leases_and_counts_them_all(gat
     monkeypatch.setattr(console_workers, "LEASES_SHOWN", 2)
     browser = await signed_in(gateway)
     (row,) = (await browser.get("/console/workers")).rows("Workers")
-    assert row[4] == "3"
+    assert row[6] == "3"
     page = await browser.get(f"/console/workers/{worker.id}")
     shown = page.rows("Live leases, oldest first (the first 2 of 3)")
     assert [r[0] for r in shown] == [str(t) for t in tasks[:2]]  # oldest lease first
