@@ -65,7 +65,7 @@ def _database(app: web.Application, measured: float | None) -> Check:
 
 def _listen(app: web.Application) -> Check:
     if not app[SETTINGS].listen:
-        return Check("off", "LISTEN is turned off: long-polls wake by polling")
+        return Check("off", "the notification listener is turned off (listen = false): long-polls wake by polling")
     if app[NOTIFIER].connected.is_set():
         return Check("ok", "the LISTEN connection is up")
     return Check("degraded", "the LISTEN connection is down: long-polls wake only by the fallback sweep")
