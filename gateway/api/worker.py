@@ -129,10 +129,10 @@ async def acquire(request: web.Request) -> web.StreamResponse:
         # channel is up, it re-polls every poll interval instead.
         live = notifier.connected.is_set() or (hints is not None and hints.connected)
         waiter = room.park(worker.id, profile, known)
-        await room.wait(waiter, remaining if live else min(remaining, settings.poll_interval_seconds))
+        woken = await room.wait(waiter, remaining if live else min(remaining, settings.poll_interval_seconds))
+        if room.closed or (not woken and live):  # stopping, or the long-poll's time is up
+            return web.Response(status=204, headers=warning)
         profile = None
-        if room.closed:
-            return web.Response(status=204)
         if request.transport is None or request.transport.is_closing():
             raise asyncio.CancelledError  # the worker went away; stop polling for it
 

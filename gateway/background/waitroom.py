@@ -89,6 +89,8 @@ class WaitRoom:
         self._by_worker: dict[str, dict[Waiter, None]] = {}
         self._org_seq: dict[str, int] = {}
         self._worker_seq: dict[str, int] = {}
+        #: (organisation, task type) -> seq of the last sweep that found such work leasable.
+        self._work_seq: dict[tuple[str, str], int] = {}
         self._reset_seq = 0
         self._profiles: dict[str, Profile] = {}
         #: Counters (tests, metrics): waiters woken, sweeps run, polls skipped.
@@ -120,9 +122,12 @@ class WaitRoom:
         profile = self._profiles.get(key)
         if profile is None:
             return None
-        if (self.clock() - profile.polled_at > self.profile_seconds or self._reset_seq >= profile.seq
-                or self._worker_seq.get(key, -1) >= profile.seq
-                or any(self._org_seq.get(o, -1) >= profile.seq for o in profile.organizations)
+        # A change bumped to a seq above the profile's came after that poll began.
+        if (self.clock() - profile.polled_at > self.profile_seconds or self._reset_seq > profile.seq
+                or self._worker_seq.get(key, -1) > profile.seq
+                or any(self._org_seq.get(o, -1) > profile.seq for o in profile.organizations)
+                or any(self._work_seq.get((o, t), -1) > profile.seq
+                       for o in profile.organizations for t in profile.task_types)
                 or not profile.cancelling <= {str(a) for a in known_cancels}):
             return None
         self.skipped_polls += 1
@@ -237,8 +242,10 @@ class WaitRoom:
                 if str(attempt) not in waiter.known_cancels and self._wake(waiter, None):
                     self._worker_seq[waiter.worker_id] = self._bump()
                     woken += 1
-        for org in available:
-            self._org_seq[org] = self._bump()
+        for org, types in available.items():
+            seq = self._bump()
+            for task_type in types:
+                self._work_seq[(org, task_type)] = seq
         # Round robin over the organisations, longest-parked waiters first, ``batch`` in all.
         budget = self.batch
         pending = list(available.items())
