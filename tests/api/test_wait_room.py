@@ -97,7 +97,11 @@ async def test_a_queued_task_wakes_a_waiter_of_its_organisation_only(quiet: Runn
     assert got.status == 200 and got.body["lease"]["task"]["id"] == str(task_id)
     assert time.monotonic() - started < 1.0
     # The notification named the task's organisation: the other worker's long-poll was never
-    # woken (and the sweep finds no work for its organisation), so it never polled again.
+    # woken, nor by the sweeps that follow (no work for its organisation); over two of them
+    # (longer than the 1 s poll interval the old loop re-polled at) it never polled again.
+    room = quiet.app[NOTIFIER].room
+    swept = room.sweeps
+    await wait_until(lambda: room.sweeps >= swept + 3, 10, what="three sweeps")
     assert polls[theirs.id] == 1
     assert not waiting[1].done() and quiet.app[NOTIFIER].waiting == 1
     quiet.app[NOTIFIER].close()
