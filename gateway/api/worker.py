@@ -109,6 +109,7 @@ async def acquire(request: web.Request) -> web.StreamResponse:
                                           fingerprint=worker.fingerprint, render=render)
             warning = {WARNING_HEADER: polled.warning} if polled.warning else None
             if polled.answer is not None:
+                room.forget(worker.id)  # what it cached no longer holds (the answer may be lost: it asks again)
                 if polled.acquired is not None:
                     room.leased(waiter, polled.acquired.task.organization_id)
                 # On the record before the answer leaves: the first time each cancel is handed over.
@@ -120,6 +121,9 @@ async def acquire(request: web.Request) -> web.StreamResponse:
             profile = room.remember(worker.id, organizations=polled.organizations, task_types=polled.task_types,
                                     cancelling=[a for _, a in polled.cancel_requested], seq=seq,
                                     warning=polled.warning)
+            if room.missed(worker.id, profile) and not room.closed and time.monotonic() < deadline:
+                profile = None  # woken while it polled (the poll may not have seen why): poll again
+                continue
         else:
             warning = {WARNING_HEADER: profile.warning} if profile.warning else None
         remaining = deadline - time.monotonic()

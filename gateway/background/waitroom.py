@@ -116,6 +116,15 @@ class WaitRoom:
         """The worker's next acquire polls (one of its attempts ended in this process)."""
         self._profiles.pop(str(worker_id), None)
 
+    def missed(self, worker_id: UUID, profile: Profile) -> bool:
+        """Whether something concerning the worker was notified (or swept) after its poll began:
+        that poll may not have seen it, and it was not parked to be woken, so it polls again."""
+        key = str(worker_id)
+        return (self._reset_seq > profile.seq or self._worker_seq.get(key, -1) > profile.seq
+                or any(self._org_seq.get(o, -1) > profile.seq for o in profile.organizations)
+                or any(self._work_seq.get((o, t), -1) > profile.seq
+                       for o in profile.organizations for t in profile.task_types))
+
     def unchanged(self, worker_id: UUID, known_cancels: Iterable[object]) -> Profile | None:
         """The worker's cached profile when a poll now would find what its last one found."""
         key = str(worker_id)
@@ -123,11 +132,7 @@ class WaitRoom:
         if profile is None:
             return None
         # A change bumped to a seq above the profile's came after that poll began.
-        if (self.clock() - profile.polled_at > self.profile_seconds or self._reset_seq > profile.seq
-                or self._worker_seq.get(key, -1) > profile.seq
-                or any(self._org_seq.get(o, -1) > profile.seq for o in profile.organizations)
-                or any(self._work_seq.get((o, t), -1) > profile.seq
-                       for o in profile.organizations for t in profile.task_types)
+        if (self.clock() - profile.polled_at > self.profile_seconds or self.missed(worker_id, profile)
                 or not profile.cancelling <= {str(a) for a in known_cancels}):
             return None
         self.skipped_polls += 1

@@ -207,3 +207,28 @@ async def test_a_lost_listen_connection_wakes_every_waiter_once_when_it_is_back(
     await wait_until(lambda: all(polls[w.id] >= 2 for w in workers), 10, what="every waiter re-polled")
     notifier.close()
     assert {(await t).status for t in waiting} == {204}
+
+
+async def test_a_task_notified_while_the_long_poll_polls_is_not_missed(database_url: str, pki: PkiPaths) -> None:
+    # Neither the poll interval nor the sweep can explain a fast answer here.
+    async with running_gateway(database_url, pki, poll_interval_seconds=SLOW_POLL,
+                               wake_sweep_seconds=SLOW_POLL) as gw:
+        worker = await gw.worker()
+        notifier = gw.app[NOTIFIER]
+        await wait_until(lambda: gw.app[NOTIFIER].room.unchanged(worker.id, []) is None, 5, what="settled")
+        poll = gw.lifecycle.poll
+        created: list[UUID] = []
+
+        async def racing(worker_id: UUID, **kwargs: Any) -> Any:
+            polled = await poll(worker_id, **kwargs)
+            if not created:  # the first poll found nothing; a task is queued and notified before it parks
+                received = notifier.received
+                created.append(await gw.task())
+                await wait_until(lambda: notifier.received > received, 5, what="the notification received")
+            return polled
+
+        gw.lifecycle.poll = racing  # type: ignore[method-assign]
+        started = time.monotonic()
+        got = await worker.acquire(wait=20)
+        assert got.status == 200 and got.body["lease"]["task"]["id"] == str(created[0])
+        assert time.monotonic() - started < 5.0
