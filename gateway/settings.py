@@ -62,7 +62,7 @@ class GatewaySettings(BaseSettings):
                                       description="period of each process's one fallback sweep for its waiting "
                                                   "long-polls: one read-only query for work (and cancels) their "
                                                   "notifications may have missed; bounds a missed wake-up's delay")
-    wake_batch: int = Field(8, ge=1, le=10_000,
+    wake_batch: int = Field(4, ge=1, le=10_000,
                             description="most long-polls one notification (or one sweep) wakes at once; each "
                                         "woken poll that leases a task wakes one more")
     listen: bool = Field(True, description="wake long-polls by PostgreSQL LISTEN/NOTIFY; turn off where LISTEN "

@@ -77,7 +77,7 @@ class Profile:
 class WaitRoom:
     """The parked long-polls of this process and what wakes them (see the module)."""
 
-    def __init__(self, *, batch: int = 8, profile_seconds: float = 600.0,
+    def __init__(self, *, batch: int = 4, profile_seconds: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.batch = batch
         self.profile_seconds = profile_seconds
@@ -207,8 +207,11 @@ class WaitRoom:
         """A notification (NOTIFY payload or Redis hint) arrived."""
         kind, _, subject = topic.partition(":")
         if kind == "available":
-            self._org_seq[subject] = self._bump()
-            self._wake_org(subject, self.batch)
+            # A waiter woken now polls after the change committed, so it sees it. Only when none
+            # was parked to be woken must the long-polls polling right now (which may not see it)
+            # poll again, and no long-poll of the organisation's workers skip its poll.
+            if not self._wake_org(subject, self.batch):
+                self._org_seq[subject] = self._bump()
         elif kind in ("cancel", "worker"):
             self._worker_seq[subject] = self._bump()
             if kind == "worker":
