@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import random
@@ -190,10 +191,10 @@ def run_seconds(rng: random.Random, scale: float) -> float:
     return min(600.0, 5.0 * rng.paretovariate(1.5)) * scale
 
 
-def assets(count: int, seed: int) -> list[dict[str, Any]]:
-    """What discovery over a /20 finds: ``count`` services."""
-    base = (seed % 250) + 1
-    return [{"type": "asset", "kind": "service", "value": f"10.{base}.{(n >> 8) & 15}.{n & 255}:443/tcp"}
+def assets(count: int, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """What discovery over the scan's /20 finds: ``count`` services on its hosts."""
+    network = ipaddress.ip_network(scope["targets"][0])
+    return [{"type": "asset", "kind": "service", "value": f"{network[n % network.num_addresses]}:{443 + n // 4096}/tcp"}
             for n in range(count)]
 
 
@@ -216,6 +217,7 @@ async def simulated_worker(n: int, client: GatewayClient, args: argparse.Namespa
         lease = answer.lease
         stats.leases.append((time.monotonic(), lease.task.id))
         ref = AttemptRef(lease.task.id, lease.attempt_id, lease.lease_token)
+        renewing: asyncio.Task[None] | None = None
         try:
             await client.progress(ref, stop=stop)
             if stats.kills_left > 0 and rng.random() < args.kill_chance:
@@ -224,14 +226,10 @@ async def simulated_worker(n: int, client: GatewayClient, args: argparse.Namespa
                 # Killed: no renew, no answer; the sweeper reissues the task once its lease lapses.
                 await asyncio.sleep(run_seconds(rng, args.time_scale))
                 continue
-            deadline = time.monotonic() + run_seconds(rng, args.time_scale)
-            while (left := deadline - time.monotonic()) > 0:
-                await asyncio.sleep(min(left, args.renew_every))
-                if time.monotonic() < deadline:
-                    started = time.perf_counter()
-                    await client.renew(ref, stop=stop)
-                    stats.timed("renew", started)
-            records = (assets(args.assets, n) if lease.task.task_type == STEPS[0]
+            # As the agent: the lease is renewed in the background for the whole attempt.
+            renewing = asyncio.create_task(renewer(client, ref, args.renew_every, stats, stop))
+            await asyncio.sleep(run_seconds(rng, args.time_scale))
+            records = (assets(args.assets, lease.task.scope) if lease.task.task_type == STEPS[0]
                        else [{"type": "finding", "title": f"{lease.task.task_type} {i}"} for i in range(3)])
             chunks = [records[i:i + args.batch] for i in range(0, len(records), args.batch)]
             for seq, chunk in enumerate(chunks[:-1], 1):
@@ -245,12 +243,29 @@ async def simulated_worker(n: int, client: GatewayClient, args: argparse.Namespa
                                                          payload_sha256(last), True), stop=stop)
             stats.timed("complete", started)
             stats.completed[lease.task.id] += 1
-        except Rejected:
+        except Rejected as exc:
             stats.lost_leases += 1  # the lease lapsed or the task was cancelled: the fence held
+            if exc.status != 409:
+                stats.errors[f"rejected_{exc.status}_{exc.code}"] += 1
         except GatewayError:
             if stop.is_set():
                 return
             stats.errors["write"] += 1
+        finally:
+            if renewing is not None:
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
+
+
+async def renewer(client: GatewayClient, ref: AttemptRef, every: float, stats: Stats, stop: asyncio.Event) -> None:
+    while True:
+        await asyncio.sleep(every)
+        started = time.perf_counter()
+        try:
+            await client.renew(ref, stop=stop)
+        except GatewayError:
+            return  # the attempt's own writes say what happened
+        stats.timed("renew", started)
 
 
 async def operator_loop(gw: Gateway, stop: asyncio.Event, stats: Stats) -> None:
@@ -465,7 +480,7 @@ def goals(out: dict[str, Any]) -> list[str]:
 
 
 SMOKE = {"workers": 40, "certs": 4, "orgs": 8, "orgs_per_worker": 4, "scans": 8, "assets": 300, "batch": 100,
-         "time_scale": 0.002, "kills": 2, "idle_seconds": 2.0, "settle_seconds": 1.0, "lease_seconds": 3,
+         "time_scale": 0.002, "kills": 2, "idle_seconds": 2.0, "settle_seconds": 1.0, "lease_seconds": 3, "renew_every": 1.0,
          "timeout": 120.0, "wait_seconds": 5}
 
 
@@ -482,8 +497,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kills", type=int, default=20, help="workers that die mid-attempt")
     p.add_argument("--kill-chance", type=float, default=0.05, help="chance a lease is abandoned while kills remain")
     p.add_argument("--restart-at", type=float, default=0.4, help="restart the Gateway when this share of tasks is done")
-    p.add_argument("--lease-seconds", type=int, default=10, help="lease of the profile's tasks")
-    p.add_argument("--renew-every", type=float, default=2.0)
+    p.add_argument("--lease-seconds", type=int, default=30, help="lease of the profile's tasks")
+    p.add_argument("--renew-every", type=float, default=5.0)
     p.add_argument("--wait-seconds", type=int, default=20, help="the agents' long-poll time")
     p.add_argument("--idle-seconds", type=float, default=30.0, help="the idle measurement window")
     p.add_argument("--settle-seconds", type=float, default=12.0, help="before the idle window")

@@ -10,6 +10,9 @@ all taken from that same poll — and does no database work of its own until it 
   first, never one of another organisation. A woken waiter that then leases a task passes the
   baton: it wakes one more waiter of the task's organisation, so a burst of queued tasks is
   taken by a chain of polls that stops at the first poll that finds nothing, not by a herd.
+  A long-poll polling when a notification arrives is not parked, so cannot be woken: when the
+  notification woke nobody, such a poll (which may not have seen the change) polls again
+  instead of parking (:meth:`WaitRoom.missed`).
 * ``cancel:<worker>`` wakes that worker's waiters; ``worker:<worker>`` (the worker was changed:
   disabled, revoked, its organisations or task types) wakes them and forgets what was cached.
 * One fallback sweep per process (:func:`run_sweep`, every ``wake_sweep_seconds``) covers
