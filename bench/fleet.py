@@ -23,7 +23,11 @@ certificate, as one agent with ``max_concurrency`` slots): long-poll ``acquire``
    ``GET /v1/workers`` every 100 ms throughout.
 
 It prints ``name value`` lines: ``idle_xact_per_s``, ``idle_pg_cpu`` (cores), ``idle_long_polls``,
-``acquire/renew/results/complete_p50_ms``/``_p99_ms`` (acquire: the long-polls that returned a
+``no_polls_xact_per_s``/``no_polls_pg_cpu`` (the same window before any worker connects: what the
+Gateway's own background loops cost),
+``acquire/renew/results/complete_p50_ms``/``_p99_ms`` (acquire: a probe worker serving every
+organisation acquires without a long-poll every 100 ms, a full poll that finds nothing it can
+take; ``acquire_leased``: the fleet's long-polls that returned a
 lease, begun while tasks were queued), ``operator_p99_ms`` (errors while the Gateway restarts are
 counted apart), ``gateway_rss_start/end_mib`` (start: the first
 process with the fleet waiting, end: the process after the restart, at the end),
@@ -212,8 +216,8 @@ async def simulated_worker(n: int, client: GatewayClient, args: argparse.Namespa
             continue
         if answer.lease is None:
             continue
-        if backlog > 0:  # begun while tasks were queued: what leasing costs, not waiting for work
-            stats.timed("acquire", started)
+        if backlog > 0:  # begun while tasks were queued (it may still have waited for one)
+            stats.timed("acquire_leased", started)
         lease = answer.lease
         stats.leases.append((time.monotonic(), lease.task.id))
         ref = AttemptRef(lease.task.id, lease.attempt_id, lease.lease_token)
@@ -266,6 +270,17 @@ async def renewer(client: GatewayClient, ref: AttemptRef, every: float, stats: S
         except GatewayError:
             return  # the attempt's own writes say what happened
         stats.timed("renew", started)
+
+
+async def acquire_probe(client: GatewayClient, stop: asyncio.Event, stats: Stats) -> None:
+    """An acquire without a long-poll every 100 ms by a worker serving every organisation, none
+    of whose tasks it can take: what one acquire (a full poll) costs while the fleet runs."""
+    while not stop.is_set():
+        started = time.perf_counter()
+        with contextlib.suppress(GatewayError):
+            await client.acquire(uuid4().hex, wait_seconds=0, stop=stop)
+            stats.timed("acquire", started)
+        await asyncio.sleep(0.1)
 
 
 async def operator_loop(gw: Gateway, stop: asyncio.Event, stats: Stats) -> None:
@@ -324,6 +339,12 @@ async def setup(url: str, pki: PkiPaths, args: argparse.Namespace, rng: random.R
             for k in range(min(args.orgs_per_worker, args.orgs)):
                 await s.registry.assign_worker(worker, orgs[(i * args.orgs_per_worker + k) % args.orgs])
             certs.append((cert.cert_path, cert.key_path))
+        cert = issue_worker_certificate(pki.directory, "fleet-probe")
+        worker = await s.registry.register_worker(name="fleet-probe", fingerprint=cert.fingerprint,
+                                                  task_types=("nothing-queued",), max_concurrent_tasks=1)
+        for org in orgs:
+            await s.registry.assign_worker(worker, org)
+        certs.append((cert.cert_path, cert.key_path))  # the last one: the probe's
         return orgs, certs
     finally:
         await pool.close()
@@ -393,15 +414,31 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
         tasks: list[asyncio.Task[None]] = []
         try:
             await gw.ready()
+            # 0. The same Gateway with no long-poll at all: what its own background loops cost.
+            await asyncio.sleep(args.settle_seconds)
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                xact0, cpu0 = await database_counters(conn, name)
+                t0 = time.monotonic()
+                await asyncio.sleep(args.idle_seconds)
+                xact1, cpu1 = await database_counters(conn, name)
+                seconds = time.monotonic() - t0
+            out["no_polls_xact_per_s"] = round(max(0, xact1 - xact0 - 2) / seconds, 2)
+            out["no_polls_pg_cpu"] = round((cpu1 - cpu0) / seconds, 4)
             per_cert = -(-args.workers // args.certs)
+            certs, (probe_cert, probe_key) = certs[:-1], certs[-1]
+            probe = await GatewayClient(WorkerSettings(
+                gateway=f"https://localhost:{gw.worker_port}", cert=probe_cert, key=probe_key, ca=pki.ca_cert,
+                backoff_initial_seconds=0.2, backoff_max_seconds=2.0)).__aenter__()
+            clients.append(probe)
             for cert, key in certs:
                 settings = WorkerSettings(gateway=f"https://localhost:{gw.worker_port}", cert=cert, key=key,
                                           ca=pki.ca_cert, max_concurrency=per_cert, wait_seconds=args.wait_seconds,
                                           backoff_initial_seconds=0.2, backoff_max_seconds=2.0)
                 clients.append(await GatewayClient(settings).__aenter__())
+            fleet = clients[1:]
             for n in range(args.workers):
                 tasks.append(asyncio.create_task(simulated_worker(
-                    n, clients[n % len(clients)], args, stats, stop, random.Random(rng.random()))))
+                    n, fleet[n % len(fleet)], args, stats, stop, random.Random(rng.random()))))
             # 1. Idle: everyone waiting, nothing queued.
             async with asyncio.timeout(300):
                 while await gw.waiting() < args.workers:  # noqa: ASYNC110 (a metric of another process)
@@ -422,6 +459,7 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
 
                 # 2. Load.
                 operator = asyncio.create_task(operator_loop(gw, stop, stats))
+                probing = asyncio.create_task(acquire_probe(probe, stop, stats))
                 started = time.monotonic()
                 stats.backlog = 1  # the first steps' tasks, queued as the scans arrive
                 scans = await create_scans(url, orgs, args)
@@ -448,6 +486,7 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
                 out["gateway_rss_end_mib"] = round(gw.rss_mib(), 1)
                 stop.set()
                 await operator
+                await probing
                 end = await outcome(conn, scans)
         finally:
             stop.set()
@@ -468,7 +507,7 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
     out["workers_killed"] = stats.killed
     out["leases_lost_by_workers"] = stats.lost_leases
     out["client_errors"] = dict(stats.errors) or 0
-    for op in ("acquire", "renew", "results", "complete", "operator"):
+    for op in ("acquire", "acquire_leased", "renew", "results", "complete", "operator"):
         values = stats.latencies.get(op, [])
         out[f"{op}_count"] = len(values)
         if values:
