@@ -391,8 +391,8 @@ async def outcome(conn: psycopg.AsyncConnection[Any], scans: list[UUID]) -> Outc
     cur = await conn.execute("SELECT id, organization_id, state FROM worker_tasks WHERE scan_id = ANY(%s)", (scans,))
     rows = await cur.fetchall()
     states = Counter(r[2] for r in rows)
-    return Outcome(finished, succeeded, states["completed"], states["failed"],
-                   sum(n for state, n in states.items() if state not in ("completed", "failed", "cancelled")),
+    return Outcome(finished, succeeded, states["completed"], states["failed_terminal"],
+                   sum(n for state, n in states.items() if state not in ("completed", "failed_terminal", "cancelled")),
                    {r[0]: r[1] for r in rows})
 
 
