@@ -32,6 +32,7 @@ from leasehold.gateway.api.http import (
 from leasehold.gateway.background import checkpointer, partitioner, presence, sampler, scheduler, sweeper
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
+from leasehold.gateway.background.waitroom import WaitRoom, run_sweep
 from leasehold.gateway.console.site import routes as console_routes
 from leasehold.gateway.identity import FailureBudgets, KnownCertificates, TokenBuckets
 from leasehold.gateway.keys import (
@@ -74,7 +75,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     url = settings.resolved_database_url()
     # Unreachable, or at another schema revision than this Gateway's: refuse to start (one line).
     await check_databases(settings)
-    notifier = Notifier(settings.notify_url())
+    notifier = Notifier(settings.notify_url(), room=WaitRoom(batch=settings.wake_batch))
     hints = None
     if settings.redis_url:
         hints = Hints(settings.redis_url, notifier.dispatch, registry=metrics.registry)
@@ -135,6 +136,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(presence.run(db, app[PRESENCE], settings.presence_publish_seconds,
                                          on_publish=metrics.presence_published,
                                          on_pass=lambda: metrics.passed("presence")), name="leasehold-presence"),
+        asyncio.create_task(run_sweep(notifier.room, db, settings.wake_sweep_seconds, services.lifecycle.clock),
+                            name="leasehold-wake-sweep"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:

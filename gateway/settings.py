@@ -56,7 +56,15 @@ class GatewaySettings(BaseSettings):
                                               "request header (none: the new one is refused)")
     max_wait_seconds: int = Field(30, ge=0, le=300, description="longest acquire long-poll")
     poll_interval_seconds: float = Field(1.0, gt=0, le=60,
-                                         description="long-poll safety re-check when no notification arrives")
+                                         description="how often a waiting long-poll re-polls while no wake-up "
+                                                     "channel is up (LISTEN off or lost, and no Redis hints)")
+    wake_sweep_seconds: float = Field(2.0, gt=0, le=600,
+                                      description="period of each process's one fallback sweep for its waiting "
+                                                  "long-polls: one read-only query for work (and cancels) their "
+                                                  "notifications may have missed; bounds a missed wake-up's delay")
+    wake_batch: int = Field(4, ge=1, le=10_000,
+                            description="most long-polls one notification (or one sweep) wakes at once; each "
+                                        "woken poll that leases a task wakes one more")
     listen: bool = Field(True, description="wake long-polls by PostgreSQL LISTEN/NOTIFY; turn off where LISTEN "
                                            "is unavailable (e.g. a transaction-pooling proxy): Redis hints and "
                                            "the poll remain")

@@ -37,10 +37,10 @@ from leasehold.gateway.api.worker_models import (
     WorkerWriteRequest,
 )
 from leasehold.gateway.auth import worker_identity
-from leasehold.gateway.commands import wakeups
+from leasehold.gateway.background.waitroom import Waiter
 from leasehold.gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
 from leasehold.gateway.identity import WorkerIdentity
-from leasehold.gateway.keys import NOTIFIER, PRESENCE, SERVICES, SETTINGS
+from leasehold.gateway.keys import HINTS, NOTIFIER, PRESENCE, SERVICES, SETTINGS
 from leasehold.gateway.presence import Seen
 
 routes = RouteTable()
@@ -60,12 +60,6 @@ def _lease(a: Acquired) -> Lease:
     return Lease(task=TaskView.of(a.task), attempt=AttemptView.of(a.attempt), attempt_id=a.attempt.id,
                  lease_token=a.lease_token, lease_expires_at=a.attempt.lease_expires_at,
                  deadline_at=a.attempt.deadline_at, target_policy=TargetPolicyView(**(a.target_policy or {})))
-
-
-async def _topics(request: web.Request, worker_id: UUID) -> list[str]:
-    """What wakes the worker's long-poll: work for one of its organisations, or a cancel for it."""
-    organizations = await request.app[SERVICES].registry.worker_organizations(worker_id)
-    return [wakeups.available(o) for o in organizations] + [wakeups.cancel(worker_id)]
 
 
 #: What a lease lets the worker do next: the attempt's ids and its token come from the answer.
@@ -101,7 +95,6 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
     body = await read_json(request, AcquireRequest)
     lifecycle, settings = request.app[SERVICES].lifecycle, request.app[SETTINGS]
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
-    topics: list[str] | None = None
     known = set(body.known_cancels)
 
     def render(polled: Poll) -> bytes | None:
@@ -114,26 +107,48 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
                                  cancel_requested=cancels)
         return orjson.dumps(answer.model_dump(mode="json"))
 
+    notifier = request.app[NOTIFIER]
+    room = notifier.room
+    hints = request.app.get(HINTS)
+    # Nothing concerning this worker was notified since its last poll found nothing: a poll now
+    # would find the same, so the long-poll parks at once (see gateway.background.waitroom).
+    profile = room.unchanged(worker.id, known) if body.wait_seconds and notifier.connected.is_set() else None
+    waiter: Waiter | None = None
     while True:
-        polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
-                                      fingerprint=worker.fingerprint, render=render)
-        warning = {WARNING_HEADER: polled.warning} if polled.warning else None
-        if polled.answer is not None:
-            # On the record before the answer leaves: the first time each cancel is handed over.
-            await lifecycle.cancels_delivered(
-                worker.id, [(t, a) for t, a in polled.cancel_requested if a not in known and a in polled.undelivered],
-                channel="long-poll", actor=worker.actor)
-            return web.Response(body=polled.answer, content_type="application/json", headers=warning)
-        notifier = request.app[NOTIFIER]
+        if profile is None:
+            seq = room.seq
+            polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
+                                          fingerprint=worker.fingerprint, render=render)
+            warning = {WARNING_HEADER: polled.warning} if polled.warning else None
+            if polled.answer is not None:
+                room.forget(worker.id)  # what it cached no longer holds (the answer may be lost: it asks again)
+                if polled.acquired is not None:
+                    room.leased(waiter, polled.acquired.task.organization_id)
+                # On the record before the answer leaves: the first time each cancel is handed over.
+                await lifecycle.cancels_delivered(
+                    worker.id, [(t, a) for t, a in polled.cancel_requested
+                                if a not in known and a in polled.undelivered],
+                    channel="long-poll", actor=worker.actor)
+                return web.Response(body=polled.answer, content_type="application/json", headers=warning)
+            profile = room.remember(worker.id, organizations=polled.organizations, task_types=polled.task_types,
+                                    cancelling=[a for _, a in polled.cancel_requested], seq=seq,
+                                    warning=polled.warning)
+            if room.missed(worker.id, profile) and not room.closed and time.monotonic() < deadline:
+                profile = None  # woken while it polled (the poll may not have seen why): poll again
+                continue
+        else:
+            warning = {WARNING_HEADER: profile.warning} if profile.warning else None
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or notifier.closed:  # closed: the Gateway is stopping
+        if remaining <= 0 or room.closed:  # closed: the Gateway is stopping
             return web.Response(status=204, headers=warning)
-        if topics is None:
-            topics = await _topics(request, worker.id)
-        # Woken by NOTIFY within milliseconds; the poll interval bounds a missed notification.
-        await notifier.wait(topics, min(remaining, settings.poll_interval_seconds))
-        if notifier.closed:
-            return web.Response(status=204)
+        # Parked until a notification (or the process's sweep) concerns it; while no wake-up
+        # channel is up, it re-polls every poll interval instead.
+        live = notifier.connected.is_set() or (hints is not None and hints.connected)
+        waiter = room.park(worker.id, profile, known)
+        woken = await room.wait(waiter, remaining if live else min(remaining, settings.poll_interval_seconds))
+        if room.closed or (not woken and live):  # stopping, or the long-poll's time is up
+            return web.Response(status=204, headers=warning)
+        profile = None
         if request.transport is None or request.transport.is_closing():
             raise asyncio.CancelledError  # the worker went away; stop polling for it
 
@@ -208,6 +223,8 @@ async def results(request: web.Request) -> web.StreamResponse:
               auth="worker", request=CompleteRequest, response=TaskStatus, tags=("worker",))
 async def complete(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, CompleteRequest)
+    # An attempt ending frees a slot: the worker's next acquire polls (gateway.background.waitroom).
+    request.app[NOTIFIER].room.forget(w.worker.id)
     batch = w.body.final_batch
     final = None if batch is None else ResultBatch(batch.sequence_number, batch.idempotency_key,
                                                    batch.payload_sha256, batch.payload)
@@ -231,6 +248,7 @@ async def scope(request: web.Request) -> web.StreamResponse:
               auth="worker", request=FailRequest, response=TaskStatus, tags=("worker",))
 async def fail(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, FailRequest)
+    request.app[NOTIFIER].room.forget(w.worker.id)
     task = await request.app[SERVICES].lifecycle.fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
                                              **w.caller())
     return ok(TaskStatus.of(task))
@@ -240,4 +258,5 @@ async def fail(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def cancel_ack(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
+    request.app[NOTIFIER].room.forget(w.worker.id)
     return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.acknowledge_cancel(*w.args(), **w.caller())))

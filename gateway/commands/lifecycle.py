@@ -123,6 +123,10 @@ class Poll:
     #: The answer as the caller's ``render`` encoded it, inside the transaction (None: no render,
     #: or nothing to say).
     answer: bytes | None = None
+    #: The worker's organisations and task types as this poll saw them (what decides which
+    #: notifications concern its long-poll while it waits, :mod:`gateway.background.waitroom`).
+    organizations: frozenset[UUID] = frozenset()
+    task_types: frozenset[str] = frozenset()
 
 
 #: Encodes a poll's answer for the worker (None: nothing to answer yet). Called inside the acquire
@@ -304,7 +308,10 @@ class Lifecycle:
         #: _MAX_TRIES the acquire answers that it found nothing (the worker polls again).
         tries = 0
 
+        seen: dict[str, Any] = {}
+
         def answered(polled: Poll) -> Poll:
+            polled = replace(polled, organizations=seen["organizations"], task_types=seen["task_types"])
             return polled if render is None else replace(polled, answer=render(polled))
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
@@ -322,8 +329,11 @@ class Lifecycle:
             if notices:
                 reads["cancelling"] = rows("worker_cancelling_attempts", params)
             reads["candidates"] = rows("fair_share_candidates", params)
+            reads["organizations"] = rows("worker_organizations", params)
             answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
             row, earlier = answers["worker"], answers.get("earlier")
+            seen["organizations"] = frozenset(o for (o,) in answers["organizations"])
+            seen["task_types"] = frozenset(row[5]) if row is not None else frozenset()
             cancelling = [(t, a) for t, a, _ in answers.get("cancelling", ())]
             undelivered = frozenset(a for _, a, delivered in answers.get("cancelling", ()) if not delivered)
             if fingerprint is not None:

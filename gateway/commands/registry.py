@@ -34,6 +34,7 @@ from leasehold.domain.errors import Conflict, InvalidRequest, NotFound
 from leasehold.domain.events import DomainEvent
 from leasehold.domain.registry import Assignment, WorkerState
 from leasehold.domain.targets import TargetPolicy, policy_from_json
+from leasehold.gateway.commands import wakeups
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.task_rows import caller_standing
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, rows, system_clock
@@ -247,6 +248,8 @@ class Registry:
             worker, head, now = await _lock_worker_and_read(tx, worker_id, self.clock(), organization_id)
             events = decide(worker, now)
             tx.append(head, events)
+            if events:
+                tx.notify(wakeups.worker(worker_id))
             await tx.commit()
         after = rules.project_worker(events, worker)
         assert after is not None

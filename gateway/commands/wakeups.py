@@ -15,3 +15,9 @@ def available(organization_id: object) -> str:
 def cancel(worker_id: object) -> str:
     """One of the worker's running tasks is to be cancelled."""
     return f"cancel:{worker_id}"
+
+
+def worker(worker_id: object) -> str:
+    """The worker was changed (enabled, disabled, revoked, its organisations, task types or
+    capacity): its long-poll looks again, and what a Gateway cached about it is forgotten."""
+    return f"worker:{worker_id}"

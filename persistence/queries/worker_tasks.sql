@@ -184,3 +184,26 @@ SELECT organization_id, state, count(*) AS tasks,
 FROM worker_tasks
 WHERE state IN ('pending', 'leased', 'running', 'retry_wait', 'cancelling')
 GROUP BY organization_id, state
+
+-- name: waiting_organizations_with_work
+-- The Gateway's wait-room sweep (gateway.background.waitroom), once per process every
+-- wake_sweep_seconds while long-polls wait: of the organisations its waiters serve, those with a
+-- task that can be leased now, and that work's task types. Read through
+-- worker_tasks_org_acquirable_idx (queued tasks only), never the history.
+SELECT t.organization_id, array_agg(DISTINCT t.task_type)
+FROM worker_tasks t
+WHERE t.organization_id = ANY(%(organization_ids)s::uuid[])
+  AND t.state IN ('pending', 'retry_wait')
+  AND t.available_at <= coalesce(%(now)s::timestamptz, clock_timestamp())
+  AND t.attempt_count < t.max_attempts
+GROUP BY t.organization_id
+
+-- name: waiting_workers_cancelling
+-- The same sweep: the live attempts of waiting workers whose task is being cancelled (a cancel
+-- notification that never arrived still reaches the worker's long-poll).
+SELECT a.worker_id, a.id
+FROM worker_task_attempts a
+JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
+WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
+  AND a.status IN ('leased', 'running')
+  AND t.state = 'cancelling'
