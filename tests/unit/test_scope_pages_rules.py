@@ -1,5 +1,5 @@
-"""The rules of paged scopes pinned one by one (domain.scopes, and where domain.task and
-domain.scan use them): how a page's end is searched for and what it reports, what is refused and
+"""The rules of paged scopes pinned one by one (domain.scopes, and where domain.task uses
+them): how a page's end is searched for and what it reports, what is refused and
 how it is named, the order an assembler's calls must follow, what a task's event records of its
 scope's reference, and who may read a task's stored pages."""
 
@@ -11,14 +11,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-import orjson
 import pytest
 
 import leasehold.domain.scopes as scopes
 from leasehold.domain.errors import DeadlineExceeded, LeaseholdError, LeaseLost, TaskWasCancelled
 from leasehold.domain.events import TaskCreated
 from leasehold.domain.limits import MAX_FIELD_BYTES, MAX_FIELD_DEPTH, TooDeep
-from leasehold.domain.scan import enrich_scope
 from leasehold.domain.scopes import (
     PAGE_BYTES,
     PagedScope,
@@ -216,13 +214,6 @@ def test_a_whole_inline_scope_has_no_reference_and_neither_has_half_a_one() -> N
     assert scope_ref_of(created.model_copy(update={"scope_bytes": 10, "scope_assets": 3})) is None
     whole = created.model_copy(update={"scope_sha256": "ab" * 32, "scope_bytes": 10, "scope_assets": 3})
     assert scope_ref_of(whole) == ScopeRef("ab" * 32, 10, 3, 1, 0)
-
-
-def test_a_scan_s_scope_lists_each_asset_once_as_kind_and_value() -> None:
-    scope, omitted = enrich_scope({"assets": [{"kind": "host", "value": "h"}]}, [("host", "h"), ("port", "1")])
-    assert orjson.dumps(scope) == orjson.dumps({"assets": [{"kind": "host", "value": "h"},
-                                                           {"kind": "port", "value": "1"}]})
-    assert omitted == 0
 
 
 # --- who may read the stored pages ---------------------------------------------------------------
