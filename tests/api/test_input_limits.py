@@ -155,6 +155,7 @@ async def test_the_history_of_a_task_stored_before_the_limits_still_reads(
     limits existed) nests too deep for a JSON answer once wrapped in a page: its events page
     answers 200, the too-deep part shown as a marker and the event flagged as clipped."""
     monkeypatch.setattr("leasehold.domain.task.check_field", lambda *args, **kwargs: None)
+    monkeypatch.setattr("leasehold.domain.scopes.check_field", lambda *args, **kwargs: None)
     task = await gateway.task(scope=nested(252), parameters={"plain": "kept"})
     monkeypatch.undo()
     reply = await gateway.operator("GET", f"/v1/tasks/{task}/events")
