@@ -1,14 +1,23 @@
 -- name: fair_share_candidates
 -- Acquisition, after worker_lock_for_acquire and worker_live_attempts (which pins the plans):
 -- one row per organisation of the worker that has a task this worker may run now, with that
--- organisation's best such task (priority, age) and its fair-share state. Each organisation is
--- probed through worker_tasks_org_acquirable_idx, stopping at its first eligible task, so the
--- cost grows with the worker's organisations, never with queued tasks or history. No lock:
+-- organisation's best such task (priority, age) and its fair-share state. Only organisations
+-- with queued tasks of one of the worker's task types are read (org_queued_work, kept by
+-- triggers on worker_tasks; org_queued_work_busy_idx holds only those), so an organisation the
+-- worker serves but that has nothing queued costs nothing. Each of those is probed through
+-- worker_tasks_org_acquirable_idx, stopping at its first eligible task, so the cost grows with
+-- the worker's organisations that have queued work, never with queued tasks or history. No lock:
 -- domain.fairness orders the organisations, task_lock_for_organization then locks a task.
 SELECT ow.organization_id, p.priority, p.created_at, coalesce(s.virtual_time, 0), o.fair_weight,
        coalesce(s.live, 0), o.max_live_attempts
 FROM workers w
-JOIN organization_workers ow ON ow.worker_id = w.id AND ow.enabled AND ow.revoked_at IS NULL
+CROSS JOIN LATERAL (
+    SELECT DISTINCT q.organization_id
+    FROM org_queued_work q
+    WHERE q.task_type = ANY(w.task_types) AND q.queued > 0
+) q
+JOIN organization_workers ow ON ow.organization_id = q.organization_id AND ow.worker_id = w.id
+                            AND ow.enabled AND ow.revoked_at IS NULL
 JOIN organizations o ON o.id = ow.organization_id
 LEFT JOIN org_service s ON s.organization_id = ow.organization_id
 CROSS JOIN LATERAL (
