@@ -11,9 +11,14 @@ Prints numbers, asserts nothing. Sections (each can be skipped with ``--skip``):
    of the leases in windows of ``--window`` leases, until B's and C's last tasks are leased.
 3. ``unfair``: the same with fair shares off (``build_services(fair_shares=False)``, the
    Gateway's ``--no-fair-shares``): the oldest task first, so B and C wait for A's whole flood.
-4. ``cost``: acquire latency of one worker assigned to 1, 10 and 100 organisations
+4. ``cost``: acquire latency of one worker assigned to 1, 10, 100 and 200 organisations
    (``--cost-orgs``), each with queued tasks: ``--cost-acquires`` timed acquires, sequential,
-   each lease completed (untimed) before the next.
+   each lease completed (untimed) before the next. Every organisation is a candidate here, so
+   the cost grows with them (each one's best task is compared).
+5. ``served``: the same, but only ``--served-busy`` (default 1) of the worker's organisations
+   queue tasks, the rest are served and idle: what an organisation served costs an acquire when
+   it has nothing queued. Its ``goal_`` lines: p50 at the largest count within 1.2x of the first,
+   the probe's buffers within 2x.
 
 Each section runs on a fresh scratch database ``--database-name`` (default
 ``leasehold_bench_fair``), a copy of ``<name>_template`` migrated once per run; both are dropped
@@ -231,17 +236,21 @@ def report_run(label: str, run: Run, args: argparse.Namespace, idle: dict[str, f
     return p99s
 
 
-async def acquire_cost(server_url: str, args: argparse.Namespace, organizations: int) -> dict[str, float]:
+async def acquire_cost(server_url: str, args: argparse.Namespace, organizations: int,
+                       busy: int | None = None) -> dict[str, float]:
+    """One worker serving ``organizations``, of which the first ``busy`` (None: all) queue tasks."""
     services, pool = await fresh_services(server_url, args.database_name, 2, fair=True)
+    busy = organizations if busy is None else min(busy, organizations)
     try:
         registry, lifecycle = services.registry, services.lifecycle
         worker = await registry.register_worker(name="bench-cost", fingerprint=secrets.token_hex(32),
                                                 task_types=(TASK_TYPE,), max_concurrent_tasks=1)
-        per_org = max(2, math.ceil((args.cost_acquires + args.cost_warmup) / organizations) + 1)
+        per_org = max(2, math.ceil((args.cost_acquires + args.cost_warmup) / busy) + 1)
         for i in range(organizations):
             org = await registry.create_organization(f"bench-cost-{i}")
             await registry.assign_worker(worker, org)
-            await queue_tasks(services, org, per_org, lanes=4)
+            if i < busy:
+                await queue_tasks(services, org, per_org, lanes=4)
         async with pool.connection() as conn:
             await conn.execute("ANALYZE")
         plan = await candidates_plan(pool, worker)
@@ -257,7 +266,7 @@ async def acquire_cost(server_url: str, args: argparse.Namespace, organizations:
     finally:
         await pool.close()
     return {"p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
-            "mean_ms": statistics.fmean(latencies) * 1e3, "n": len(latencies), "queued": per_org * organizations,
+            "mean_ms": statistics.fmean(latencies) * 1e3, "n": len(latencies), "queued": per_org * busy,
             **plan}
 
 
@@ -296,10 +305,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--queue-lanes", type=int, default=4, help="concurrent creates while B and C queue (default 4)")
     p.add_argument("--window", type=int, default=30, help="leases per share window (default 30)")
     p.add_argument("--windows-shown", type=int, default=12, help="share windows printed (default 12)")
-    p.add_argument("--cost-orgs", default="1,10,100", help="organisations per worker for the cost section")
+    p.add_argument("--cost-orgs", default="1,10,100,200",
+                   help="organisations per worker for the cost and served sections (default 1,10,100,200)")
+    p.add_argument("--served-busy", type=int, default=1,
+                   help="organisations with queued tasks in the served section (default 1)")
     p.add_argument("--cost-acquires", type=int, default=300, help="timed acquires per cost case (default 300)")
     p.add_argument("--cost-warmup", type=int, default=20, help="untimed acquires first (default 20)")
-    p.add_argument("--skip", action="append", default=[], choices=["idle", "fair", "unfair", "cost"],
+    p.add_argument("--skip", action="append", default=[], choices=["idle", "fair", "unfair", "cost", "served"],
                    help="sections to skip (repeatable)")
     args = p.parse_args(argv)
     args.weight_of = {"A": 1, "B": 1, "C": 1}
@@ -338,6 +350,26 @@ async def main(argv: list[str] | None = None) -> int:
                   f"p99_ms={cost['p99_ms']:.3f} mean_ms={cost['mean_ms']:.3f} ratio_p50_to_first={cost['p50_ms'] / base:.2f} "
                   f"probe_rows={cost['candidates_rows']} probe_buffers={cost['candidates_buffers']} "
                   f"probe_server_ms={cost['candidates_ms']:.3f}")
+    if "served" not in args.skip:
+        counts = [int(x) for x in args.cost_orgs.split(",")]
+        first: dict[str, float] = {}
+        last: dict[str, float] = {}
+        for n in counts:
+            log(f"acquire cost, {n} organisations per worker, {args.served_busy} with queued tasks")
+            last = await acquire_cost(server_url, args, n, busy=args.served_busy)
+            first = first or last
+            print(f"acquire_served organizations={n} busy={min(args.served_busy, n)} queued={last['queued']} "
+                  f"n={last['n']} p50_ms={last['p50_ms']:.3f} p99_ms={last['p99_ms']:.3f} "
+                  f"ratio_p50_to_first={last['p50_ms'] / first['p50_ms']:.2f} probe_rows={last['candidates_rows']} "
+                  f"probe_buffers={last['candidates_buffers']} "
+                  f"ratio_buffers_to_first={last['candidates_buffers'] / max(first['candidates_buffers'], 1):.2f} "
+                  f"probe_server_ms={last['candidates_ms']:.3f}")
+        p50_ratio = last["p50_ms"] / first["p50_ms"]
+        buffers_ratio = last["candidates_buffers"] / max(first["candidates_buffers"], 1)
+        print(f"goal_acquire_p50_at_{counts[-1]}_orgs_within_1.2x_of_{counts[0]} ratio={p50_ratio:.2f} "
+              f"met={p50_ratio <= 1.2}")
+        print(f"goal_probe_buffers_at_{counts[-1]}_orgs_within_2x_of_{counts[0]} ratio={buffers_ratio:.2f} "
+              f"met={buffers_ratio <= 2.0}")
     await asyncio.to_thread(drop_databases, server_url, args.database_name)
     load = os.getloadavg()
     print(f"machine loadavg_at_end={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}")
