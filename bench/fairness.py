@@ -15,10 +15,11 @@ Prints numbers, asserts nothing. Sections (each can be skipped with ``--skip``):
    (``--cost-orgs``), each with queued tasks: ``--cost-acquires`` timed acquires, sequential,
    each lease completed (untimed) before the next. Every organisation is a candidate here, so
    the cost grows with them (each one's best task is compared).
-5. ``served``: the same, but only ``--served-busy`` (default 1) of the worker's organisations
-   queue tasks, the rest are served and idle: what an organisation served costs an acquire when
-   it has nothing queued. Its ``goal_`` lines: p50 at the largest count within 1.2x of the first,
-   the probe's buffers within 2x.
+5. ``served``: one worker per count of ``--cost-orgs``, each serving ``--served-busy``
+   (default 1) organisations with queued tasks and idle ones up to its count: what an
+   organisation served costs an acquire when it has nothing queued. The workers' acquires are
+   timed in turns in one database, so the load of the machine drifts alike for every count. Its
+   ``goal_`` lines: p50 at the largest count within 1.2x of the first, the probe's buffers within 2x.
 
 Each section runs on a fresh scratch database ``--database-name`` (default
 ``leasehold_bench_fair``), a copy of ``<name>_template`` migrated once per run; both are dropped
@@ -270,6 +271,49 @@ async def acquire_cost(server_url: str, args: argparse.Namespace, organizations:
             **plan}
 
 
+async def served_cost(server_url: str, args: argparse.Namespace, counts: list[int]) -> dict[int, dict[str, float]]:
+    """Acquire cost by organisations served, only ``--served-busy`` of them with queued tasks: one
+    worker per count in ``counts``, each serving the busy organisations and idle ones up to its
+    count, all in one database and timed in turns (worker after worker, the order rotating each
+    round), so the machine's load drifts alike for every count and the ratios stay comparable."""
+    services, pool = await fresh_services(server_url, args.database_name, 2, fair=True)
+    try:
+        registry, lifecycle = services.registry, services.lifecycle
+        busy_n = max(1, args.served_busy)
+        rounds = args.cost_acquires + args.cost_warmup
+        per_busy = math.ceil(rounds * len(counts) / busy_n) + 1
+        busy = [await registry.create_organization(f"bench-busy-{i}") for i in range(busy_n)]
+        idle = [await registry.create_organization(f"bench-idle-{i}") for i in range(max(counts) - 1)]
+        workers: dict[int, UUID] = {}
+        for n in counts:
+            worker = await registry.register_worker(name=f"bench-served-{n}", fingerprint=secrets.token_hex(32),
+                                                    task_types=(TASK_TYPE,), max_concurrent_tasks=1)
+            served = busy[:n] + idle[:max(0, n - busy_n)]
+            for org in served:
+                await registry.assign_worker(worker, org)
+            workers[n] = worker
+        for org in busy:
+            await queue_tasks(services, org, per_busy, lanes=4)
+        async with pool.connection() as conn:
+            await conn.execute("ANALYZE")
+        plans = {n: await candidates_plan(pool, w) for n, w in workers.items()}
+        latencies: dict[int, list[float]] = {n: [] for n in counts}
+        for i in range(rounds):
+            turn = counts[i % len(counts):] + counts[:i % len(counts)]
+            for n in turn:
+                t0 = time.perf_counter()
+                a = await lifecycle.acquire(workers[n])
+                elapsed = time.perf_counter() - t0
+                assert a is not None, "nothing to acquire"
+                if i >= args.cost_warmup:
+                    latencies[n].append(elapsed)
+                await lifecycle.complete(workers[n], a.task.id, a.attempt.id, a.lease_token, final_batch=FINAL)
+    finally:
+        await pool.close()
+    return {n: {"p50_ms": percentile(v, 50) * 1e3, "p99_ms": percentile(v, 99) * 1e3, "n": len(v),
+                "queued": per_busy * busy_n, **plans[n]} for n, v in latencies.items()}
+
+
 async def candidates_plan(pool: Any, worker: UUID) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the organisations' probe as acquire runs it (after
     worker_live_attempts, which sets the plan settings; rolled back): buffers touched, a figure
@@ -278,11 +322,14 @@ async def candidates_plan(pool: Any, worker: UUID) -> dict[str, Any]:
 
     async with pool.connection() as conn:
         params = {"worker_id": worker, "now": None}
+        # One transaction, as acquire's: the plan settings worker_live_attempts sets are local to it
+        # (the pool's connections are in autocommit mode, where they would last one statement).
+        await conn.execute("BEGIN")
         await conn.execute(QUERIES["worker_live_attempts"], params)
         cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ")
                                  + sql.SQL(QUERIES["fair_share_candidates"]), params)
         row = await cur.fetchone()
-        await conn.rollback()
+        await conn.execute("ROLLBACK")
     assert row is not None
     top = row[0][0]
     root = top["Plan"]
@@ -352,18 +399,18 @@ async def main(argv: list[str] | None = None) -> int:
                   f"probe_server_ms={cost['candidates_ms']:.3f}")
     if "served" not in args.skip:
         counts = [int(x) for x in args.cost_orgs.split(",")]
-        first: dict[str, float] = {}
-        last: dict[str, float] = {}
+        log(f"acquire cost, {counts} organisations per worker, {args.served_busy} with queued tasks, interleaved")
+        served = await served_cost(server_url, args, counts)
+        first = served[counts[0]]
         for n in counts:
-            log(f"acquire cost, {n} organisations per worker, {args.served_busy} with queued tasks")
-            last = await acquire_cost(server_url, args, n, busy=args.served_busy)
-            first = first or last
-            print(f"acquire_served organizations={n} busy={min(args.served_busy, n)} queued={last['queued']} "
-                  f"n={last['n']} p50_ms={last['p50_ms']:.3f} p99_ms={last['p99_ms']:.3f} "
-                  f"ratio_p50_to_first={last['p50_ms'] / first['p50_ms']:.2f} probe_rows={last['candidates_rows']} "
-                  f"probe_buffers={last['candidates_buffers']} "
-                  f"ratio_buffers_to_first={last['candidates_buffers'] / max(first['candidates_buffers'], 1):.2f} "
-                  f"probe_server_ms={last['candidates_ms']:.3f}")
+            c = served[n]
+            print(f"acquire_served organizations={n} busy={min(args.served_busy, n)} queued={c['queued']} "
+                  f"n={c['n']} p50_ms={c['p50_ms']:.3f} p99_ms={c['p99_ms']:.3f} "
+                  f"ratio_p50_to_first={c['p50_ms'] / first['p50_ms']:.2f} probe_rows={c['candidates_rows']} "
+                  f"probe_buffers={c['candidates_buffers']} "
+                  f"ratio_buffers_to_first={c['candidates_buffers'] / max(first['candidates_buffers'], 1):.2f} "
+                  f"probe_server_ms={c['candidates_ms']:.3f}")
+        last = served[counts[-1]]
         p50_ratio = last["p50_ms"] / first["p50_ms"]
         buffers_ratio = last["candidates_buffers"] / max(first["candidates_buffers"], 1)
         print(f"goal_acquire_p50_at_{counts[-1]}_orgs_within_1.2x_of_{counts[0]} ratio={p50_ratio:.2f} "
