@@ -1,7 +1,8 @@
 """Acquire reads only the organisations with queued work (``org_queued_work``, migration 0021):
 a worker serving 200 organisations, one of them with a task, leases it reading a handful of
-buffers; the counts stay exact under racing creates, leases, completions, failures and cancels
-on many connections, and after every way a task leaves or re-enters the queue."""
+buffers; every queued task's organisation and type is flagged, under racing creates, leases,
+completions, failures, cancels and flag clearing on many connections, and after every way a task
+re-enters the queue; the sweeper's clearing leaves exactly the flags of queued work."""
 
 from __future__ import annotations
 
@@ -27,15 +28,30 @@ async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
         return list(await cur.fetchall())
 
 
-async def assert_counts_exact(pool: Any) -> dict[tuple[UUID, str], int]:
-    """org_queued_work (non-zero rows) equals the queued tasks of worker_tasks, counted now."""
-    counted = {(o, t): n for o, t, n in await rows(pool, "SELECT organization_id, task_type, queued"
-                                                         " FROM org_queued_work WHERE queued > 0")}
-    actual = {(o, t): n for o, t, n in await rows(
-        pool, "SELECT organization_id, task_type, count(*) FROM worker_tasks"
-              " WHERE state IN ('pending', 'retry_wait') GROUP BY organization_id, task_type")}
-    assert counted == actual
-    return actual
+async def flags(pool: Any) -> tuple[set[tuple[UUID, str]], set[tuple[UUID, str]]]:
+    """(the flagged organisations and task types, those with a task queued now)."""
+    flagged = {(o, t) for o, t in await rows(pool, "SELECT organization_id, task_type FROM org_queued_work"
+                                                   " WHERE queued UNION SELECT organization_id, task_type"
+                                                   " FROM org_queued_raises")}
+    queued = {(o, t) for o, t in await rows(pool, "SELECT DISTINCT organization_id, task_type FROM worker_tasks"
+                                                  " WHERE state IN ('pending', 'retry_wait')")}
+    return flagged, queued
+
+
+async def assert_flags_cover(pool: Any) -> set[tuple[UUID, str]]:
+    """Every queued task's organisation and type is flagged (more may be, until a clearing)."""
+    flagged, queued = await flags(pool)
+    assert queued <= flagged, queued - flagged
+    return queued
+
+
+async def assert_counts_exact(pool: Any, lifecycle: Any) -> set[tuple[UUID, str]]:
+    """After the sweeper's clearing: exactly the flags of queued work, no raise left."""
+    await lifecycle.clear_queue_flags()
+    flagged, queued = await flags(pool)
+    assert flagged == queued
+    assert await rows(pool, "SELECT * FROM org_queued_raises") == []
+    return queued
 
 
 async def candidates_buffers(pool: Any, worker: UUID, now: Any) -> tuple[int, int]:
@@ -73,7 +89,7 @@ async def test_a_worker_serving_200_organisations_leases_the_only_one_with_work_
     acquired = await world.lifecycle.acquire(worker)
     assert acquired is not None and acquired.task.id == task and acquired.task.organization_id == busy
     assert await world.lifecycle.acquire(worker) is None
-    assert await assert_counts_exact(pool) == {}
+    assert await assert_counts_exact(pool, world.lifecycle) == set()
 
 
 async def test_the_counts_follow_every_way_a_task_enters_or_leaves_the_queue(world: World, pool: Any) -> None:
@@ -81,28 +97,30 @@ async def test_the_counts_follow_every_way_a_task_enters_or_leaves_the_queue(wor
     w = await world.worker(capacity=50, task_types=("probe", "crawl"))
     await world.task()
     await world.task(task_type="crawl")
-    assert await assert_counts_exact(pool) == {(world.org, "probe"): 1, (world.org, "crawl"): 1}
+    assert await assert_flags_cover(pool) == {(world.org, "probe"), (world.org, "crawl")}
     a = await lc.acquire(w)  # leased: out of the queue
     b = await lc.acquire(w)
     assert a is not None and b is not None
-    assert await assert_counts_exact(pool) == {}
+    assert await assert_counts_exact(pool, lc) == set()
     await lc.fail(w, a.task.id, a.attempt.id, a.lease_token, error="boom")  # retry_wait: back in
-    assert len(await assert_counts_exact(pool)) == 1
+    assert await assert_flags_cover(pool) == {(world.org, a.task.task_type)}
     await world.final_batch(w, b)
     await lc.complete(w, b.task.id, b.attempt.id, b.lease_token)
+    assert await assert_counts_exact(pool, lc) == {(world.org, a.task.task_type)}
     clock.advance(600)
     again = await lc.acquire(w)
     assert again is not None
-    assert await assert_counts_exact(pool) == {}
+    assert await assert_counts_exact(pool, lc) == set()
     await world.task()
     queued = await world.task(task_type="crawl")
     await lc.request_cancel(queued)  # cancelled before a lease: out of the queue
-    assert await assert_counts_exact(pool) == {(world.org, "probe"): 1}
+    assert await assert_counts_exact(pool, lc) == {(world.org, "probe")}
     assert await lc.acquire(w) is not None
     expiring = await world.leased(w, lease_seconds=5)
+    assert await assert_counts_exact(pool, lc) == set()
     clock.advance(6)
     assert await lc.expire_leases() == 1  # the lease ran out: queued again
-    assert await assert_counts_exact(pool) == {(world.org, expiring.task.task_type): 1}
+    assert await assert_flags_cover(pool) == {(world.org, expiring.task.task_type)}
 
 
 async def test_the_counts_stay_exact_under_racing_commands_on_many_connections(database_url: str) -> None:
@@ -150,21 +168,27 @@ async def test_the_counts_stay_exact_under_racing_commands_on_many_connections(d
                     await world.lifecycle.request_cancel(rng.choice(created))
                 await asyncio.sleep(0)
 
+        async def clearer() -> None:  # the sweeper's clearing, racing everything else
+            for _ in range(rounds * 2):
+                await world.lifecycle.clear_queue_flags()
+                await asyncio.sleep(0)
+
         results = await asyncio.gather(*(creator(i) for i in range(4)),
                                        *(acquirer(w, i) for i, w in enumerate(workers)),
-                                       *(canceller(100 + i) for i in range(3)), return_exceptions=True)
+                                       *(canceller(100 + i) for i in range(3)), clearer(), clearer(),
+                                       return_exceptions=True)
         unexpected = [r for r in results if isinstance(r, BaseException) and not isinstance(r, LeaseholdError)]
         assert unexpected == []
         assert len(created) > rounds
-        assert await assert_counts_exact(pool) != {}  # some still queued: the counts were put to the test
+        assert await assert_flags_cover(pool) != set()  # some still queued: the flags were put to the test
         clock.advance(3600)  # the kept leases run out: back in the queue, concurrently with cancels
         raced = await asyncio.gather(world.lifecycle.expire_leases(),
                                      *(world.lifecycle.request_cancel(t) for t in created[::2]),
                                      return_exceptions=True)
         assert [r for r in raced if isinstance(r, BaseException) and not isinstance(r, LeaseholdError)] == []
-        await assert_counts_exact(pool)
+        await assert_flags_cover(pool)
         for task in created:  # every task cancelled (or already finished): nothing queued
             await world.lifecycle.request_cancel(task)
-        assert await assert_counts_exact(pool) == {}
+        assert await assert_counts_exact(pool, world.lifecycle) == set()
     finally:
         await pool.close()
