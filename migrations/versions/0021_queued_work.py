@@ -56,6 +56,14 @@ BEGIN
     PERFORM 1 FROM org_queued_work
     WHERE organization_id = NEW.organization_id AND task_type = NEW.task_type AND queued
     FOR KEY SHARE;
+    IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- One raise per transaction and key is enough (a transaction queueing a thousand tasks writes
+    -- one); only this transaction's own raise counts, which no sweeper can take before it commits.
+    PERFORM 1 FROM org_queued_raises
+    WHERE organization_id = NEW.organization_id AND task_type = NEW.task_type
+      AND xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text;
     IF NOT FOUND THEN
         INSERT INTO org_queued_raises (organization_id, task_type) VALUES (NEW.organization_id, NEW.task_type);
     END IF;

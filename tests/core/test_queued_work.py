@@ -192,3 +192,17 @@ async def test_the_counts_stay_exact_under_racing_commands_on_many_connections(d
         assert await assert_counts_exact(pool, world.lifecycle) == set()
     finally:
         await pool.close()
+
+
+async def test_a_transaction_queueing_many_tasks_raises_its_organisation_once(world: World, pool: Any) -> None:
+    """A flag that is down is raised by one row per transaction, however many tasks it queues
+    (written here with SQL: two leased tasks put back in one statement)."""
+    w = await world.worker(capacity=5)
+    tasks = [await world.task() for _ in range(3)]
+    for _ in tasks:
+        assert await world.lifecycle.acquire(w) is not None
+    assert await assert_counts_exact(pool, world.lifecycle) == set()  # the flag is down
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("UPDATE worker_tasks SET state = 'pending' WHERE id = ANY(%s)", (tasks,))
+    assert await rows(pool, "SELECT organization_id, task_type FROM org_queued_raises") == [(world.org, "probe")]
+    assert await assert_flags_cover(pool) == {(world.org, "probe")}
