@@ -11,9 +11,15 @@ Prints numbers, asserts nothing. Sections (each can be skipped with ``--skip``):
    of the leases in windows of ``--window`` leases, until B's and C's last tasks are leased.
 3. ``unfair``: the same with fair shares off (``build_services(fair_shares=False)``, the
    Gateway's ``--no-fair-shares``): the oldest task first, so B and C wait for A's whole flood.
-4. ``cost``: acquire latency of one worker assigned to 1, 10 and 100 organisations
+4. ``cost``: acquire latency of one worker assigned to 1, 10, 100 and 200 organisations
    (``--cost-orgs``), each with queued tasks: ``--cost-acquires`` timed acquires, sequential,
-   each lease completed (untimed) before the next.
+   each lease completed (untimed) before the next. Every organisation is a candidate here, so
+   the cost grows with them (each one's best task is compared).
+5. ``served``: one worker per count of ``--cost-orgs``, each serving ``--served-busy``
+   (default 1) organisations with queued tasks and idle ones up to its count: what an
+   organisation served costs an acquire when it has nothing queued. The workers' acquires are
+   timed in turns in one database, so the load of the machine drifts alike for every count. Its
+   ``goal_`` lines: p50 at the largest count within 1.2x of the first, the probe's buffers within 2x.
 
 Each section runs on a fresh scratch database ``--database-name`` (default
 ``leasehold_bench_fair``), a copy of ``<name>_template`` migrated once per run; both are dropped
@@ -231,17 +237,21 @@ def report_run(label: str, run: Run, args: argparse.Namespace, idle: dict[str, f
     return p99s
 
 
-async def acquire_cost(server_url: str, args: argparse.Namespace, organizations: int) -> dict[str, float]:
+async def acquire_cost(server_url: str, args: argparse.Namespace, organizations: int,
+                       busy: int | None = None) -> dict[str, float]:
+    """One worker serving ``organizations``, of which the first ``busy`` (None: all) queue tasks."""
     services, pool = await fresh_services(server_url, args.database_name, 2, fair=True)
+    busy = organizations if busy is None else min(busy, organizations)
     try:
         registry, lifecycle = services.registry, services.lifecycle
         worker = await registry.register_worker(name="bench-cost", fingerprint=secrets.token_hex(32),
                                                 task_types=(TASK_TYPE,), max_concurrent_tasks=1)
-        per_org = max(2, math.ceil((args.cost_acquires + args.cost_warmup) / organizations) + 1)
+        per_org = max(2, math.ceil((args.cost_acquires + args.cost_warmup) / busy) + 1)
         for i in range(organizations):
             org = await registry.create_organization(f"bench-cost-{i}")
             await registry.assign_worker(worker, org)
-            await queue_tasks(services, org, per_org, lanes=4)
+            if i < busy:
+                await queue_tasks(services, org, per_org, lanes=4)
         async with pool.connection() as conn:
             await conn.execute("ANALYZE")
         plan = await candidates_plan(pool, worker)
@@ -257,8 +267,51 @@ async def acquire_cost(server_url: str, args: argparse.Namespace, organizations:
     finally:
         await pool.close()
     return {"p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
-            "mean_ms": statistics.fmean(latencies) * 1e3, "n": len(latencies), "queued": per_org * organizations,
+            "mean_ms": statistics.fmean(latencies) * 1e3, "n": len(latencies), "queued": per_org * busy,
             **plan}
+
+
+async def served_cost(server_url: str, args: argparse.Namespace, counts: list[int]) -> dict[int, dict[str, float]]:
+    """Acquire cost by organisations served, only ``--served-busy`` of them with queued tasks: one
+    worker per count in ``counts``, each serving the busy organisations and idle ones up to its
+    count, all in one database and timed in turns (worker after worker, the order rotating each
+    round), so the machine's load drifts alike for every count and the ratios stay comparable."""
+    services, pool = await fresh_services(server_url, args.database_name, 2, fair=True)
+    try:
+        registry, lifecycle = services.registry, services.lifecycle
+        busy_n = max(1, args.served_busy)
+        rounds = args.cost_acquires + args.cost_warmup
+        per_busy = math.ceil(rounds * len(counts) / busy_n) + 1
+        busy = [await registry.create_organization(f"bench-busy-{i}") for i in range(busy_n)]
+        idle = [await registry.create_organization(f"bench-idle-{i}") for i in range(max(counts) - 1)]
+        workers: dict[int, UUID] = {}
+        for n in counts:
+            worker = await registry.register_worker(name=f"bench-served-{n}", fingerprint=secrets.token_hex(32),
+                                                    task_types=(TASK_TYPE,), max_concurrent_tasks=1)
+            served = busy[:n] + idle[:max(0, n - busy_n)]
+            for org in served:
+                await registry.assign_worker(worker, org)
+            workers[n] = worker
+        for org in busy:
+            await queue_tasks(services, org, per_busy, lanes=4)
+        async with pool.connection() as conn:
+            await conn.execute("ANALYZE")
+        plans = {n: await candidates_plan(pool, w) for n, w in workers.items()}
+        latencies: dict[int, list[float]] = {n: [] for n in counts}
+        for i in range(rounds):
+            turn = counts[i % len(counts):] + counts[:i % len(counts)]
+            for n in turn:
+                t0 = time.perf_counter()
+                a = await lifecycle.acquire(workers[n])
+                elapsed = time.perf_counter() - t0
+                assert a is not None, "nothing to acquire"
+                if i >= args.cost_warmup:
+                    latencies[n].append(elapsed)
+                await lifecycle.complete(workers[n], a.task.id, a.attempt.id, a.lease_token, final_batch=FINAL)
+    finally:
+        await pool.close()
+    return {n: {"p50_ms": percentile(v, 50) * 1e3, "p99_ms": percentile(v, 99) * 1e3, "n": len(v),
+                "queued": per_busy * busy_n, **plans[n]} for n, v in latencies.items()}
 
 
 async def candidates_plan(pool: Any, worker: UUID) -> dict[str, Any]:
@@ -269,11 +322,14 @@ async def candidates_plan(pool: Any, worker: UUID) -> dict[str, Any]:
 
     async with pool.connection() as conn:
         params = {"worker_id": worker, "now": None}
+        # One transaction, as acquire's: the plan settings worker_live_attempts sets are local to it
+        # (the pool's connections are in autocommit mode, where they would last one statement).
+        await conn.execute("BEGIN")
         await conn.execute(QUERIES["worker_live_attempts"], params)
         cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ")
                                  + sql.SQL(QUERIES["fair_share_candidates"]), params)
         row = await cur.fetchone()
-        await conn.rollback()
+        await conn.execute("ROLLBACK")
     assert row is not None
     top = row[0][0]
     root = top["Plan"]
@@ -296,10 +352,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--queue-lanes", type=int, default=4, help="concurrent creates while B and C queue (default 4)")
     p.add_argument("--window", type=int, default=30, help="leases per share window (default 30)")
     p.add_argument("--windows-shown", type=int, default=12, help="share windows printed (default 12)")
-    p.add_argument("--cost-orgs", default="1,10,100", help="organisations per worker for the cost section")
+    p.add_argument("--cost-orgs", default="1,10,100,200",
+                   help="organisations per worker for the cost and served sections (default 1,10,100,200)")
+    p.add_argument("--served-busy", type=int, default=1,
+                   help="organisations with queued tasks in the served section (default 1)")
     p.add_argument("--cost-acquires", type=int, default=300, help="timed acquires per cost case (default 300)")
     p.add_argument("--cost-warmup", type=int, default=20, help="untimed acquires first (default 20)")
-    p.add_argument("--skip", action="append", default=[], choices=["idle", "fair", "unfair", "cost"],
+    p.add_argument("--skip", action="append", default=[], choices=["idle", "fair", "unfair", "cost", "served"],
                    help="sections to skip (repeatable)")
     args = p.parse_args(argv)
     args.weight_of = {"A": 1, "B": 1, "C": 1}
@@ -338,6 +397,26 @@ async def main(argv: list[str] | None = None) -> int:
                   f"p99_ms={cost['p99_ms']:.3f} mean_ms={cost['mean_ms']:.3f} ratio_p50_to_first={cost['p50_ms'] / base:.2f} "
                   f"probe_rows={cost['candidates_rows']} probe_buffers={cost['candidates_buffers']} "
                   f"probe_server_ms={cost['candidates_ms']:.3f}")
+    if "served" not in args.skip:
+        counts = [int(x) for x in args.cost_orgs.split(",")]
+        log(f"acquire cost, {counts} organisations per worker, {args.served_busy} with queued tasks, interleaved")
+        served = await served_cost(server_url, args, counts)
+        first = served[counts[0]]
+        for n in counts:
+            c = served[n]
+            print(f"acquire_served organizations={n} busy={min(args.served_busy, n)} queued={c['queued']} "
+                  f"n={c['n']} p50_ms={c['p50_ms']:.3f} p99_ms={c['p99_ms']:.3f} "
+                  f"ratio_p50_to_first={c['p50_ms'] / first['p50_ms']:.2f} probe_rows={c['candidates_rows']} "
+                  f"probe_buffers={c['candidates_buffers']} "
+                  f"ratio_buffers_to_first={c['candidates_buffers'] / max(first['candidates_buffers'], 1):.2f} "
+                  f"probe_server_ms={c['candidates_ms']:.3f}")
+        last = served[counts[-1]]
+        p50_ratio = last["p50_ms"] / first["p50_ms"]
+        buffers_ratio = last["candidates_buffers"] / max(first["candidates_buffers"], 1)
+        print(f"goal_acquire_p50_at_{counts[-1]}_orgs_within_1.2x_of_{counts[0]} ratio={p50_ratio:.2f} "
+              f"met={p50_ratio <= 1.2}")
+        print(f"goal_probe_buffers_at_{counts[-1]}_orgs_within_2x_of_{counts[0]} ratio={buffers_ratio:.2f} "
+              f"met={buffers_ratio <= 2.0}")
     await asyncio.to_thread(drop_databases, server_url, args.database_name)
     load = os.getloadavg()
     print(f"machine loadavg_at_end={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}")

@@ -100,6 +100,9 @@ class Scan(Answer):
     updated_at: datetime
     finished_at: datetime | None
     profile: dict[str, Any] | None = None
+    #: True when part of the field could not be shown as stored (replaced by a marker string).
+    targets_clipped: bool = False
+    profile_clipped: bool = False
     stored_profile_id: UUID | None = None
     legacy_scan_id: str | None = None
     handed_over_to: UUID | None = None
@@ -169,6 +172,9 @@ class Task(Answer):
     #: part; None: ``scope`` is the whole scope.
     scope_ref: dict[str, Any] | None = None
     parameters: dict[str, Any]
+    #: True when part of the field could not be shown as stored (replaced by a marker string).
+    scope_clipped: bool = False
+    parameters_clipped: bool = False
     state: str
     available_at: datetime
     attempt_count: int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -10,9 +11,21 @@ from psycopg.pq import Format
 from psycopg.types.json import JsonbDumper, set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+
+def load_json(data: str | bytes) -> Any:
+    """A stored JSON value. orjson reads every value the input limits admit; a number past a
+    double's range (jsonb keeps any, and values stored before the limits may hold one) makes it
+    give up, so such a value loads with the standard library instead (as a Python int or an
+    infinite float): a read never fails on it, and an answer shows it clipped."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 # One JSON path for the database too: orjson both ways.
 set_json_dumps(lambda obj: orjson.dumps(obj).decode())
-set_json_loads(orjson.loads)
+set_json_loads(load_json)
 
 
 #: The schema's domains (migration 0008): each one's type and array type, and its base type's.

@@ -23,6 +23,7 @@ from leasehold.domain.task import TaskState, evolve
 from leasehold.persistence.event_log import StoredRow, rows_of_streams, stream_rows
 from leasehold.projections.memory import MemoryTables
 from leasehold.projections.projector import project
+from leasehold.protocol.clipping import clip
 from leasehold.replay.archive import archived_rows
 from leasehold.replay.log import NotFound, require_stream, scan_task_ids
 
@@ -57,6 +58,8 @@ class Entry:
         return f"{self.state_before or '∅'} → {self.state_after or '∅'}"
 
     def as_json(self) -> dict[str, Any]:
+        # Clipped: an event stored before the input limits may nest deeper than JSON output can.
+        data, clipped = clip(self.event.model_dump(mode="json", exclude=set(_BASE_FIELDS)))
         return {
             "notification_id": self.notification_id, "stream": self.stream, "stream_id": str(self.stream_id),
             "version": self.version, "time": self.time.isoformat(), "recorded_at": self.recorded_at.isoformat(),
@@ -64,7 +67,7 @@ class Entry:
             "state_after": self.state_after, "attempt": self.attempt,
             "attempt_id": str(self.attempt_id) if self.attempt_id else None, "rejected": self.rejected,
             "summary": self.summary,
-            "data": self.event.model_dump(mode="json", exclude=set(_BASE_FIELDS)),
+            "data": data, "data_clipped": clipped,
         }
 
 

@@ -49,5 +49,10 @@ def test_the_fairness_benchmark_prints_its_lines(pg_server_url: str) -> None:
     for n in (1, 3):
         assert re.search(rf"^acquire_cost organizations={n} queued=\d+ n=3 p50_ms={NUMBER} p99_ms={NUMBER} ", out,
                          re.M), out
+        assert re.search(rf"^acquire_served organizations={n} busy=1 queued=\d+ n=3 p50_ms={NUMBER} p99_ms={NUMBER} "
+                         rf"ratio_p50_to_first={NUMBER} probe_rows=1 probe_buffers=\d+ ratio_buffers_to_first={NUMBER} ",
+                         out, re.M), out
+    assert re.search(rf"^goal_acquire_p50_at_3_orgs_within_1.2x_of_1 ratio={NUMBER} met=(True|False)$", out, re.M), out
+    assert re.search(rf"^goal_probe_buffers_at_3_orgs_within_2x_of_1 ratio={NUMBER} met=(True|False)$", out, re.M), out
     unfair = re.search(r"^shares_over_time unfair window=4 A/B/C: (\S+)", out, re.M)
     assert unfair is not None and unfair.group(1) == "1.00/0.00/0.00", out  # oldest first: the flood's head

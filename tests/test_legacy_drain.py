@@ -122,7 +122,7 @@ async def test_a_crash_between_commit_and_removal_still_creates_the_scan_once(
     message = _message(world.org, "L-crash")
     client.lpush(name, message, _message(world.org, "L-next"))
 
-    async def crash(*args: Any) -> None:
+    async def crash(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt  # the process dies right after the commit, before LREM
 
     monkeypatch.setattr(legacy_cli, "_acknowledge", crash)
@@ -181,32 +181,59 @@ async def test_scans_already_running_in_either_mode_are_refused(world: World, da
     await assert_log_rebuilds_live(database_url)
 
 
-async def test_malformed_messages_go_to_invalid_and_the_drain_goes_on(world: World, database_url: str,
-                                                                      queue: Any) -> None:
+async def test_unreadable_messages_are_dead_letters_unknown_names_invalid_and_the_drain_goes_on(
+        world: World, database_url: str, queue: Any) -> None:
     client, name = queue
-    invalid = [
+    dead = [
         b"{not json",
         b'["a", "list"]',
         orjson.dumps({"scan_id": "x", "targets": []}),  # no organisation
-        _message(UUID(int=12345), "L-unknown-org"),
-        _message(world.org, "L-unknown-profile", profile="nowhere"),
         _message(world.org, "L-both", profile="p", steps=["discover"]),
         _message(world.org, "L-bad-step", steps=[{"task_type": "discover", "lease_seconds": 0}]),
         _message(world.org, "", steps=["discover"]),
+        _message(world.org, "L-nul", targets=["10.0.0.5\x00"]),  # PostgreSQL stores no NUL
+        _message(world.org, "L-nul-\x00-id"),
     ]
-    client.lpush(name, *invalid, _message(world.org, "L-good"))
+    invalid = [_message(UUID(int=12345), "L-unknown-org"), _message(world.org, "L-unknown-profile", profile="nowhere")]
+    client.lpush(name, dead[0], dead[1], invalid[0], dead[2], _message(world.org, "L-good"), *dead[3:], invalid[1],
+                 _message(world.org, "L-after"))
     events = (await _rows(world, "SELECT count(*) FROM events"))[0][0]
     code, out, err = await drain(database_url, name)
     assert code == 0, err
     for reason in ("not JSON", "a message is a JSON object", "organization_id: Field required",
                    "no such organisation", "no such profile", "exactly one of profile", "lease_seconds",
-                   "scan_id"):
+                   "scan_id", "NUL character"):
         assert reason in out, (reason, out)
+    assert "10.0.0.5" not in out  # a dead letter is named by its size and sha256, never its content
+    assert out.count("dead-lettered: message of ") == len(dead), out
+    assert out.count(f"-> moved to {name}:dead") == len(dead), out
     assert out.count(f"-> moved to {name}:invalid") == len(invalid), out
-    assert client.lrange(f"{name}:invalid", 0, -1) == list(reversed(invalid))
-    assert set(await _gateway_scans(world)) == {"L-good"}
+    assert sorted(client.lrange(f"{name}:dead", 0, -1)) == sorted(dead)
+    assert sorted(client.lrange(f"{name}:invalid", 0, -1)) == sorted(invalid)
+    assert set(await _gateway_scans(world)) == {"L-good", "L-after"}
     assert (await _rows(world, "SELECT count(*) FROM events"))[0][0] > events
     assert client.llen(name) == client.llen(f"{name}:processing") == 0
+    assert f"{len(dead)} dead" in out.splitlines()[-1]
+
+    # The operator sees them with their reasons, and requeues one (after fixing its producer).
+    code, out, err = await asyncio.to_thread(_run_cli, "legacy", "dead-letters", "list", "--redis-url", REDIS_URL,
+                                             "--queue", name, "--json")
+    assert code == 0, err
+    listed = [orjson.loads(line) for line in out.splitlines()]
+    assert [entry["message"].encode() for entry in listed[:3]] == dead[:3]  # oldest first
+    assert sum("NUL character" in entry["reason"] for entry in listed) == 2
+    code, out, err = await asyncio.to_thread(_run_cli, "legacy", "dead-letters", "requeue", "--redis-url", REDIS_URL,
+                                             "--queue", name, "--sha256", listed[0]["sha256"][:12])
+    assert code == 0 and "1 dead letter requeued" in out, (out, err)
+    assert client.lrange(name, 0, -1) == [dead[0]]
+    assert client.llen(f"{name}:dead") == len(dead) - 1
+    assert client.hexists(f"{name}:dead:reasons", listed[0]["sha256"]) == 0
+    code, out, err = await asyncio.to_thread(_run_cli, "legacy", "dead-letters", "requeue", "--redis-url", REDIS_URL,
+                                             "--queue", name, "--all")
+    assert code == 0 and f"{len(dead) - 1} dead letters requeued" in out, (out, err)
+    assert client.llen(f"{name}:dead") == 0 and client.llen(name) == len(dead)
+    code, out, err = await drain(database_url, name)  # still unreadable: back to the dead letters, exit 0
+    assert code == 0 and client.llen(f"{name}:dead") == len(dead), (out, err)
 
 
 async def test_a_dry_run_changes_nothing(world: World, database_url: str, queue: Any) -> None:
@@ -218,11 +245,11 @@ async def test_a_dry_run_changes_nothing(world: World, database_url: str, queue:
     code, out, err = await drain(database_url, name, "--dry-run")
     assert code == 0, err
     assert [line.split(":")[0] for line in out.splitlines()[:5]] == [
-        "#1 would be converted", "#2 would be converted", "#3 would be invalid", "#4 would be already converted",
+        "#1 would be converted", "#2 would be converted", "#3 would be dead-lettered", "#4 would be already converted",
         "#5 would be converted"], out
     assert "dry run, nothing changed: 5 messages" in out, out
     assert client.lrange(name, 0, -1) == list(reversed(messages))
-    assert client.llen(f"{name}:processing") == 1 and client.llen(f"{name}:invalid") == 0
+    assert client.llen(f"{name}:processing") == 1 and client.llen(f"{name}:invalid") == client.llen(f"{name}:dead") == 0
     assert await _rows(world, "SELECT count(*) FROM events") == events
 
 

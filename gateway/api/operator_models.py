@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
 from pydantic import (
@@ -36,6 +36,7 @@ from leasehold.domain.events import ScanStatus, TaskStateName
 from leasehold.domain.task import TaskState
 from leasehold.gateway.api.http import INTEGRAL, json_limits
 from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView
+from leasehold.protocol.clipping import CLIPPED, CLIPPED_NUMBER, MAX_DISPLAY_DEPTH, clip
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
@@ -62,6 +63,36 @@ class Query(BaseModel):
     """Query strings: unknown parameters are rejected too (values arrive as text)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- stored JSON in answers --------------------------------------------------------------
+
+
+def clipped_flag(field: str) -> Any:
+    """The ``<field>_clipped`` flag of a stored JSON field (see :class:`ShowsStoredJson`)."""
+    return Field(False, description=(
+        f"true when part of `{field}` cannot be shown as stored (only values stored before the input limits"
+        f" can): each container nested deeper than {MAX_DISPLAY_DEPTH} levels is replaced by the string"
+        f" {CLIPPED!r}, each integer past 64 bits by {CLIPPED_NUMBER!r}"))
+
+
+class ShowsStoredJson(Body):
+    """An answer holding stored JSON fields (:attr:`STORED_JSON`): each is clipped as it is built
+    (:func:`clip`), so that any stored row can be answered, and ``<field>_clipped`` says whether it was."""
+
+    STORED_JSON: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clip_stored_json(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name in cls.STORED_JSON:
+            if data.get(name) is not None:
+                data[name], clipped = clip(data[name])
+                data[f"{name}_clipped"] = clipped or bool(data.get(f"{name}_clipped"))
+        return data
 
 
 # --- pagination -----------------------------------------------------------------------------
@@ -385,11 +416,14 @@ class ScanCancellation(Body):
     tasks: list[dict[str, Any]] = Field(description="each unfinished task's id and state after the cancel")
 
 
-class Asset(Body):
+class Asset(ShowsStoredJson):
+    STORED_JSON = ("attributes",)
+
     id: UUID
     kind: str
     value: str
     attributes: dict[str, Any]
+    attributes_clipped: bool = clipped_flag("attributes")
     first_seen_at: datetime
     last_seen_at: datetime
 
@@ -403,12 +437,15 @@ class AssetList(Body):
     items: list[Asset]
 
 
-class Threat(Body):
+class Threat(ShowsStoredJson):
+    STORED_JSON = ("data",)
+
     id: UUID
     external_id: str
     title: str
     severity: str
     data: dict[str, Any]
+    data_clipped: bool = clipped_flag("data")
     first_seen_at: datetime
     last_seen_at: datetime
 
@@ -426,16 +463,20 @@ class FindingsQuery(Query):
     limit: int = Field(500, ge=1, le=5000, description="at most this many items")
 
 
-class Scan(Body):
+class Scan(ShowsStoredJson):
+    STORED_JSON = ("targets", "profile")
+
     id: UUID
     organization_id: UUID
     status: str
     execution_mode: str
     targets: dict[str, Any]
+    targets_clipped: bool = clipped_flag("targets")
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
     profile: dict[str, Any] | None = Field(None, description="the steps the scan runs (copied when it was created)")
+    profile_clipped: bool = clipped_flag("profile")
     stored_profile_id: UUID | None = Field(None, description="the stored profile its steps were copied from")
     legacy_scan_id: str | None = None
     handed_over_to: UUID | None = Field(
@@ -484,7 +525,9 @@ class Attempt(AttemptView):
                    batch_count=row[9], final_batch_accepted=row[10], error=row[11])
 
 
-class Task(Body):
+class Task(ShowsStoredJson):
+    STORED_JSON = ("scope", "parameters")
+
     id: UUID
     organization_id: UUID
     scan_id: UUID
@@ -494,10 +537,12 @@ class Task(Body):
     priority: int
     scope: dict[str, Any] = Field(description="the scope's inline part: the whole scope, unless scope_ref.pages "
                                               "is above 1 (then its assets continue in pages kept by the Gateway)")
+    scope_clipped: bool = clipped_flag("scope")
     scope_ref: ScopeRefView | None = Field(
         None, description="the whole scope: its sha256, size, assets, pages, and assets the scan found but left "
                           "out of it (null: scope is the whole scope)")
     parameters: dict[str, Any]
+    parameters_clipped: bool = clipped_flag("parameters")
     state: str
     available_at: datetime
     attempt_count: int
@@ -564,46 +609,6 @@ def redact(value: Any) -> Any:
     return value
 
 
-#: How deep an event's payload is shown: twice what the input limits admit in any field today
-#: (domain.limits), and shallow enough that a page of events always encodes (orjson stops at 254
-#: levels). Only values stored before those limits existed can nest deeper.
-MAX_DISPLAY_DEPTH = 128
-#: What stands in for a container nested deeper than :data:`MAX_DISPLAY_DEPTH`.
-CLIPPED = "(nested too deep to show here)"
-
-
-def clip(value: Any, limit: int = MAX_DISPLAY_DEPTH) -> tuple[Any, bool]:
-    """``value`` with every container deeper than ``limit`` (the outermost is depth 1) replaced by
-    :data:`CLIPPED`, and whether anything was. Iterative, so it never meets Python's own limit."""
-    clipped = False
-
-    def copy(container: Any, depth: int) -> Any:
-        nonlocal clipped
-        if depth > limit:
-            clipped = True
-            return CLIPPED
-        return {} if isinstance(container, Mapping) else []
-
-    root = copy(value, 1) if isinstance(value, Mapping | list | tuple) else value
-    stack = [(value, root, 1)] if isinstance(root, dict | list) else []
-    while stack:
-        source, target, depth = stack.pop()
-        items = source.items() if isinstance(source, Mapping) else enumerate(source)
-        for key, item in items:
-            if isinstance(item, Mapping | list | tuple):
-                child = copy(item, depth + 1)
-                if isinstance(child, dict | list):
-                    stack.append((item, child, depth + 1))
-            else:
-                child = item
-            if isinstance(target, dict):
-                target[key] = child
-            else:
-                target.append(child)
-    return root, clipped
-
-
-
 # --- scheduled scans --------------------------------------------------------------------------
 
 
@@ -627,7 +632,9 @@ class CreateSchedule(Body):
                                 "a full period or more")
 
 
-class Schedule(Body):
+class Schedule(ShowsStoredJson):
+    STORED_JSON = ("targets", "profile")
+
     id: UUID
     organization_id: UUID
     name: str
@@ -635,7 +642,9 @@ class Schedule(Body):
     interval_seconds: int | None
     timezone: str
     targets: dict[str, Any]
+    targets_clipped: bool = clipped_flag("targets")
     profile: dict[str, Any]
+    profile_clipped: bool = clipped_flag("profile")
     enabled: bool
     misfire_policy: str
     next_run_at: datetime
@@ -711,11 +720,14 @@ class FairShare(Body):
                    virtual_time=state.virtual_time, updated_at=state.updated_at)
 
 
-class StoredProfile(Body):
+class StoredProfile(ShowsStoredJson):
+    STORED_JSON = ("steps",)
+
     id: UUID
     organization_id: UUID | None = Field(description="null: a global profile")
     name: str
     steps: list[dict[str, Any]]
+    steps_clipped: bool = clipped_flag("steps")
     gateway_execution: bool
     version: int
     created_at: datetime

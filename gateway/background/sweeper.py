@@ -1,7 +1,8 @@
 """The lease sweeper: a background loop in every Gateway process.
 
 Each pass expires lapsed leases (retry with backoff, or terminal), fails attempts past their
-execution deadline (timeout), and ends ``cancelling`` tasks whose worker never acknowledged.
+execution deadline (timeout), and ends ``cancelling`` tasks whose worker never acknowledged;
+then it lowers the queued-work flags of organisations whose queue emptied (migration 0021).
 All three lock work with ``FOR UPDATE SKIP LOCKED`` in batches, so any number of processes and
 replicas can sweep at once without stepping on each other or on live commands.
 """
@@ -23,6 +24,7 @@ async def sweep_once(lifecycle: Lifecycle, *, batch: int = 100) -> int:
             changed += n
             if n < batch:
                 break
+    await lifecycle.clear_queue_flags()
     return changed
 
 

@@ -668,6 +668,21 @@ class Lifecycle:
         return await self._sweep("tasks_lock_cancelling_overdue", {"grace": self.cancel_grace}, limit,
                                  lambda t: TerminateCancelling(self.cancel_grace))
 
+    async def clear_queue_flags(self, *, limit: int = 1000) -> int:
+        """Keep the queued-work flags (migration 0021): turn the raises into flags, then lower those
+        of organisations with no task of that type queued any more; how many were lowered.
+        Never waits for a lock; one process at a time (another one's pass is skipped)."""
+        async with self.db.transaction() as tx:
+            (mine,) = await tx.value("org_queued_work_try_lock", {})
+            if not mine:
+                return 0
+            await tx.value("org_queued_work_take_raises", {})
+            locked = await tx.all("org_queued_work_lock_flagged", {"limit": limit})
+            cleared = await tx.all("org_queued_work_clear", {
+                "organization_ids": [org for org, _ in locked], "task_types": [kind for _, kind in locked]})
+            await tx.commit()
+        return len(cleared)
+
     async def _sweep(self, query: str, params: dict[str, Any], limit: int,
                      make: Callable[[TaskState], Any]) -> int:
         changed: list[DomainEvent] = []

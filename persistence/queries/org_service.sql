@@ -1,14 +1,24 @@
 -- name: fair_share_candidates
 -- Acquisition, after worker_lock_for_acquire and worker_live_attempts (which pins the plans):
 -- one row per organisation of the worker that has a task this worker may run now, with that
--- organisation's best such task (priority, age) and its fair-share state. Each organisation is
--- probed through worker_tasks_org_acquirable_idx, stopping at its first eligible task, so the
--- cost grows with the worker's organisations, never with queued tasks or history. No lock:
+-- organisation's best such task (priority, age) and its fair-share state. Only organisations
+-- flagged (org_queued_work; org_queued_work_busy_idx holds only the flagged) or raised
+-- (org_queued_raises, until the sweeper turns them into flags) with queued tasks of one of the
+-- worker's task types are read (see migration 0021), so an organisation the worker serves with
+-- nothing queued costs nothing. Each of those is probed through
+-- worker_tasks_org_acquirable_idx, stopping at its first eligible task, so the cost grows with
+-- the worker's organisations that have queued work, never with queued tasks or history. No lock:
 -- domain.fairness orders the organisations, task_lock_for_organization then locks a task.
 SELECT ow.organization_id, p.priority, p.created_at, coalesce(s.virtual_time, 0), o.fair_weight,
        coalesce(s.live, 0), o.max_live_attempts
 FROM workers w
-JOIN organization_workers ow ON ow.worker_id = w.id AND ow.enabled AND ow.revoked_at IS NULL
+CROSS JOIN LATERAL (
+    SELECT q.organization_id FROM org_queued_work q WHERE q.task_type = ANY(w.task_types) AND q.queued
+    UNION
+    SELECT r.organization_id FROM org_queued_raises r WHERE r.task_type = ANY(w.task_types)
+) q
+JOIN organization_workers ow ON ow.organization_id = q.organization_id AND ow.worker_id = w.id
+                            AND ow.enabled AND ow.revoked_at IS NULL
 JOIN organizations o ON o.id = ow.organization_id
 LEFT JOIN org_service s ON s.organization_id = ow.organization_id
 CROSS JOIN LATERAL (
@@ -103,3 +113,53 @@ FOR UPDATE
 SELECT s.organization_id, s.virtual_time, s.served, s.live, s.waited_seconds
 FROM org_service s
 ORDER BY s.organization_id
+
+-- name: org_queued_work_try_lock
+-- The sweeper keeps the queued-work flags (migration 0021) one process at a time: false, another
+-- process is at it (never waited for).
+SELECT pg_try_advisory_xact_lock(hashtext('org_queued_work'))
+
+-- name: org_queued_work_lock_flagged
+-- After org_queued_work_take_raises, it locks the flagged rows it can lock at once (a row a
+-- setter holds is skipped: it has a task queued, or is about to).
+SELECT q.organization_id, q.task_type
+FROM org_queued_work q
+WHERE q.queued
+ORDER BY q.organization_id, q.task_type
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: org_queued_work_clear
+-- After org_queued_work_lock_flagged, in a later statement (a fresh snapshot, which shows every
+-- task a setter that held the row before the lock queued): lower the flags with no task queued.
+UPDATE org_queued_work q
+SET queued = false
+FROM unnest(%(organization_ids)s::uuid[], %(task_types)s::text[]) AS k (organization_id, task_type)
+WHERE q.organization_id = k.organization_id AND q.task_type = k.task_type
+  AND NOT EXISTS (SELECT FROM worker_tasks t
+                  WHERE t.organization_id = q.organization_id AND t.task_type = q.task_type
+                    AND t.state IN ('pending', 'retry_wait'))
+RETURNING q.organization_id
+
+-- name: org_queued_work_take_raises
+-- First the raises committed so far become flags, in one statement (the acquire sees a raise or
+-- its flag, never neither). Only rows that are down or absent are written: a flag that is up may
+-- be held by a setter, and is left alone. Run only by the process that holds the advisory lock.
+WITH taken AS (
+    DELETE FROM org_queued_raises RETURNING organization_id, task_type
+), raised AS (
+    SELECT DISTINCT organization_id, task_type FROM taken
+), lowered AS (
+    UPDATE org_queued_work q SET queued = true
+    FROM raised r
+    WHERE q.organization_id = r.organization_id AND q.task_type = r.task_type AND NOT q.queued
+    RETURNING q.organization_id
+), added AS (
+    INSERT INTO org_queued_work (organization_id, task_type, queued)
+    SELECT r.organization_id, r.task_type, true FROM raised r
+    WHERE NOT EXISTS (SELECT FROM org_queued_work q
+                      WHERE q.organization_id = r.organization_id AND q.task_type = r.task_type)
+    ON CONFLICT (organization_id, task_type) DO NOTHING
+    RETURNING organization_id
+)
+SELECT (SELECT count(*) FROM raised), (SELECT count(*) FROM lowered) + (SELECT count(*) FROM added)

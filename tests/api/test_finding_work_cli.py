@@ -100,3 +100,21 @@ async def test_command_line_errors_are_one_line(gateway: RunningGateway, base_en
                                                 stderr=asyncio.subprocess.PIPE)
     _, err_b = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and err_b.decode().startswith("leasehold: error: cannot reach the operator API")
+
+
+async def test_show_json_of_a_row_stored_past_the_limits_says_what_it_clipped(
+        gateway: RunningGateway, base_env: dict[str, str]) -> None:
+    """A task and scan stored before the input limits (jsonb 300 deep, written with SQL) show with
+    ``--json``: exit 0, the too-deep part a marker, ``<field>_clipped`` true."""
+    task = await gateway.task()
+    async with gateway.pool.connection() as conn:
+        deep = '{"a": ' * 300 + "1" + "}" * 300
+        await conn.execute("UPDATE worker_tasks SET scope = %s::jsonb WHERE id = %s", (deep, task))
+        await conn.execute("UPDATE scans SET targets = %s::jsonb WHERE id = %s", (deep, gateway.scan))
+    code, out, err = await leasehold(gateway, base_env, "tasks", "show", str(task), "--json")
+    assert code == 0, err
+    shown = orjson.loads(out)
+    assert (shown["scope_clipped"], shown["parameters_clipped"]) == (True, False)
+    code, out, err = await leasehold(gateway, base_env, "scans", "show", str(gateway.scan), "--json")
+    assert code == 0, err
+    assert orjson.loads(out)["scan"]["targets_clipped"] is True

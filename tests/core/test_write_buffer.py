@@ -144,7 +144,10 @@ async def test_a_combined_statement_maps_errors_as_before(world: World, pool: As
 
 #: Trigger functions that read no table but their own (the log's and the audit tables' refusals,
 #: the fixed execution mode), and those that read another one: (table it fires on, table it reads).
-SELF_CONTAINED_TRIGGERS = {"events_reject_change", "audit_reject_change", "execution_mode_is_fixed"}
+SELF_CONTAINED_TRIGGERS = {"events_reject_change", "audit_reject_change", "execution_mode_is_fixed",
+                           # raises org_queued_work's flag from the task row's own values; no
+                           # combined write holds that table, so nothing it reads can be missing
+                           "org_queued_work_mark"}
 CROSS_TABLE_TRIGGERS = {"scan_jobs_have_their_scans_mode": ("scan_jobs", "scans"),
                         "worker_tasks_gateway_jobs_only": ("worker_tasks", "scan_jobs")}
 

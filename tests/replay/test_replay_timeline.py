@@ -80,3 +80,21 @@ async def test_timeline_of_an_unknown_id_is_an_error(world: World, database_url:
     assert code == 1 and "OrganizationCreated stream, not a TaskCreated stream" in err
     code, _, err = await cli("replay", "timeline", "not-a-uuid", "--database-url", database_url)
     assert code == 2
+
+
+async def test_timeline_json_of_a_task_stored_past_the_limits_clips_and_flags_it(
+        world: World, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task created before the input limits existed (the checks switched off), its scope 252
+    levels deep: inside the timeline's JSON it would nest past what JSON output can hold, so the
+    event's data is clipped and flagged, and the command still answers."""
+    monkeypatch.setattr("leasehold.domain.task.check_field", lambda *args, **kwargs: None)
+    monkeypatch.setattr("leasehold.domain.scopes.check_field", lambda *args, **kwargs: None)
+    scope: dict[str, object] = {}
+    for _ in range(251):
+        scope = {"a": scope}
+    task = await world.task(scope=scope)
+    monkeypatch.undo()
+    code, report = await cli_json("replay", "timeline", str(task), "--database-url", database_url)
+    assert code == 0
+    (created,) = report["events"]
+    assert created["event"] == "TaskCreated" and created["data_clipped"] is True
