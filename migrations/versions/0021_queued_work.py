@@ -24,7 +24,7 @@ then probes the organisation and finds nothing, as before).
 It is not a projection of the log (as ``org_service`` is not): ``worker_tasks`` is.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0021"
-down_revision = "0019"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
