@@ -28,8 +28,10 @@ Gateway's own background loops cost),
 ``acquire/renew/results/complete_p50_ms``/``_p99_ms`` (acquire: a probe worker serving every
 organisation acquires without a long-poll every 100 ms, a full poll that finds nothing it can
 take; ``acquire_leased``: the fleet's long-polls that returned a
-lease, begun while tasks were queued), ``operator_p99_ms`` (errors while the Gateway restarts are
-counted apart), ``gateway_rss_start/end_mib`` (start: the first
+lease, begun while tasks were queued), ``idle_operator_p99_ms`` (an operator reading
+``GET /v1/scans`` and ``GET /v1/workers`` every 100 ms for ``--idle-seconds`` while the fleet's
+long-polls wait, right after the idle window: the issue's bar), ``operator_p99_ms`` (the same
+reads throughout the load phase; errors while the Gateway restarts are counted apart), ``gateway_rss_start/end_mib`` (start: the first
 process with the fleet waiting, end: the process after the restart, at the end),
 ``scans_finished``/``scans_expected``, ``tasks_lost`` (tasks of the scans that never succeeded),
 ``tasks_run_twice`` (tasks with more than one completion accepted), ``share_min_ratio``/
@@ -283,7 +285,7 @@ async def acquire_probe(client: GatewayClient, stop: asyncio.Event, stats: Stats
         await asyncio.sleep(0.1)
 
 
-async def operator_loop(gw: Gateway, stop: asyncio.Event, stats: Stats) -> None:
+async def operator_loop(gw: Gateway, stop: asyncio.Event, stats: Stats, key: str = "operator") -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=gw.ctx),
                                      headers={"Authorization": f"Bearer {gw.admin_key}"}) as s:
         paths = ("/v1/scans?limit=20", "/v1/workers?limit=20")
@@ -295,11 +297,11 @@ async def operator_loop(gw: Gateway, stop: asyncio.Event, stats: Stats) -> None:
                 async with s.get(f"https://localhost:{gw.operator_port}{paths[n % 2]}") as r:
                     await r.read()
                     if r.status == 200:
-                        stats.timed("operator", started)
+                        stats.timed(key, started)
                     else:
-                        stats.errors[f"operator_{r.status}"] += 1
+                        stats.errors[f"{key}_{r.status}"] += 1
             except (aiohttp.ClientError, OSError):
-                stats.errors["operator_down"] += 1
+                stats.errors[f"{key}_down"] += 1
             await asyncio.sleep(0.1)
 
 
@@ -456,6 +458,13 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
                 out["idle_xact_per_s"] = round(max(0, xact1 - xact0 - 2) / seconds, 2)
                 out["idle_pg_cpu"] = round((cpu1 - cpu0) / seconds, 4)
                 out["idle_seconds"] = round(seconds, 1)
+                # The operator's requests while the fleet waits (measured after the idle window,
+                # whose transaction count they would otherwise add to).
+                idle_stop = asyncio.Event()
+                idle_operator = asyncio.create_task(operator_loop(gw, idle_stop, stats, key="idle_operator"))
+                await asyncio.sleep(args.idle_seconds)
+                idle_stop.set()
+                await idle_operator
 
                 # 2. Load.
                 operator = asyncio.create_task(operator_loop(gw, stop, stats))
@@ -507,7 +516,7 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
     out["workers_killed"] = stats.killed
     out["leases_lost_by_workers"] = stats.lost_leases
     out["client_errors"] = dict(stats.errors) or 0
-    for op in ("acquire", "acquire_leased", "renew", "results", "complete", "operator"):
+    for op in ("acquire", "acquire_leased", "renew", "results", "complete", "idle_operator", "operator"):
         values = stats.latencies.get(op, [])
         out[f"{op}_count"] = len(values)
         if values:
@@ -526,8 +535,10 @@ async def run(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def goals(out: dict[str, Any]) -> list[str]:
     bars = [("idle_xact_per_s", out["idle_xact_per_s"], "<=5", out["idle_xact_per_s"] <= 5),
-            ("operator_p99_ms", out.get("operator_p99_ms", float("inf")), "<=50",
-             out.get("operator_p99_ms", float("inf")) <= 50),
+            # The bar: an operator's request while the fleet's long-polls wait. Under the full
+            # load (operator_p99_ms, printed too) it is not a bar of the issue.
+            ("idle_operator_p99_ms", out.get("idle_operator_p99_ms", float("inf")), "<=50",
+             out.get("idle_operator_p99_ms", float("inf")) <= 50),
             ("tasks_lost_or_run_twice", out["tasks_lost"] + out["tasks_run_twice"], "==0",
              out["tasks_lost"] + out["tasks_run_twice"] == 0),
             ("scans_succeeded", f"{out['scans_succeeded']}/{out['scans_expected']}", "all",
