@@ -23,6 +23,7 @@ from leasehold.domain.limits import (
     depth_exceeds,
 )
 from leasehold.gateway.api.operator_models import CLIPPED, clip
+from leasehold.protocol.clipping import CLIPPED_NUMBER
 
 
 def nested(levels: int) -> dict[str, object]:
@@ -131,8 +132,10 @@ def test_a_legacy_message_nesting_too_deep_is_invalid(levels: int) -> None:
 
 # --- clipping what an answer shows (gateway.api.operator_models.clip) ---------------------------
 
+#: JSON values an answer can hold: integers within 64 bits (larger ones are clipped as numbers,
+#: see the test after the next).
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.text(max_size=3),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
     max_leaves=30)
 
@@ -152,3 +155,9 @@ def test_clip_replaces_each_too_deep_container_in_place() -> None:
     assert clip(value, 2) == ({"keep": [1, CLIPPED], "deep": [CLIPPED, 3], "n": 4}, True)
     assert clip(tuple([1, (2,)]), 1) == ([1, CLIPPED], True)
     assert clip("plain", 1) == ("plain", False)
+
+
+def test_clip_replaces_an_integer_past_64_bits_and_keeps_the_edges() -> None:
+    value = {"big": 2**64, "small": -(2**63) - 1, "edges": [2**64 - 1, -(2**63)], "flag": True}
+    assert clip(value, 5) == ({"big": CLIPPED_NUMBER, "small": CLIPPED_NUMBER,
+                               "edges": [2**64 - 1, -(2**63)], "flag": True}, True)
