@@ -128,6 +128,11 @@ class TaskRunner:
         self._endings: asyncio.Queue[Ending] = asyncio.Queue()
         self._final_acked = asyncio.Event()
         self._completed = False  # the Gateway completed the attempt with its final batch
+        #: The completion is on its way: no renewal starts (one would reach the Gateway after it,
+        #: and be refused as a write on a finished attempt).
+        self._closing = False
+        self._renewal_idle = asyncio.Event()  # set while no renewal is in flight
+        self._renewal_idle.set()
         self._error_records: list[dict[str, Any]] = []
         self._started = time.monotonic()
         self._background: list[asyncio.Task[Any]] = []
@@ -285,9 +290,16 @@ class TaskRunner:
         await batcher.finish()
         await self._final_acked.wait()
 
+    async def _before_completion(self) -> None:
+        """No renewal starts from here, and one in flight is answered before the completion is
+        sent (sent after it, it would be refused as a write on a finished attempt)."""
+        self._closing = True
+        await self._renewal_idle.wait()
+
     async def _complete(self, batcher: Batcher) -> str:
         try:
             if not self._completed:  # (the final batch normally carried the completion)
+                await self._before_completion()
                 await self.client.complete(self.attempt, retry_while=self.lease_alive)
         except TaskWasCancelled:
             return await self._acknowledge_cancel("cancelled before completion")
@@ -356,6 +368,7 @@ class TaskRunner:
             while True:
                 batch = await batcher.outbox.get()
                 if batch.final:  # the last batch travels with complete: one request, one transaction
+                    await self._before_completion()
                     await self.client.complete(self.attempt, final_batch=batch, retry_while=self.lease_alive)
                     self._completed = True
                     log.info("final result batch accepted with the completion", extra={
@@ -386,7 +399,10 @@ class TaskRunner:
         next_at = time.monotonic() if self._timing.retried else self._timing.received + interval
         while True:
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if self._closing:
+                return
             sent = time.monotonic()
+            self._renewal_idle.clear()
             try:
                 answer = await self.client.renew(self.attempt, retry_while=self.lease_alive)
             except TaskWasCancelled as exc:
@@ -404,6 +420,8 @@ class TaskRunner:
             except GatewayError as exc:
                 self._end(Ending("crashed", str(exc)))
                 return
+            finally:
+                self._renewal_idle.set()
             if answer.cancel_requested:
                 self._end(Ending("cancelled", "cancel requested (lease renewal)"))
                 return
