@@ -17,7 +17,15 @@ pg_restart          ``pg_ctl restart -m immediate``: crash and recovery of Postg
 blackhole           one worker's proxy drops everything for lease + 1-3 s
 partition           one worker's proxy holds everything for lease + 1-3 s, then delivers it late
 drop_response       one worker's next 1-3 requests are processed but their answers dropped
+stale_write         once, at the start: a worker of the soak's own (``chaos-stale``) takes the
+                    first task, stalls until the Gateway has expired its lease, then renews it:
+                    the late write must be refused (409); the task is then retried by the others
 ==================  ===========================================================================
+
+The schedule deals the kinds in rounds (shuffled, weighted); the first round is always dealt in
+full, however short the fault window, so every kind is injected at least once. ``stale_write``
+does not depend on timing either: a refused late write and an expired lease happen in every run,
+whatever the other faults happened to hit.
 
 Then it heals everything, drains (waits until every task is terminal, up to
 ``--drain-seconds``), stops the processes, and checks per task id (see ``bench/README.md``):
@@ -68,6 +76,8 @@ from leasehold.gateway.services import Services, build_services
 from leasehold.migrations import runner as migrate
 from leasehold.persistence.connection import create_pool
 from leasehold.persistence.transaction import Database
+from leasehold.worker.client import AttemptRef, GatewayClient, LeaseLost
+from leasehold.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the test suite's fault proxy is the one to use
@@ -75,10 +85,13 @@ from support.faultproxy import Fault, FaultProxy  # noqa: E402
 
 DATABASE = "leasehold_chaos"
 TASK_TYPE = "chaos"
-KINDS = ("worker_kill", "worker_stop", "gateway_restart", "pg_restart", "blackhole", "partition", "drop_response")
-#: How often each kind comes up in one round of the schedule (every kind at least once a round).
+KINDS = ("worker_kill", "worker_stop", "gateway_restart", "pg_restart", "blackhole", "partition", "drop_response",
+         "stale_write")
+#: How often each kind comes up in one round of the schedule (every kind at least once a round);
+#: ``stale_write`` is not dealt: it runs once, at the start (:func:`stale_write`).
 WEIGHTS = {"worker_kill": 2, "worker_stop": 2, "gateway_restart": 1, "pg_restart": 1, "blackhole": 2,
-           "partition": 2, "drop_response": 3}
+           "partition": 2, "drop_response": 3, "stale_write": 0}
+STALE_WORKER = "chaos-stale"
 SIDE_TABLE = """
 CREATE TABLE chaos_executions (
     attempt_id      uuid NOT NULL,
@@ -240,6 +253,7 @@ class Run:
     busy: set[int] = field(default_factory=set)
     infra: asyncio.Lock = field(default_factory=asyncio.Lock)
     created: int = 0
+    stale_worker: WorkerSettings | None = None  # the soak's own worker for ``stale_write``
 
     async def rows(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
@@ -338,6 +352,50 @@ async def inject(run: Run, kind: str) -> None:
         run.busy.discard(i)
 
 
+async def stale_write(run: Run) -> asyncio.Task[None]:
+    """``stale_write``: the soak's own worker takes a lease (the first task, before the workers
+    start), writes nothing until the Gateway has expired it, then renews it. The renewal must be
+    refused (409 ``lease-lost``, recorded as ``WriteRejected``); the task goes back to the queue.
+    Returns once the lease is taken; the rest runs in the returned task."""
+    assert run.stale_worker is not None
+    client = GatewayClient(run.stale_worker)
+    await client.__aenter__()
+    try:
+        deadline = time.monotonic() + 60
+        while (answer := await client.acquire(f"stale-{time.monotonic_ns()}", wait_seconds=5)).lease is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("stale_write: no lease within 60s")
+    except BaseException:
+        await client.close()
+        raise
+    lease = answer.lease
+    run.faults["stale_write"] += 1
+
+    async def stall_then_write() -> None:
+        try:
+            async def expired() -> bool:
+                rows = await run.rows("SELECT status FROM worker_task_attempts WHERE id = %s", lease.attempt_id)
+                return bool(rows) and rows[0][0] == "expired"
+
+            deadline = time.monotonic() + 120
+            while not await patiently("stale_write", expired):  # the Gateway's sweeper ends the lease
+                if time.monotonic() > deadline:
+                    raise RuntimeError("stale_write: the Gateway did not expire the lease within 120s")
+                await asyncio.sleep(0.2)
+            try:  # retried while the Gateway or PostgreSQL restarts, until it is answered
+                await asyncio.wait_for(client.renew(AttemptRef(lease.task.id, lease.attempt_id, lease.lease_token)),
+                                       120)
+            except LeaseLost:
+                run.notes["stale_write_refused"] += 1
+            else:
+                run.notes["stale_write_accepted"] += 1  # a bug: a write on an expired lease
+                log("stale_write: the Gateway accepted a renewal of an expired lease")
+        finally:
+            await client.close()
+
+    return asyncio.create_task(stall_then_write())
+
+
 async def start_gateway(run: Run) -> None:
     for _ in range(3):
         try:
@@ -355,11 +413,17 @@ async def schedule(run: Run, seconds: float) -> None:
     kinds = [k for k in KINDS if k in run.settings.kinds]
     deadline = time.monotonic() + seconds
     running: set[asyncio.Task[None]] = set()
-    deck: list[str] = []
-    while time.monotonic() < deadline:
+    deck = [k for k in kinds for _ in range(WEIGHTS[k])]
+    run.rng.shuffle(deck)
+    # The first round is dealt in full even when the window is over (what is left of it at once):
+    # every kind comes up at least once.
+    while deck or time.monotonic() < deadline:
         if not deck:
             deck = [k for k in kinds for _ in range(WEIGHTS[k])]
             run.rng.shuffle(deck)
+        if not deck:  # no dealt kind chosen (``--kinds stale_write``): the window passes quietly
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            break
         task = asyncio.create_task(inject(run, deck.pop()))
         running.add(task)
         task.add_done_callback(running.discard)
@@ -574,7 +638,18 @@ async def provision(settings: argparse.Namespace, workdir: Path, server: Embedde
                "CHAOS_LONG_SECONDS": str(settings.long_seconds or 1.5 * settings.lease_seconds),
                "CHAOS_RECORDS": "3"}
         workers.append(WorkerProcess(i, argv, env, workdir / f"worker-{i}.log"))
-    return Run(settings, random.Random(settings.seed), server, url, pool, services, org, gateway, workers, proxies)
+    run = Run(settings, random.Random(settings.seed), server, url, pool, services, org, gateway, workers, proxies)
+    if "stale_write" in settings.kinds:
+        cert = issue_worker_certificate(pki.directory, STALE_WORKER)
+        worker_id = await registry.register_worker(name=STALE_WORKER, fingerprint=cert.fingerprint,
+                                                   task_types=(TASK_TYPE,), max_concurrent_tasks=1)
+        await registry.assign_worker(worker_id, org)
+        run.stale_worker = WorkerSettings(
+            gateway=f"https://localhost:{gateway.worker_port}", cert=cert.cert_path, key=cert.key_path,
+            ca=pki.ca_cert, max_concurrency=1, capabilities=[TASK_TYPE],
+            request_timeout_seconds=settings.request_timeout_seconds,
+            backoff_initial_seconds=0.1, backoff_max_seconds=1)
+    return run
 
 
 async def soak(settings: argparse.Namespace, workdir: Path, server: EmbeddedPostgres) -> dict[str, Any]:
@@ -583,15 +658,18 @@ async def soak(settings: argparse.Namespace, workdir: Path, server: EmbeddedPost
     helpers: list[asyncio.Task[None]] = []
     try:
         await start_gateway(run)
+        feeder = asyncio.create_task(feed(run, settings.fault_seconds * 0.9))
+        stale = None if run.stale_worker is None else await stale_write(run)  # before the workers compete
         for worker in run.workers:
             await worker.start()
         log(f"{settings.workers} workers, {settings.tasks} tasks, {settings.fault_seconds:g}s of faults "
             f"(lease {settings.lease_seconds}s, seed {settings.seed}); logs in {workdir}")
         helpers = [asyncio.create_task(watch(run)), asyncio.create_task(progress(run, started))]
-        feeder = asyncio.create_task(feed(run, settings.fault_seconds * 0.9))
         await schedule(run, settings.fault_seconds)
         fault_window = time.monotonic() - started
         await feeder
+        if stale is not None:
+            await stale
         # Heal: every proxy passes, every worker runs, the Gateway is up.
         for proxy in run.proxies:
             proxy.clear()

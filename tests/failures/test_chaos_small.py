@@ -5,7 +5,8 @@ it crashes with immediate restarts), with its own Gateway, workers and fault pro
 asserts what the soak prints: every checker count 0 (lost, completed twice, stale result
 accepted, batch ingested twice, stuck, and the side table's checks), ``replay verify`` and
 ``verify-chain`` clean, and every fault kind injected at least once — a run without faults
-proves nothing, so it fails too.
+proves nothing, so it fails too. None of this depends on luck: the soak deals its first round of
+faults in full, and its own stalled worker (``stale_write``) has a late write refused in every run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 from support.agent import pid_alive
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
-KINDS = ("worker_kill", "worker_stop", "gateway_restart", "pg_restart", "blackhole", "partition", "drop_response")
+KINDS = ("worker_kill", "worker_stop", "gateway_restart", "pg_restart", "blackhole", "partition", "drop_response",
+         "stale_write")
 
 
 @pytest.mark.slow
@@ -45,7 +47,9 @@ def test_chaos_soak_loses_nothing_doubles_nothing_and_replays_clean(owned_pg_ser
     assert result["verify_chain"]["ok"] is True and result["verify_chain"]["problems"] == 0, context
     assert all(result["faults"][kind] >= 1 for kind in KINDS), context
     assert result["responses_dropped"] >= 1, context  # a drop rule did hit a request
-    # The faults bit: leases expired and stale writes were refused (not merely scheduled).
+    # The faults bit: leases expired and stale writes were refused (not merely scheduled). The soak's
+    # own stalled worker (``stale_write``) makes both happen in every run, whatever the random faults hit.
+    assert result["notes"].get("stale_write_refused") == 1 and "stale_write_accepted" not in result["notes"], context
     assert result["effects"]["event_LeaseExpired"] >= 1 and result["effects"]["event_WriteRejected"] >= 1, context
     assert result["notes"].get("unexpected_worker_exits", 0) == 0, context
     assert result["notes"].get("unexpected_gateway_exits", 0) == 0, context
