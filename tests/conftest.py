@@ -9,8 +9,10 @@ Template and per-test copies: :mod:`support.databases`.
 
 Fixtures for tests:
 
-* ``database_url`` -> ``str``: a fresh database migrated to head (``CREATE DATABASE t_<random>
-  TEMPLATE <template>``), dropped ``WITH (FORCE)`` after the test.
+* ``database_url`` -> ``str``: a database migrated to head in the template's state: a copy
+  (``CREATE DATABASE t_<random> TEMPLATE <template>``), or one an earlier test of this process used,
+  reset and renamed; after the test it is reset for the next one, or dropped ``WITH (FORCE)``
+  when the test changed what a reset does not restore (:class:`support.databases.TestDatabases`).
 * ``make_database`` -> ``Callable[..., str]``: ``make_database()`` returns another fresh migrated
   database URL, ``make_database(migrated=False)`` an empty one; all dropped at teardown.
 * ``empty_database_url`` -> ``str``: a fresh, EMPTY database (from ``template0``) for migration tests.
@@ -161,25 +163,31 @@ def _test_databases(pg_server_url: str, template_database: str) -> Iterator[Test
 
 @pytest.fixture
 def database_url(_test_databases: TestDatabases) -> Iterator[str]:
-    """URL of a fresh database migrated to head; dropped after the test."""
-    name, url = _test_databases.create()
+    """URL of a database migrated to head, in the template's state; reset for the next test (or
+    dropped) after the test (:class:`support.databases.TestDatabases`)."""
+    name, url = _test_databases.checkout()
     yield url
-    _test_databases.drop(name)
+    _test_databases.checkin(name)
 
 
 @pytest.fixture
 def make_database(_test_databases: TestDatabases) -> Iterator[Callable[..., str]]:
-    """Factory: ``make_database(migrated=True) -> url`` of a fresh database; all dropped at teardown."""
-    created: list[str] = []
+    """Factory: ``make_database(migrated=True) -> url`` of a database in the template's state (an
+    empty one with ``migrated=False``); at teardown the migrated ones are reset or dropped, the
+    empty ones dropped."""
+    created: list[tuple[str, bool]] = []
 
     def make(*, migrated: bool = True) -> str:
-        name, url = _test_databases.create(migrated=migrated)
-        created.append(name)
+        name, url = _test_databases.checkout() if migrated else _test_databases.create(migrated=False)
+        created.append((name, migrated))
         return url
 
     yield make
-    for name in created:
-        _test_databases.drop(name)
+    for name, migrated in created:
+        if migrated:
+            _test_databases.checkin(name)
+        else:
+            _test_databases.drop(name)
 
 
 @pytest.fixture
