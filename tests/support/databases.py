@@ -120,6 +120,18 @@ class _FreshState:
         self.schema = schema_fingerprint(conn)
         self.relations = _relations(conn)
         self.sequences = _sequences(conn)
+        #: The tables that hold rows in the template (``alembic_version``), and a digest of them:
+        #: an update in place changes no size, so their rows are compared.
+        self.seeded = {oid: _table_digest(conn, oid) for oid, row in self.relations.items()
+                       if row[5] == "r" and row[0] != 0}
+
+
+def _table_digest(conn: psycopg.Connection[Any], table: int) -> str:
+    [(name,)] = conn.execute("SELECT oid::regclass::text FROM pg_class WHERE oid = %s", (table,)).fetchall()
+    # (the name as the catalog quotes it)
+    query = sql.SQL("SELECT md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), '')) FROM {} AS t")
+    row = conn.execute(query.format(sql.SQL(name))).fetchone()
+    return str(row[0]) if row else ""
 
 
 def _relations(conn: psycopg.Connection[Any]) -> dict[int, tuple[Any, ...]]:
@@ -166,14 +178,19 @@ class TestDatabases:
     that a previous test of this process used and :meth:`checkin` reset, else a new copy of the
     template; :meth:`checkin` resets it after its test, or drops it. A reset (as a superuser):
 
-    * ends every session still connected to it (the test's leftovers);
+    * ends every session still connected to it (the test's leftovers), and waits until they have
+      exited (their temporary tables go with them);
+    * drops the partitions a fresh copy does not have (the Gateway adds the coming months' event
+      partitions when it starts);
     * compares :data:`SCHEMA_FINGERPRINT` with a fresh copy's: a test that changed the schema,
       a privilege, a database setting or left a prepared transaction gets its database dropped;
     * truncates, in one ``TRUNCATE … CASCADE`` with ``session_replication_role = replica`` (the
       append-only triggers do not fire; only a superuser may set it, so only the tests can), every
       table whose size or planner statistics (``relpages``, ``reltuples``, ``relallvisible``, of
-      the table, its indexes or its TOAST) differ from a fresh copy's; a table that holds rows
-      in the template (``alembic_version``) cannot be restored so, and the database is dropped;
+      the table, its indexes or its TOAST) differ from a fresh copy's (a table empty in the
+      template has a size of 0 until a row is written to it, and keeps its pages after a
+      ``DELETE``); a table that holds rows in the template (``alembic_version``) cannot be
+      restored so: when its rows or its size changed, the database is dropped;
     * puts back the planner statistics ``TRUNCATE`` gives its indexes (``relpages`` 0 and
       ``reltuples`` -1, where an index built on an empty table has 1 and 0);
     * restarts the sequences that moved, deletes the statistics ``ANALYZE`` gathered, resets the
@@ -284,10 +301,28 @@ class TestDatabases:
         """Bring database ``name`` back to ``fresh``; return its new name."""
         self.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s"
                      " AND pid <> pg_backend_pid()", (name,))
+        # Until they are gone: a session's temporary tables are dropped when it exits.
+        deadline = time.monotonic() + 10
+        while self.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,))[0][0]:
+            if time.monotonic() > deadline:
+                raise NotRecyclable("sessions still connected 10 s after they were terminated")
+            time.sleep(0.01)  # polling the server for the exit of the sessions it was told to end
         with psycopg.connect(with_database(self.server_url, name), autocommit=True) as conn:
             conn.execute("SET lock_timeout = '10s'")  # behind a terminated session's locks, briefly
+            added = [row[0] for row in conn.execute(
+                "SELECT c.oid::regclass::text FROM pg_class c WHERE c.relispartition AND c.relkind IN ('r', 'p')"
+                " AND c.oid >= %s"
+                " AND NOT c.oid = ANY(%s) ORDER BY c.oid", (FIRST_USER_OID, sorted(fresh.relations)))]
+            if added:  # the Gateway adds the coming months' event partitions when it starts
+                conn.execute("SET session_replication_role = replica")
+                # (the names as the catalog quotes them)
+                conn.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(map(sql.SQL, added))))
+                conn.execute("RESET session_replication_role")
             if schema_fingerprint(conn) != fresh.schema:
                 raise NotRecyclable("its schema, settings or privileges changed")
+            for table, digest in fresh.seeded.items():
+                if _table_digest(conn, table) != digest:
+                    raise NotRecyclable(f"the rows of table {table}, which the template fills, changed")
             relations = _relations(conn)
             tables = {row[4] for oid, row in relations.items() if row[:4] != fresh.relations.get(oid, row)[:4]}
             if tables:
