@@ -29,12 +29,12 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from leasehold.cli.embedded import EmbeddedPostgres, with_database  # noqa: E402
-from leasehold.gateway.services import build_services  # noqa: E402
-from leasehold.persistence.connection import create_pool  # noqa: E402
-from leasehold.persistence.transaction import Database  # noqa: E402
-from support.databases import TEST_DB_PREFIX, TestDatabases, ensure_template  # noqa: E402
-from support.gateway import LOOPBACK_ALLOWED  # noqa: E402
+from leasehold.cli.embedded import EmbeddedPostgres, with_database
+from leasehold.gateway.services import build_services
+from leasehold.persistence.connection import create_pool
+from leasehold.persistence.transaction import Database
+from support.databases import TEST_DB_PREFIX, TestDatabases, ensure_template
+from support.gateway import LOOPBACK_ALLOWED
 
 MODES = ("drop", "filecopy", "recycle")
 
