@@ -94,8 +94,8 @@ SELECT md5(string_agg(x, E'\n' ORDER BY x)) FROM (
 ) AS s(x)
 """  # (16384: FIRST_USER_OID; the query has no parameters, its %s belong to format())
 
-#: Per relation with storage (tables, indexes, TOAST, materialized views): its size and the
-#: planner's statistics in ``pg_class``, and the table a reset truncates to restore them.
+#: Per table, index, TOAST table, materialized view (and partitioned table or index, of size 0):
+#: its size and the planner's statistics in ``pg_class``, and the table a reset truncates.
 RELATION_STATE = """
 SELECT c.oid::int8, pg_relation_size(c.oid), c.relpages, c.reltuples, c.relallvisible,
        coalesce(owner.oid, i.indrelid, CASE WHEN c.relkind IN ('i', 'I') THEN NULL ELSE c.oid END)::int8,
@@ -103,7 +103,7 @@ SELECT c.oid::int8, pg_relation_size(c.oid), c.relpages, c.reltuples, c.relallvi
   FROM pg_class c
   LEFT JOIN pg_index i ON i.indexrelid = c.oid
   LEFT JOIN pg_class owner ON owner.reltoastrelid = coalesce(i.indrelid, c.oid)
- WHERE c.oid >= %s AND c.relkind IN ('r', 'i', 't', 'm')
+ WHERE c.oid >= %s AND c.relkind IN ('r', 'i', 't', 'm', 'p', 'I')
 """
 
 
@@ -186,13 +186,14 @@ class TestDatabases:
       a privilege, a database setting or left a prepared transaction gets its database dropped;
     * truncates, in one ``TRUNCATE … CASCADE`` with ``session_replication_role = replica`` (the
       append-only triggers do not fire; only a superuser may set it, so only the tests can), every
-      table whose size or planner statistics (``relpages``, ``reltuples``, ``relallvisible``, of
-      the table, its indexes or its TOAST) differ from a fresh copy's (a table empty in the
-      template has a size of 0 until a row is written to it, and keeps its pages after a
-      ``DELETE``); a table that holds rows in the template (``alembic_version``) cannot be
-      restored so: when its rows or its size changed, the database is dropped;
-    * puts back the planner statistics ``TRUNCATE`` gives its indexes (``relpages`` 0 and
-      ``reltuples`` -1, where an index built on an empty table has 1 and 0);
+      table whose size, or that of one of its indexes or its TOAST table, differs from a fresh
+      copy's (a table empty in the template has a size of 0 until a row is written to it, and
+      keeps its pages after a ``DELETE``); a table that holds rows in the template
+      (``alembic_version``) cannot be restored so: when its rows or its size changed, the database
+      is dropped;
+    * puts back a fresh copy's planner statistics where the sizes are a fresh copy's (``TRUNCATE``
+      gives its indexes ``relpages`` 0 and ``reltuples`` -1, where an index built on an empty
+      table has 1 and 0; ``ANALYZE`` counts the template's own rows);
     * restarts the sequences that moved, deletes the statistics ``ANALYZE`` gathered, resets the
       database's cumulative statistics (``pg_stat_reset``);
     * checks that sizes, statistics and sequences now equal a fresh copy's (else: dropped);
@@ -324,7 +325,10 @@ class TestDatabases:
                 if _table_digest(conn, table) != digest:
                     raise NotRecyclable(f"the rows of table {table}, which the template fills, changed")
             relations = _relations(conn)
-            tables = {row[4] for oid, row in relations.items() if row[:4] != fresh.relations.get(oid, row)[:4]}
+            # Tables to truncate: those with a relation whose size moved (a relation as large as in a
+            # fresh copy holds what it holds there: nothing, or the template's rows compared above);
+            # statistics alone are put back below.
+            tables = {row[4] for oid, row in relations.items() if row[0] != fresh.relations.get(oid, row)[0]}
             if tables:
                 for table in tables:
                     owner = fresh.relations.get(table)
@@ -336,13 +340,14 @@ class TestDatabases:
                 # (the names as the catalog quotes them)
                 conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.SQL, names))))
                 conn.execute("RESET session_replication_role")
-                # TRUNCATE leaves its indexes with relpages 0 and reltuples -1 where a fresh copy's,
-                # built on empty tables, say 1 and 0: the planner reads them, so they are put back.
-                for oid, row in _relations(conn).items():
-                    want = fresh.relations.get(oid)
-                    if want is not None and row[0] == want[0] and row[1:4] != want[1:4]:
-                        conn.execute("UPDATE pg_class SET relpages = %s, reltuples = %s, relallvisible = %s"
-                                     " WHERE oid = %s", (*want[1:4], oid))
+            # TRUNCATE leaves its indexes with relpages 0 and reltuples -1 where a fresh copy's, built
+            # on empty tables, say 1 and 0; ANALYZE counts the template's own rows: the planner reads
+            # these, so a fresh copy's are put back.
+            for oid, row in _relations(conn).items():
+                want = fresh.relations.get(oid)
+                if want is not None and row[0] == want[0] and row[1:4] != want[1:4]:
+                    conn.execute("UPDATE pg_class SET relpages = %s, reltuples = %s, relallvisible = %s"
+                                 " WHERE oid = %s", (*want[1:4], oid))
             for oid, last in _sequences(conn).items():
                 if last != fresh.sequences.get(oid):
                     conn.execute("SELECT setval(seqrelid::regclass, seqstart, false) FROM pg_sequence"
