@@ -12,20 +12,34 @@ of the server: it installs and runs with the base (worker) install.
 
 from leasehold.client.client import ApiError, OperatorClient
 from leasehold.client.models import (
+    ApiKey,
     ApiKeyCreated,
+    ApiKeyPage,
     Assignment,
     Attempt,
     Counts,
+    Event,
+    EventPage,
+    FairShare,
     Job,
     LiveLease,
     Organization,
     OrganizationCounts,
     OrganizationPage,
+    ProfileDeletion,
     QueueCounts,
+    Revocation,
     Scan,
     ScanCancellation,
     ScanDetail,
     ScanPage,
+    Schedule,
+    ScheduleDeletion,
+    SchedulePage,
+    ScheduleRun,
+    StoredProfile,
+    StoredProfilePage,
+    TargetPolicy,
     Task,
     TaskPage,
     TaskSummary,
@@ -34,6 +48,8 @@ from leasehold.client.models import (
 )
 
 __all__ = [
+    "ApiKey", "ApiKeyPage", "Event", "EventPage", "FairShare", "ProfileDeletion", "Revocation", "Schedule",
+    "ScheduleDeletion", "SchedulePage", "ScheduleRun", "StoredProfile", "StoredProfilePage", "TargetPolicy",
     "ApiError", "ApiKeyCreated", "Assignment", "Attempt", "Counts", "Job", "LiveLease", "OperatorClient",
     "Organization", "OrganizationCounts", "OrganizationPage", "QueueCounts", "Scan", "ScanCancellation",
     "ScanDetail", "ScanPage", "Task", "TaskPage", "TaskSummary", "Worker", "WorkerPage",

@@ -9,6 +9,7 @@ from aiohttp import web
 from pydantic_core import to_jsonable_python
 
 from leasehold.domain.errors import InvalidRequest
+from leasehold.domain.targets import targets_of
 from leasehold.gateway.api.http import RouteTable, ok, read_json, read_query
 from leasehold.gateway.api.operator.common import (
     _EVENT_POSITION,
@@ -50,6 +51,17 @@ from leasehold.persistence.event_log import decode_event
 routes = RouteTable()
 
 
+def require_targets(targets: dict[str, Any], has_steps: bool) -> None:
+    """Targets of a scan (or schedule) with steps that name keys but select nothing to scan are
+    refused: every step would run on nothing and the scan "succeed". A misspelt key (``hosts``
+    for ``targets``) is the usual cause, so the answer names the keys it got. Empty targets stay
+    allowed (plugins that need no target); ``targets`` or ``assets`` select something."""
+    if not has_steps or not targets or targets_of(targets) or targets.get("assets"):
+        return
+    raise InvalidRequest(f"targets select nothing to scan (they have {', '.join(sorted(map(str, targets)))}): "
+                         'give {"targets": ["192.0.2.10", "example.com", …]} or "assets"')
+
+
 @routes.route("POST", "/v1/scans", summary="Create a scan of an organisation (an organisation key: its own)",
               auth="operator", request=CreateScan, response=Scan, statuses=(201,), tags=TAGS,
               links=_links("scan_id", "get_scan_get", "create_task_post", "cancel_scan_post", "scan_assets_get"))
@@ -60,6 +72,7 @@ async def create_scan(request: web.Request) -> web.StreamResponse:
     if org_id is None:
         raise InvalidRequest("organization_id is required with an administrator key")
     _see_organization(operator, org_id)
+    require_targets(body.targets, has_steps=bool(body.profile))
     scan_id = await _services(request).scans.create_scan(
         org_id, body.targets, profile=() if isinstance(body.profile, str) else _steps(body.profile),
         profile_name=body.profile if isinstance(body.profile, str) else None,
