@@ -15,6 +15,8 @@ from leasehold.client.models import (
     ApiKey,
     ApiKeyCreated,
     ApiKeyPage,
+    Asset,
+    AssetList,
     Assignment,
     Attempt,
     Counts,
@@ -43,11 +45,14 @@ from leasehold.client.models import (
     Task,
     TaskPage,
     TaskSummary,
+    Threat,
+    ThreatList,
     Worker,
     WorkerPage,
 )
 
 __all__ = [
+    "Asset", "AssetList", "Threat", "ThreatList",
     "ApiKey", "ApiKeyPage", "Event", "EventPage", "FairShare", "ProfileDeletion", "Revocation", "Schedule",
     "ScheduleDeletion", "SchedulePage", "ScheduleRun", "StoredProfile", "StoredProfilePage", "TargetPolicy",
     "ApiError", "ApiKeyCreated", "Assignment", "Attempt", "Counts", "Job", "LiveLease", "OperatorClient",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -16,6 +17,7 @@ from leasehold.client.models import (
     ApiKey,
     ApiKeyCreated,
     ApiKeyPage,
+    AssetList,
     Counts,
     EventPage,
     FairShare,
@@ -37,6 +39,7 @@ from leasehold.client.models import (
     Task,
     TaskPage,
     TaskSummary,
+    ThreatList,
     Worker,
     WorkerPage,
 )
@@ -310,6 +313,25 @@ class OperatorClient:
 
     async def scan_detail(self, scan_id: Ids) -> ScanDetail:
         return await self._get(ScanDetail, f"/v1/scans/{scan_id}/detail")
+
+    async def scan_assets(self, scan_id: Ids, *, limit: int | None = None) -> AssetList:
+        """The assets a scan found."""
+        return await self._get(AssetList, f"/v1/scans/{scan_id}/assets", limit=limit)
+
+    async def organization_assets(self, organization_id: Ids, *, limit: int | None = None) -> AssetList:
+        return await self._get(AssetList, f"/v1/organizations/{organization_id}/assets", limit=limit)
+
+    async def organization_threats(self, organization_id: Ids, *, limit: int | None = None) -> ThreatList:
+        return await self._get(ThreatList, f"/v1/organizations/{organization_id}/threats", limit=limit)
+
+    async def wait_for_scan(self, scan_id: Ids, *, interval: float = 0.5) -> Scan:
+        """The scan once it has ended (``success``, ``failed`` or ``cancelled``), asking every
+        ``interval`` seconds; bound it with ``asyncio.timeout``."""
+        while True:
+            scan = await self.get_scan(scan_id)
+            if scan.status in ("success", "failed", "cancelled"):
+                return scan
+            await asyncio.sleep(interval)
 
     async def cancel_scan(self, scan_id: Ids, *, reason: str | None = None) -> ScanCancellation:
         return await self._post(ScanCancellation, f"/v1/scans/{scan_id}/cancel", _body(reason=reason))

@@ -342,3 +342,32 @@ class Event(Answer):
 class EventPage(Answer):
     items: list[Event]
     next_after_version: int | None
+
+
+class Asset(Answer):
+    id: UUID
+    kind: str
+    value: str
+    attributes: dict[str, Any]
+    first_seen_at: datetime
+    last_seen_at: datetime
+    attributes_clipped: bool = False
+
+
+class AssetList(Answer):
+    items: list[Asset]
+
+
+class Threat(Answer):
+    id: UUID
+    external_id: str
+    title: str
+    severity: str
+    data: dict[str, Any]
+    first_seen_at: datetime
+    last_seen_at: datetime
+    data_clipped: bool = False
+
+
+class ThreatList(Answer):
+    items: list[Threat]
