@@ -69,6 +69,10 @@ def _query(**values: Any) -> dict[str, str]:
     return out
 
 
+def _idempotency(key: str | None) -> dict[str, str] | None:
+    return {"Idempotency-Key": key} if key is not None else None
+
+
 def _body(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
@@ -130,10 +134,10 @@ class OperatorClient:
         return self._session
 
     async def request(self, method: str, path: str, *, json: Any = None,
-                      params: Mapping[str, str] | None = None) -> Any:
+                      params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> Any:
         """The decoded JSON answer of one request; :class:`ApiError` for any answer of 400 or more."""
         async with self._open().request(method, self.base_url + path, json=json, params=params,
-                                        headers=self._headers) as r:
+                                        headers={**self._headers, **(headers or {})}) as r:
             text = await r.text()
             data: Any = None
             if text:
@@ -289,12 +293,16 @@ class OperatorClient:
     # --- scans -------------------------------------------------------------------------------
 
     async def create_scan(self, *, organization_id: Ids | None = None, targets: dict[str, Any] | None = None,
-                          profile: list[dict[str, Any]] | str | None = None) -> Scan:
+                          profile: list[dict[str, Any]] | str | None = None,
+                          idempotency_key: str | None = None) -> Scan:
         """A scan of ``targets`` (``{"targets": ["192.0.2.10", "example.com"]}``) running ``profile``: its
-        steps (``[{"task_type": "tcp_connect"}, …]``) or a stored profile's name. A scan with steps whose
-        targets select nothing is refused (422)."""
-        return await self._post(Scan, "/v1/scans", _body(
-            organization_id=str(organization_id) if organization_id else None, targets=targets, profile=profile))
+        steps (``[{"task_type": "tcp-connect"}, …]``) or a stored profile's name. A scan with steps whose
+        targets select nothing is refused (422). With ``idempotency_key``, a retry of the same request
+        answers with the scan the first one created, and creates nothing."""
+        body = _body(organization_id=str(organization_id) if organization_id else None, targets=targets,
+                     profile=profile)
+        return Scan.model_validate(await self.request("POST", "/v1/scans", json=body,
+                                                      headers=_idempotency(idempotency_key)))
 
     async def list_scans(self, *, status: str | None = None, organization_id: Ids | None = None,
                          created_from: datetime | None = None, created_to: datetime | None = None,
@@ -338,9 +346,13 @@ class OperatorClient:
 
     # --- tasks -------------------------------------------------------------------------------
 
-    async def create_task(self, scan_id: Ids, task_type: str, **spec: Any) -> Task:
-        """Queue a job on the scan and create its task (``spec``: the other fields of the body)."""
-        return await self._post(Task, f"/v1/scans/{scan_id}/tasks", {"task_type": task_type, **spec})
+    async def create_task(self, scan_id: Ids, task_type: str, *, idempotency_key: str | None = None,
+                          **spec: Any) -> Task:
+        """Queue a job on the scan and create its task (``spec``: the other fields of the body). With
+        ``idempotency_key``, a retry of the same request answers with the task the first one created."""
+        return Task.model_validate(await self.request(
+            "POST", f"/v1/scans/{scan_id}/tasks", json={"task_type": task_type, **spec},
+            headers=_idempotency(idempotency_key)))
 
     async def list_tasks(self, *, state: str | None = None, task_type: str | None = None,
                          organization_id: Ids | None = None, scan_id: Ids | None = None,

@@ -62,6 +62,9 @@ def register(subparsers: Subparsers) -> None:
                        help="a step's task type, in order (repeat for more)")
     steps.add_argument("--steps", type=json_list, metavar="JSON",
                        help='the steps as a JSON array (or @FILE): [{"task_type": "tcp-connect"}, …]')
+    create.add_argument("--idempotency-key", metavar="KEY",
+                        help="makes a retry safe: the same command with the same key answers with the scan the "
+                             "first one created (kept 24 hours)")
     connection(create)
 
     cancel = command(commands, "cancel", "cancel a scan and its unfinished tasks",
@@ -96,6 +99,9 @@ def register(subparsers: Subparsers) -> None:
     add.add_argument("--max-attempts", type=int, metavar="N", help="attempts before it fails for good")
     add.add_argument("--lease-seconds", type=int, metavar="N", help="lease length of each attempt")
     add.add_argument("--timeout-seconds", type=int, metavar="N", help="execution timeout of each attempt")
+    add.add_argument("--idempotency-key", metavar="KEY",
+                     help="makes a retry safe: the same command with the same key answers with the task the first "
+                          "one created (kept 24 hours)")
     connection(add)
 
 
@@ -145,7 +151,7 @@ def _create(args: argparse.Namespace) -> int:
     profile: list[dict[str, Any]] | str | None = (
         args.profile or args.steps or [{"task_type": t} for t in args.step] or None)
     scan = run(args, lambda api: api.create_scan(organization_id=args.organization, targets=targets,
-                                                 profile=profile))
+                                                 profile=profile, idempotency_key=args.idempotency_key))
     show(args, scan, scan_line(scan))
     return EXIT_OK
 
@@ -185,6 +191,7 @@ def _add_task(args: argparse.Namespace) -> int:
         ("max_attempts", args.max_attempts), ("lease_seconds", args.lease_seconds),
         ("execution_timeout_seconds", args.timeout_seconds),
         ("required_capabilities", args.capability or None)) if value is not None}
-    task = run(args, lambda api: api.create_task(args.scan_id, args.task_type, **spec))
+    task = run(args, lambda api: api.create_task(args.scan_id, args.task_type,
+                                                 idempotency_key=args.idempotency_key, **spec))
     print_task(args, task)
     return EXIT_OK
