@@ -61,6 +61,13 @@ async def reached(url: str, operation: UUID) -> int:
         return int(row[0]) if row else 0
 
 
+async def status_of(url: str, operation: UUID) -> str:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT status FROM bulk_operations WHERE id = %s", (operation,))
+        row = await cur.fetchone()
+        return str(row[0]) if row else "?"
+
+
 def runner(url: str, hold: float, batch: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, __file__, "--runner", "--runner-url", url, "--hold", str(hold),
                              "--batch", str(batch)], cwd=ROOT)
@@ -98,7 +105,7 @@ async def main(args: argparse.Namespace) -> None:
         while at_kill < args.tasks and await reached(url, operation) == at_kill:  # noqa: ASYNC110 - polled
             await asyncio.sleep(0.01)
         resumed_at = time.monotonic()  # (at once when the first runner had reached every task)
-        while await reached(url, operation) < args.tasks:  # noqa: ASYNC110 - the database is polled
+        while await status_of(url, operation) == "running":  # noqa: ASYNC110 - the database is polled
             await asyncio.sleep(0.05)
         ended_at = time.monotonic()
         second.terminate()
