@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
@@ -273,8 +273,6 @@ class Database:
                  on_commit: Callable[[list[str]], None] | None = None) -> None:
         self.pool = pool
         self.on_commit = on_commit
-        #: Shares transactions between concurrent :meth:`run` bodies when set.
-        self.group: GroupRunner | None = None
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
@@ -294,19 +292,11 @@ class Database:
             if tx.committed and tx._topics and self.on_commit is not None:
                 self.on_commit(tx._topics)
 
-    async def run(self, body: Callable[[Transaction], Awaitable[T]], *, key: object = None) -> T:
+    async def run(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
         """Run ``body`` in a transaction and commit it; ``body``'s result.
 
-        ``body`` reads and queues writes on the transaction it is given and must not commit: with
-        a group committer (:class:`persistence.group_commit.GroupCommit`, set as ``group``),
-        bodies that arrive together share one transaction and one COMMIT, and each gets its
-        answer only once that COMMIT is done. ``key`` keeps the bodies that would contend for the
-        same rows (one worker's, say) in one lane. A body may run more than once (a shared
-        transaction that failed is retried body by body), so it must do nothing but read and
-        queue writes.
+        ``body`` reads and queues writes on the transaction it is given and must not commit.
         """
-        if self.group is not None:
-            return await self.group.submit(body, key)
         async with self.transaction() as tx:
             result = await body(tx)
             await tx.commit()
@@ -339,12 +329,6 @@ class Database:
         """Raise :class:`domain.errors.Unavailable` unless the database answers."""
         async with self.read() as reader:
             await reader.one("ping", {})
-
-
-class GroupRunner(Protocol):
-    """What :meth:`Database.run` hands its bodies to when transactions are shared."""
-
-    async def submit(self, body: Callable[[Transaction], Awaitable[T]], key: object) -> T: ...
 
 
 async def abandon(conn: AsyncConnection[Any]) -> None:

@@ -163,7 +163,7 @@ class Acquisition(LifecycleBase):
 
         while True:
             try:
-                polled, events = await self.db.run(body, key=worker_id)
+                polled, events = await self.db.run(body)
             except _Refused:
                 tries += 1
                 continue

@@ -219,7 +219,7 @@ class LifecycleBase:
             tx.notify(wakeups.available(org_id))
             return [queued, *created]
 
-        events = await self.db.run(body, key=scan_id)
+        events = await self.db.run(body)
         self.observe(events)
         task = project_task(events[1:])
         assert task is not None
