@@ -71,6 +71,17 @@ LEASE_LINKS = {
     for action in ("renew", "progress", "results", "complete", "fail", "cancel_ack")}
 
 
+def encode_acquire_answer(polled: Poll, known: set[UUID]) -> bytes | None:
+    """The acquire answer to ``polled`` (None: nothing to tell the worker yet), encoded after the
+    poll's transaction committed; cancellations in ``known`` are not repeated."""
+    news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+    if polled.acquired is None and not news:
+        return None
+    cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
+    answer = AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None, cancel_requested=cancels)
+    return orjson.dumps(answer.model_dump(mode="json"))
+
+
 #: Set on an acquire answer when the worker can get no work at all (e.g. no task types); the
 #: worker agent logs it.
 WARNING_HEADER = "Leasehold-Warning"
@@ -96,17 +107,6 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
     lifecycle, settings = request.app[SERVICES].lifecycle, request.app[SETTINGS]
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     known = set(body.known_cancels)
-
-    def render(polled: Poll) -> bytes | None:
-        """The answer, built inside the acquire transaction (a lease never commits unanswerable)."""
-        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
-        if polled.acquired is None and not news:
-            return None
-        cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-        answer = AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
-                                 cancel_requested=cancels)
-        return orjson.dumps(answer.model_dump(mode="json"))
-
     notifier = request.app[NOTIFIER]
     room = notifier.room
     hints = request.app.get(HINTS)
@@ -118,9 +118,11 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
         if profile is None:
             seq = room.seq
             polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
-                                          fingerprint=worker.fingerprint, render=render)
+                                          fingerprint=worker.fingerprint)
             warning = {WARNING_HEADER: polled.warning} if polled.warning else None
-            if polled.answer is not None:
+            # Encoded here, after the poll's transaction committed: no row lock is held meanwhile.
+            answer = encode_acquire_answer(polled, known)
+            if answer is not None:
                 room.forget(worker.id)  # what it cached no longer holds (the answer may be lost: it asks again)
                 if polled.acquired is not None:
                     room.leased(waiter, polled.acquired.task.organization_id)
@@ -129,7 +131,7 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
                     worker.id, [(t, a) for t, a in polled.cancel_requested
                                 if a not in known and a in polled.undelivered],
                     channel="long-poll", actor=worker.actor)
-                return web.Response(body=polled.answer, content_type="application/json", headers=warning)
+                return web.Response(body=answer, content_type="application/json", headers=warning)
             profile = room.remember(worker.id, organizations=polled.organizations, task_types=polled.task_types,
                                     cancelling=[a for _, a in polled.cancel_requested], seq=seq,
                                     warning=polled.warning)
