@@ -21,24 +21,22 @@ from leasehold.gateway.api.http import RouteTable, ok, read_json
 from leasehold.gateway.api.worker_models import (
     AcquireRequest,
     AcquireResponse,
-    AttemptView,
     BatchAck,
     CancelNotice,
     CompleteRequest,
     FailRequest,
-    Lease,
     RenewResponse,
     ResultBatchRequest,
     ScopePageRequest,
     ScopePageView,
-    TargetPolicyView,
     TaskStatus,
-    TaskView,
     WorkerWriteRequest,
+    lease,
+    task_status,
 )
 from leasehold.gateway.auth import worker_identity
 from leasehold.gateway.background.waitroom import Waiter
-from leasehold.gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
+from leasehold.gateway.commands.lifecycle import Poll, ResultBatch, no_such_attempt
 from leasehold.gateway.identity import WorkerIdentity
 from leasehold.gateway.keys import HINTS, NOTIFIER, PRESENCE, SERVICES, SETTINGS
 from leasehold.gateway.presence import Seen
@@ -54,12 +52,6 @@ def _ids(request: web.Request) -> tuple[UUID, UUID]:
         return UUID(task_id), UUID(attempt_id)
     except ValueError as exc:
         raise no_such_attempt(task_id, attempt_id) from exc
-
-
-def _lease(a: Acquired) -> Lease:
-    return Lease(task=TaskView.of(a.task), attempt=AttemptView.of(a.attempt), attempt_id=a.attempt.id,
-                 lease_token=a.lease_token, lease_expires_at=a.attempt.lease_expires_at,
-                 deadline_at=a.attempt.deadline_at, target_policy=TargetPolicyView(**(a.target_policy or {})))
 
 
 #: What a lease lets the worker do next: the attempt's ids and its token come from the answer.
@@ -78,7 +70,7 @@ def encode_acquire_answer(polled: Poll, known: set[UUID]) -> bytes | None:
     if polled.acquired is None and not news:
         return None
     cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-    answer = AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None, cancel_requested=cancels)
+    answer = AcquireResponse(lease=lease(polled.acquired) if polled.acquired else None, cancel_requested=cancels)
     return orjson.dumps(answer.model_dump(mode="json"))
 
 
@@ -190,7 +182,7 @@ async def _attempt_write(request: web.Request, model: type[B], seen: Seen = Seen
 async def renew(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest, Seen.RENEW)
     renewed = await request.app[SERVICES].lifecycle.renew(*w.args(), **w.caller())
-    status = TaskStatus.of(renewed.task)
+    status = task_status(renewed.task)
     assert renewed.task.current_attempt is not None
     return ok(RenewResponse(task=status.task, attempt=status.attempt,
                             lease_expires_at=renewed.task.current_attempt.lease_expires_at,
@@ -201,7 +193,7 @@ async def renew(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def progress(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.mark_running(*w.args(), **w.caller())))
+    return ok(task_status(await request.app[SERVICES].lifecycle.mark_running(*w.args(), **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/results", summary="Submit a result batch (idempotent by key)",
@@ -212,7 +204,7 @@ async def results(request: web.Request) -> web.StreamResponse:
     ack = await request.app[SERVICES].lifecycle.submit_batch(
         *w.args(), sequence_number=body.sequence_number, idempotency_key=body.idempotency_key,
         payload_sha256=body.payload_sha256, records=body.payload, final=body.final, **w.caller())
-    status = TaskStatus.of(ack.task)
+    status = task_status(ack.task)
     b = ack.batch
     return ok(BatchAck(task=status.task, attempt=status.attempt, batch_id=b.batch_id,
                        sequence_number=b.sequence_number, idempotency_key=b.idempotency_key,
@@ -230,7 +222,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
     batch = w.body.final_batch
     final = None if batch is None else ResultBatch(batch.sequence_number, batch.idempotency_key,
                                                    batch.payload_sha256, batch.payload)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
+    return ok(task_status(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
                                                                            **w.caller())))
 
 
@@ -253,7 +245,7 @@ async def fail(request: web.Request) -> web.StreamResponse:
     request.app[NOTIFIER].room.forget(w.worker.id)
     task = await request.app[SERVICES].lifecycle.fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
                                              **w.caller())
-    return ok(TaskStatus.of(task))
+    return ok(task_status(task))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/cancel-ack", summary="Acknowledge a cancellation (cancelling -> cancelled)",
@@ -261,4 +253,4 @@ async def fail(request: web.Request) -> web.StreamResponse:
 async def cancel_ack(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
     request.app[NOTIFIER].room.forget(w.worker.id)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.acknowledge_cancel(*w.args(), **w.caller())))
+    return ok(task_status(await request.app[SERVICES].lifecycle.acknowledge_cancel(*w.args(), **w.caller())))

@@ -32,12 +32,8 @@ down_revision = "0021"
 branch_labels = None
 depends_on = None
 
-UPGRADE = r"""
-CREATE TABLE undeliverable_tasks (
-    task_id    uuid PRIMARY KEY REFERENCES worker_tasks (id),
-    listed_at  timestamptz NOT NULL DEFAULT now()
-);
-
+#: The listing itself (the tests run it on rows they write past the limits).
+LIST = r"""
 -- too deep: a container at level 32 (the value is level 0) nests 33 deep, past the limit of 32;
 -- too large: a number past a double's range.
 INSERT INTO undeliverable_tasks (task_id)
@@ -48,10 +44,17 @@ FROM worker_tasks,
                       ' && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'::jsonpath)) AS p (too_deep, too_large)
 WHERE state NOT IN ('completed', 'failed_terminal', 'cancelled')
   AND (jsonb_path_exists(scope, too_deep) OR jsonb_path_exists(parameters, too_deep)
-       OR jsonb_path_exists(scope, too_large) OR jsonb_path_exists(parameters, too_large));
-
-GRANT SELECT, DELETE ON undeliverable_tasks TO leasehold_app;
+       OR jsonb_path_exists(scope, too_large) OR jsonb_path_exists(parameters, too_large))
+ON CONFLICT (task_id) DO NOTHING;
 """
+
+UPGRADE = r"""
+CREATE TABLE undeliverable_tasks (
+    task_id    uuid PRIMARY KEY REFERENCES worker_tasks (id),
+    listed_at  timestamptz NOT NULL DEFAULT now()
+);
+GRANT SELECT, DELETE ON undeliverable_tasks TO leasehold_app;
+""" + LIST
 
 DOWNGRADE = r"""
 REVOKE ALL ON undeliverable_tasks FROM leasehold_app;
