@@ -8,8 +8,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from support.agent import register_worker, running_agent, task_state, wait_state, write_plugin
 from leasehold.migrations.runner import MIGRATIONS_DIR
+from support.agent import register_worker, running_agent, task_state, wait_state, write_plugin
 from support.gateway import RunningGateway
 
 
