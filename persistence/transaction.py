@@ -94,13 +94,12 @@ async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
 class Transaction:
     """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
 
-    __slots__ = ("_conn", "_writes", "_topics", "_sent", "committed")
+    __slots__ = ("_conn", "_writes", "_topics", "committed")
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self._conn = conn
         self._writes = WriteBuffer()
         self._topics: list[str] = []
-        self._sent = 0  # how many times queued writes were sent
         self.committed = False
 
     # --- reads -----------------------------------------------------------------------------
@@ -211,24 +210,6 @@ class Transaction:
         self._topics.clear()
         await self._conn.cursor().execute("ROLLBACK")
 
-    async def settle(self) -> int:
-        """Send the queued writes now (no round trip of their own in the pipeline); how many
-        times this transaction has sent writes so far (:attr:`writes_sent`). A shared
-        transaction calls it between bodies, so that whether a body sent anything is known."""
-        await self._flush()
-        return self._sent
-
-    def drop_queued(self, topics_from: int) -> None:
-        """Forget the writes queued since the last :meth:`settle`, and the wake-ups after the
-        first ``topics_from`` (a body that refused before sending anything)."""
-        self._writes.clear()
-        del self._topics[topics_from:]
-
-    @property
-    def writes_sent(self) -> int:
-        """How many times this transaction has sent queued writes."""
-        return self._sent
-
     @property
     def topics(self) -> list[str]:
         """The wake-ups this transaction will send at COMMIT."""
@@ -236,7 +217,6 @@ class Transaction:
 
     async def _flush(self) -> None:
         if self._writes:
-            self._sent += 1
             await self._writes.flush(self._conn.cursor())
 
 
