@@ -15,11 +15,14 @@ import pytest
 from leasehold.domain.events import CancelRequested, TaskCancelled
 from leasehold.gateway.commands.lifecycle import UNDELIVERABLE
 from leasehold.gateway.services import build_services
+from leasehold.gateway.tls import PkiPaths
 from leasehold.migrations import runner as migrate
 from leasehold.persistence.connection import connect, create_pool
 from leasehold.persistence.event_log import read_stream
 from leasehold.persistence.transaction import Database
 from support.core import ManualClock, World, assert_log_rebuilds_live
+from support.gateway import running_gateway
+from support.migrations import revision_module
 
 
 def nested(levels: int) -> dict[str, Any]:
@@ -103,4 +106,21 @@ async def test_a_second_process_finds_the_list_emptied(world: World, database_ur
         first, second = await asyncio.gather(*(lc.end_undeliverable() for lc in lifecycles))
     assert sorted([*first, *second]) == sorted(tasks)
     assert all(state(database_url, task) == "cancelled" for task in tasks)
+    await assert_log_rebuilds_live(database_url)
+
+
+async def test_a_gateway_cancels_the_listed_tasks_before_it_serves(
+        world: World, database_url: str, pki: PkiPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("leasehold.domain.task.check_field", lambda *args, **kwargs: None)
+    monkeypatch.setattr("leasehold.domain.scopes.check_field", lambda *args, **kwargs: None)
+    stored = await world.task(scope=nested(252))
+    monkeypatch.undo()
+    await world.services.db.pool.close()
+    with psycopg.connect(database_url) as conn:
+        conn.execute(revision_module("0022_undeliverable_tasks.py").LIST)
+    assert listed(database_url) == {stored}
+    async with running_gateway(database_url, pki):
+        # Startup is over: the task ended before the first request could be served.
+        assert state(database_url, stored) == "cancelled"
+        assert listed(database_url) == set()
     await assert_log_rebuilds_live(database_url)

@@ -4,22 +4,11 @@ any acquire meets it, and the ordinary tasks around them flow to completion."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
-from leasehold.migrations.runner import MIGRATIONS_DIR
 from support.agent import register_worker, running_agent, task_state, wait_state, write_plugin
 from support.gateway import RunningGateway
-
-
-def migration_0022() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("migration_0022", MIGRATIONS_DIR / "versions" /
-                                                  "0022_undeliverable_tasks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from support.migrations import revision_module
 
 
 async def test_the_agent_works_through_ordinary_tasks_around_poison(
@@ -37,7 +26,7 @@ async def test_the_agent_works_through_ordinary_tasks_around_poison(
     async with gateway.pool.connection() as conn:
         await conn.execute("UPDATE worker_tasks SET scope = %s::jsonb WHERE id = %s",
                            ('{"a": ' * 300 + "1" + "}" * 300, stored))
-        await conn.execute(migration_0022().LIST)  # what the migration finds
+        await conn.execute(revision_module("0022_undeliverable_tasks.py").LIST)  # what the migration finds
     # What the Gateway does at startup, before it serves.
     assert await gateway.lifecycle.end_undeliverable() == [stored]
     after = [await gateway.task() for _ in range(3)]
