@@ -58,10 +58,14 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
         ("retention", "archive old partitions of the event log as signed bundles, then drop them"))),
     CommandModule("leasehold.cli.gateway", (("gateway", "run the Gateway"),)),
     CommandModule("leasehold.cli.admin", (("admin", "operator administration (API keys, target policies, fair shares)"),)),
-    CommandModule("leasehold.cli.operator_api", (
-        ("scans", "list and show scans (operator API)"),
-        ("tasks", "list, show and retry tasks (operator API)"),
-        ("workers", "list workers with last seen and live leases (operator API)"),
+    CommandModule("leasehold.cli.operator", (
+        ("organizations", "create, list and show organisations; target policy, fair share (operator API)"),
+        ("keys", "create, list, revoke and rotate API keys (operator API, administrator)"),
+        ("workers", "register, assign, change, disable and list workers (operator API)"),
+        ("scans", "create, list, show and cancel scans (operator API)"),
+        ("tasks", "list, show, retry and cancel tasks; their history (operator API)"),
+        ("profiles", "stored scan profiles: create, list, show, replace, delete (operator API)"),
+        ("schedules", "scheduled scans: create, list, show, pause, resume, run now, delete (operator API)"),
         ("counts", "tasks by state, scans by status and queues per organisation (operator API)"),
     ), needs_server=False),
     CommandModule("leasehold.cli.legacy", (("legacy", "the legacy Redis scan queue (moving it to the Gateway)"),)),
