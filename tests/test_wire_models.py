@@ -23,7 +23,7 @@ from leasehold.worker import client as worker_client
 OPENAPI = orjson.loads((Path(__file__).resolve().parents[1] / "docs" / "openapi.json").read_bytes())
 SCHEMAS: dict[str, Any] = OPENAPI["components"]["schemas"]
 #: A client model whose Gateway component has another name.
-COMPONENT = {"Assignment": "AssignmentView"}
+COMPONENT = {"Assignment": "AssignmentView", "ApiKey": "ApiKeyView"}
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).isoformat()
 AN_ID = "00000000-0000-0000-0000-000000000001"
 
