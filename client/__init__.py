@@ -19,6 +19,11 @@ from leasehold.client.models import (
     AssetList,
     Assignment,
     Attempt,
+    BulkOperation,
+    BulkOperationPage,
+    BulkPreview,
+    BulkTaskOutcome,
+    BulkTaskOutcomePage,
     Counts,
     Event,
     EventPage,
@@ -52,6 +57,7 @@ from leasehold.client.models import (
 )
 
 __all__ = [
+    "BulkOperation", "BulkOperationPage", "BulkPreview", "BulkTaskOutcome", "BulkTaskOutcomePage",
     "Asset", "AssetList", "Threat", "ThreatList",
     "ApiKey", "ApiKeyPage", "Event", "EventPage", "FairShare", "ProfileDeletion", "Revocation", "Schedule",
     "ScheduleDeletion", "SchedulePage", "ScheduleRun", "StoredProfile", "StoredProfilePage", "TargetPolicy",

@@ -18,6 +18,10 @@ from leasehold.client.models import (
     ApiKeyCreated,
     ApiKeyPage,
     AssetList,
+    BulkOperation,
+    BulkOperationPage,
+    BulkPreview,
+    BulkTaskOutcomePage,
     Counts,
     EventPage,
     FairShare,
@@ -67,6 +71,12 @@ def _query(**values: Any) -> dict[str, str]:
             continue
         out[name] = value.isoformat() if isinstance(value, datetime) else str(value)
     return out
+
+
+def _selection(selection: Mapping[str, Any]) -> dict[str, Any]:
+    """A bulk operation's filter as JSON: None left out, ids and times as text."""
+    return {name: value.isoformat() if isinstance(value, datetime) else str(value) if isinstance(value, UUID)
+            else value for name, value in selection.items() if value is not None}
 
 
 def _idempotency(key: str | None) -> dict[str, str] | None:
@@ -440,3 +450,46 @@ class OperatorClient:
 
     async def delete_schedule(self, schedule_id: Ids) -> ScheduleDeletion:
         return await self._send("DELETE", ScheduleDeletion, f"/v1/schedules/{schedule_id}")
+
+    # --- bulk operations -----------------------------------------------------------------------
+
+    async def preview_bulk(self, action: str, **selection: Any) -> BulkPreview:
+        """How many tasks ``selection`` (the task list's filters: ``state``, ``task_type``,
+        ``organization_id``, ``scan_id``, ``worker_id``, ``created_from``, ``created_to``) selects now."""
+        return await self._post(BulkPreview, "/v1/bulk-operations/preview",
+                                {"action": action, "filter": _selection(selection)})
+
+    async def start_bulk(self, action: str, *, reason: str | None = None, attempts: int | None = None,
+                         idempotency_key: str | None = None, **selection: Any) -> BulkOperation:
+        """Start cancelling (``action="cancel"``) or retrying (``"retry"``) every task ``selection``
+        selects now; it runs in the background (:meth:`wait_for_bulk`)."""
+        body = {"action": action, "filter": _selection(selection), **_body(reason=reason, attempts=attempts)}
+        return BulkOperation.model_validate(await self.request("POST", "/v1/bulk-operations", json=body,
+                                                               headers=_idempotency(idempotency_key)))
+
+    async def get_bulk(self, operation_id: Ids) -> BulkOperation:
+        return await self._get(BulkOperation, f"/v1/bulk-operations/{operation_id}")
+
+    async def list_bulk(self) -> BulkOperationPage:
+        return await self._get(BulkOperationPage, "/v1/bulk-operations")
+
+    async def bulk_tasks(self, operation_id: Ids, *, limit: int | None = None,
+                         after: Ids | None = None) -> BulkTaskOutcomePage:
+        """What the operation did to each task it reached, a page at a time (``next_after``)."""
+        return await self._get(BulkTaskOutcomePage, f"/v1/bulk-operations/{operation_id}/tasks", limit=limit,
+                               after=after)
+
+    async def stop_bulk(self, operation_id: Ids) -> BulkOperation:
+        return await self._post(BulkOperation, f"/v1/bulk-operations/{operation_id}/stop")
+
+    async def wait_for_bulk(self, operation_id: Ids, *, interval: float = 0.5,
+                            progress: Callable[[BulkOperation], None] | None = None) -> BulkOperation:
+        """The operation once it is no longer running, asking every ``interval`` seconds (``progress``
+        sees each answer); bound it with ``asyncio.timeout``."""
+        while True:
+            operation = await self.get_bulk(operation_id)
+            if progress is not None:
+                progress(operation)
+            if operation.status != "running":
+                return operation
+            await asyncio.sleep(interval)

@@ -371,3 +371,45 @@ class Threat(Answer):
 
 class ThreatList(Answer):
     items: list[Threat]
+
+
+# --- bulk operations (the Gateway answers with these very classes) -----------------------------
+
+
+class BulkPreview(Answer):
+    action: Literal["cancel", "retry"]
+    matched: int = Field(description="how many tasks the filter selects now (an operation started now covers these)")
+
+
+class BulkOperation(Answer):
+    id: UUID
+    organization_id: UUID | None = Field(description="the organisation it is confined to; null: an administrator's")
+    action: Literal["cancel", "retry"]
+    filter: dict[str, Any] = Field(description="the filter as given (unset fields left out)")
+    reason: str
+    attempts: int | None = Field(description="retry: fresh attempts per task (null: each task's max_attempts)")
+    actor: str = Field(description="who started it")
+    status: Literal["running", "finished", "stopped"]
+    total: int = Field(description="tasks it covers: those the filter selected when it started")
+    done: int = Field(description="tasks cancelled or retried")
+    skipped: int = Field(description="tasks the command refused (already ended, not failed_terminal, …)")
+    failed: int = Field(description="tasks whose command failed")
+    started_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class BulkOperationPage(Answer):
+    items: list[BulkOperation] = Field(description="newest first")
+
+
+class BulkTaskOutcome(Answer):
+    task_id: UUID
+    outcome: Literal["done", "skipped", "failed"]
+    detail: str | None
+    at: datetime
+
+
+class BulkTaskOutcomePage(Answer):
+    items: list[BulkTaskOutcome] = Field(description="in task id order")
+    next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")

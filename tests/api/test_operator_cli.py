@@ -139,3 +139,22 @@ async def test_refusals_are_one_line_and_change_nothing(gateway: RunningGateway,
     code, _, err = await leasehold(gateway, base_env, "workers", "register", "--name", "x", "--cert", "/nonexistent")
     assert code == 2 and "cannot read the certificate" in err
     assert await changes(gateway) == before
+
+
+async def test_a_bulk_retry_from_the_command_line(gateway: RunningGateway, base_env: dict[str, str]) -> None:
+    from support.bulk import failed_tasks
+
+    await gateway.task()  # keeps the scan open
+    failed = await failed_tasks(gateway.services, gateway.org, gateway.scan, 5)
+    which = ("--organization", str(gateway.org), "--state", "failed_terminal")
+    code, out, err = await leasehold(gateway, base_env, "bulk", "retry", *which, "--preview")
+    assert (code, out.strip()) == (0, "5 tasks would be retried"), err
+    code, out, err = await leasehold(gateway, base_env, "bulk", "retry", *which, "--reason", "fixed", "--wait", "--json")
+    assert code == 0, err
+    op = orjson.loads(out)
+    assert (op["status"], op["total"], op["done"]) == ("finished", 5, 5) and "5/5 reached" in err, (op, err)
+    outcomes = await ok(gateway, base_env, "bulk", "tasks", op["id"])
+    assert sorted(o["task_id"] for o in outcomes) == sorted(str(t) for t in failed)
+    assert [o["id"] for o in [await ok(gateway, base_env, "bulk", "list")]] == [op["id"]]
+    code, out, _ = await leasehold(gateway, base_env, "bulk", "show", op["id"])
+    assert code == 0 and "finished" in out and "reason: fixed" in out

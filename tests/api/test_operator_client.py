@@ -81,3 +81,28 @@ async def test_an_operators_day_through_the_typed_client(gateway: RunningGateway
         assert rotated.key != created.key and (await admin.get_api_key(created.id)).revoked_at is not None
         assert {k.id async for k in admin.iter_api_keys(organization_id=org.id)} == {created.id, rotated.id}
         assert (await admin.revoke_api_key(rotated.id)).revoked_at is not None
+
+
+async def test_a_bulk_cancel_through_the_typed_client(gateway: RunningGateway) -> None:
+    import asyncio
+
+    tasks = [await gateway.task() for _ in range(8)]
+    async with client(gateway) as admin:
+        assert (await admin.preview_bulk("cancel", scan_id=gateway.scan, state="pending")).matched == 8
+        started = await admin.start_bulk("cancel", reason="wrong targets", scan_id=gateway.scan, state="pending",
+                                         idempotency_key="bulk-1")
+        again = await admin.start_bulk("cancel", reason="wrong targets", scan_id=gateway.scan, state="pending",
+                                       idempotency_key="bulk-1")
+        assert again.id == started.id
+        seen: list[int] = []
+        async with asyncio.timeout(60):
+            done = await admin.wait_for_bulk(started.id, interval=0.1, progress=lambda op: seen.append(op.done))
+        assert (done.status, done.done) == ("finished", 8) and seen[-1] == 8
+        page = await admin.bulk_tasks(started.id, limit=5)
+        rest = await admin.bulk_tasks(started.id, after=page.next_after)
+        assert sorted(o.task_id for o in [*page.items, *rest.items]) == sorted(tasks)
+        assert [op.id for op in (await admin.list_bulk()).items] == [started.id]
+        assert (await admin.stop_bulk(started.id)).status == "finished"  # stopping a finished one changes nothing
+        with pytest.raises(ApiError) as refused:
+            await admin.start_bulk("retry")
+        assert refused.value.status == 422
