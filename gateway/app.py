@@ -136,6 +136,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 log.error("the bootstrap administrator key was revoked before and stays revoked; start with a new key")
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
+    # Before it serves: the tasks stored before the input limits that break them (migration 0022
+    # listed them) end on the record, so no acquire leases one whose answer cannot be encoded.
+    ended = await services.lifecycle.end_undeliverable()
+    if ended:
+        log.warning("cancelled %d tasks stored before the input limits (undeliverable)", len(ended),
+                    extra={"task_ids": [str(t) for t in ended[:20]]})
     loops = [
         asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds,
                                         lambda changed: _swept(metrics, changed)),

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
@@ -94,13 +94,12 @@ async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
 class Transaction:
     """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
 
-    __slots__ = ("_conn", "_writes", "_topics", "_sent", "committed")
+    __slots__ = ("_conn", "_writes", "_topics", "committed")
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self._conn = conn
         self._writes = WriteBuffer()
         self._topics: list[str] = []
-        self._sent = 0  # how many times queued writes were sent
         self.committed = False
 
     # --- reads -----------------------------------------------------------------------------
@@ -211,24 +210,6 @@ class Transaction:
         self._topics.clear()
         await self._conn.cursor().execute("ROLLBACK")
 
-    async def settle(self) -> int:
-        """Send the queued writes now (no round trip of their own in the pipeline); how many
-        times this transaction has sent writes so far (:attr:`writes_sent`). A shared
-        transaction calls it between bodies, so that whether a body sent anything is known."""
-        await self._flush()
-        return self._sent
-
-    def drop_queued(self, topics_from: int) -> None:
-        """Forget the writes queued since the last :meth:`settle`, and the wake-ups after the
-        first ``topics_from`` (a body that refused before sending anything)."""
-        self._writes.clear()
-        del self._topics[topics_from:]
-
-    @property
-    def writes_sent(self) -> int:
-        """How many times this transaction has sent queued writes."""
-        return self._sent
-
     @property
     def topics(self) -> list[str]:
         """The wake-ups this transaction will send at COMMIT."""
@@ -236,7 +217,6 @@ class Transaction:
 
     async def _flush(self) -> None:
         if self._writes:
-            self._sent += 1
             await self._writes.flush(self._conn.cursor())
 
 
@@ -273,8 +253,6 @@ class Database:
                  on_commit: Callable[[list[str]], None] | None = None) -> None:
         self.pool = pool
         self.on_commit = on_commit
-        #: Shares transactions between concurrent :meth:`run` bodies when set.
-        self.group: GroupRunner | None = None
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
@@ -294,19 +272,11 @@ class Database:
             if tx.committed and tx._topics and self.on_commit is not None:
                 self.on_commit(tx._topics)
 
-    async def run(self, body: Callable[[Transaction], Awaitable[T]], *, key: object = None) -> T:
+    async def run(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
         """Run ``body`` in a transaction and commit it; ``body``'s result.
 
-        ``body`` reads and queues writes on the transaction it is given and must not commit: with
-        a group committer (:class:`persistence.group_commit.GroupCommit`, set as ``group``),
-        bodies that arrive together share one transaction and one COMMIT, and each gets its
-        answer only once that COMMIT is done. ``key`` keeps the bodies that would contend for the
-        same rows (one worker's, say) in one lane. A body may run more than once (a shared
-        transaction that failed is retried body by body), so it must do nothing but read and
-        queue writes.
+        ``body`` reads and queues writes on the transaction it is given and must not commit.
         """
-        if self.group is not None:
-            return await self.group.submit(body, key)
         async with self.transaction() as tx:
             result = await body(tx)
             await tx.commit()
@@ -339,12 +309,6 @@ class Database:
         """Raise :class:`domain.errors.Unavailable` unless the database answers."""
         async with self.read() as reader:
             await reader.one("ping", {})
-
-
-class GroupRunner(Protocol):
-    """What :meth:`Database.run` hands its bodies to when transactions are shared."""
-
-    async def submit(self, body: Callable[[Transaction], Awaitable[T]], key: object) -> T: ...
 
 
 async def abandon(conn: AsyncConnection[Any]) -> None:

@@ -18,10 +18,10 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from leasehold.domain.errors import InvalidRequest, LeaseholdError
-from leasehold.domain.limits import check_body, check_field
+from leasehold.domain.limits import check_body
 from leasehold.gateway.keys import (
     LISTENER_PORTS,
     METRICS,
@@ -98,26 +98,6 @@ class RouteTable(list[Route]):
                               extra, listeners))
             return handler
         return register
-
-
-def _integral(value: Any) -> Any:
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-#: Put last in ``Annotated[StrictInt, Field(ge=…, le=…), INTEGRAL]``: an integer as JSON (and JSON
-#: Schema) knows it, so ``5`` and ``5.0`` are the same number while ``5.5``, ``"5"`` and ``true`` are
-#: not integers. (Placed before the bounds, pydantic would publish them as ``ge``/``le``.)
-INTEGRAL = BeforeValidator(_integral)
-
-
-def json_limits(field: str) -> AfterValidator:
-    """Put in ``Annotated[dict[str, Any], json_limits("scope")]``: the field's depth and size
-    limits (:data:`domain.limits.FIELD_LIMITS`), refused as 422 (too deep) or 413 (too large)
-    naming the field. The error is raised past pydantic (not a ValueError) so it keeps its status."""
-    def check(value: Any) -> Any:
-        check_field(field, value)
-        return value
-    return AfterValidator(check)
 
 
 def ok(body: BaseModel | dict[str, Any] | list[Any], status: int = 200) -> web.Response:

@@ -34,9 +34,9 @@ from leasehold.client.models import TaskPage as TaskPage
 from leasehold.client.models import TaskSummary as TaskSummary
 from leasehold.domain.events import ScanStatus, TaskStateName
 from leasehold.domain.task import TaskState
-from leasehold.gateway.api.http import INTEGRAL, json_limits
-from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView
+from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView, scope_ref_view
 from leasehold.protocol.clipping import CLIPPED, CLIPPED_NUMBER, MAX_DISPLAY_DEPTH, clip
+from leasehold.protocol.wire import INTEGRAL, json_limits
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
@@ -515,6 +515,8 @@ class RetryTask(Body):
 class Attempt(AttemptView):
     """An attempt as operators see it: what the worker sees, and which worker holds it."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)  # an operator answer, not the worker's
+
     worker_id: UUID
 
     @classmethod
@@ -566,7 +568,7 @@ class Task(ShowsStoredJson):
         return cls(id=t.id, organization_id=t.organization_id, scan_id=t.scan_id, scan_job_id=t.scan_job_id,
                    task_type=t.task_type, required_capabilities=list(t.required_capabilities),
                    priority=t.priority, scope=t.scope,
-                   scope_ref=None if t.scope_ref is None else ScopeRefView.of(t.scope_ref),
+                   scope_ref=None if t.scope_ref is None else scope_ref_view(t.scope_ref),
                    parameters=t.parameters, state=t.state,
                    available_at=t.available_at, attempt_count=t.attempt_count, max_attempts=t.max_attempts,
                    lease_seconds=t.lease_seconds, execution_timeout_seconds=t.execution_timeout_seconds,

@@ -184,11 +184,6 @@ class Registry:
             await tx.commit()
         return issued
 
-    async def worker_organizations(self, worker_id: UUID) -> list[UUID]:
-        """The organisations the worker is actively assigned to."""
-        async with self.db.read() as reader:
-            return [org for (org,) in await reader.all("worker_organizations", {"worker_id": worker_id})]
-
     async def worker_by_certificate(self, fingerprint: str) -> tuple[UUID, str]:
         """(worker id, name) of the worker the certificate belongs to; Forbidden when it belongs
         to none, or to a revoked or disabled one (:func:`persistence.task_rows.caller_standing`)."""

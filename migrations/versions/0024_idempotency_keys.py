@@ -9,7 +9,7 @@ detail of the API, kept for ``IDEMPOTENCY_TTL`` (24 hours) and purged a few rows
 later claims (the ``created_at`` index).
 
 Revision ID: 0024
-Revises: 0021
+Revises: 0022
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0024"
-down_revision = "0021"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 

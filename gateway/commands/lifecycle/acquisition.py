@@ -13,7 +13,6 @@ from leasehold.domain.events import DomainEvent
 from leasehold.domain.task import (
     GrantLease,
     ReissueLease,
-    RequestCancel,
     WorkerView,
     decide,
     project_task,
@@ -22,13 +21,10 @@ from leasehold.gateway.commands.lifecycle.base import (
     _MAX_TRIES,
     _TRIES_WITH_CEILINGS,
     NO_TASK_TYPES,
-    UNDELIVERABLE,
     Acquired,
     LifecycleBase,
     Poll,
-    Render,
     _Refused,
-    _Undeliverable,
     hash_token,
 )
 from leasehold.persistence.task_rows import (
@@ -53,7 +49,7 @@ class Acquisition(LifecycleBase):
                                 fingerprint=fingerprint)).acquired
 
     async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
-                   notices: bool = True, fingerprint: str | None = None, render: Render | None = None) -> Poll:
+                   notices: bool = True, fingerprint: str | None = None) -> Poll:
         """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
         cancelled — what a long-poll answer must tell the worker.
 
@@ -62,10 +58,11 @@ class Acquisition(LifecycleBase):
         Forbidden, and nothing done, when the certificate is not ``worker_id``'s or the worker
         is revoked or disabled.
 
-        With ``render``, the answer is encoded in the transaction (``Poll.answer``): an answer
-        that cannot be built fails the transaction, so no lease commits without its answer. A
-        pending task whose lease cannot be encoded is cancelled as undeliverable instead, and
-        the worker is answered as if there were no work.
+        The answer is the caller's to encode, after the transaction committed (the worker API
+        does, :mod:`gateway.api.worker`): no encoding work holds the worker's and the task's row
+        locks. Every task's scope and parameters are within the input limits
+        (:mod:`domain.limits`; migration 0022 ended, as undeliverable, the tasks stored before
+        them that were not), so every lease's answer can be encoded.
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
@@ -82,8 +79,7 @@ class Acquisition(LifecycleBase):
         seen: dict[str, Any] = {}
 
         def answered(polled: Poll) -> Poll:
-            polled = replace(polled, organizations=seen["organizations"], task_types=seen["task_types"])
-            return polled if render is None else replace(polled, answer=render(polled))
+            return replace(polled, organizations=seen["organizations"], task_types=seen["task_types"])
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
@@ -150,25 +146,16 @@ class Acquisition(LifecycleBase):
                                 now=now, actor=actor)
                 leased = project_task(events, task)
                 assert leased is not None and leased.current_attempt is not None
-                try:  # before the lease is appended: no lease commits whose answer cannot be built
-                    polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
-                                                    target_policy=policy), cancelling, undelivered))
-                except (TypeError, ValueError, RecursionError) as exc:
-                    # Nothing of this transaction commits (the organisation's counters included);
-                    # the task is cancelled on its own, and the acquire goes on.
-                    raise _Undeliverable(task.id) from exc
                 tx.append(head, events)
-                return polled, events
+                return answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
+                                              target_policy=policy), cancelling, undelivered)), events
             return answered(Poll(None, cancelling, undelivered)), []
 
         while True:
             try:
-                polled, events = await self.db.run(body, key=worker_id)
+                polled, events = await self.db.run(body)
             except _Refused:
                 tries += 1
-                continue
-            except _Undeliverable as undeliverable:
-                await self._gateway_command(undeliverable.task_id, RequestCancel(reason=UNDELIVERABLE), "gateway")
                 continue
             self.observe(events)
             return polled

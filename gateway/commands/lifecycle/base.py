@@ -80,21 +80,15 @@ class Poll:
     cancel_requested: list[tuple[UUID, UUID]]
     undelivered: frozenset[UUID] = frozenset()
     warning: str | None = None
-    #: The answer as the caller's ``render`` encoded it, inside the transaction (None: no render,
-    #: or nothing to say).
-    answer: bytes | None = None
     #: The worker's organisations and task types as this poll saw them (what decides which
     #: notifications concern its long-poll while it waits, :mod:`gateway.background.waitroom`).
     organizations: frozenset[UUID] = frozenset()
     task_types: frozenset[str] = frozenset()
 
 
-#: Encodes a poll's answer for the worker (None: nothing to answer yet). Called inside the acquire
-#: transaction, before the lease commits, so a lease whose answer cannot be built never commits.
-Render = Callable[[Poll], bytes | None]
-
-#: Why a task whose lease answer cannot be encoded (stored before the input limits existed) is
-#: cancelled instead of leased: it could never reach a worker, and would jam every acquire.
+#: Why a task stored before the input limits, whose scope or parameters break them, was cancelled
+#: (migration 0022 lists them, :mod:`.undeliverable` ends them): its lease answer might not be
+#: encodable, so it could never be relied on to reach a worker.
 UNDELIVERABLE = "undeliverable: the task's lease answer cannot be encoded"
 
 
@@ -226,7 +220,7 @@ class LifecycleBase:
             tx.notify(wakeups.available(org_id))
             return [queued, *created]
 
-        events = await self.db.run(body, key=scan_id)
+        events = await self.db.run(body)
         self.observe(events)
         task = project_task(events[1:])
         assert task is not None
@@ -346,14 +340,6 @@ class _Refused(Exception):  # a control-flow signal, not an error anyone sees
     def __init__(self, organization_id: UUID) -> None:
         super().__init__(str(organization_id))
         self.organization_id = organization_id
-
-
-class _Undeliverable(Exception):  # a control-flow signal, not an error anyone sees
-    """The task's lease answer cannot be encoded (a task stored before the input limits)."""
-
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__(str(task_id))
-        self.task_id = task_id
 
 
 def attempts_ended(events: Sequence[DomainEvent]) -> int:

@@ -41,7 +41,7 @@ class TaskCommands(LifecycleBase):
         (``CancelDelivered``, once per cancellation: later deliveries record nothing)."""
         for task_id, attempt_id in attempts:
             delivered = await self.db.run(partial(self._deliver_cancel, task_id=task_id, attempt_id=attempt_id,
-                                                  channel=channel, actor=actor), key=worker_id)
+                                                  channel=channel, actor=actor))
             if delivered is not None:
                 before, events = delivered
                 self.observe(events)

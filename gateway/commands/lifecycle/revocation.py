@@ -45,7 +45,7 @@ class Revocation(LifecycleBase):
         for task_id, attempt_id in targets:
             command = RevokeAttempt(attempt_id, reason) if at_once else RequestCancel(reason=reason)
             events = await self.db.run(partial(self._end_live_attempt, task_id=task_id, attempt_id=attempt_id,
-                                               command=command, actor=actor), key=worker_id)
+                                               command=command, actor=actor))
             if events:
                 self.observe(events)
                 changed.append(task_id)

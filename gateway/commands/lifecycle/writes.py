@@ -205,7 +205,7 @@ class WorkerWrites(LifecycleBase):
             after, settled = await self._commit(tx, task, head, events, now, appended=ingest)
             return after, existing, [*events, *settled], rejection, task
 
-        after, existing, events, rejection, before = await self.db.run(body, key=worker_id)
+        after, existing, events, rejection, before = await self.db.run(body)
         self.observe(events)
         self._observe_legs(before, events)
         if rejection is not None:  # recorded (or counted); now refuse the write
