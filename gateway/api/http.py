@@ -33,6 +33,8 @@ from leasehold.gateway.keys import (
     WORKER_FINGERPRINT,
 )
 from leasehold.protocol.logs import LOG_CONTEXT
+from leasehold.protocol.wire import INTEGRAL as INTEGRAL  # re-exported: the operator models' integers
+from leasehold.protocol.wire import json_limits as json_limits  # re-exported: their JSON fields
 
 log = logging.getLogger("leasehold.gateway")
 

@@ -114,7 +114,7 @@ class TaskCommands(LifecycleBase):
                 "now": self.clock()})
             return outcome, events
 
-        outcome, events = await self.db.run(body, key=task_id)
+        outcome, events = await self.db.run(body)
         self.observe(events)
         return outcome
         task, events = await self.db.run(body)
