@@ -16,7 +16,10 @@ The rules that keep this safe:
   before its first read has sent nothing: its queued writes are dropped and the others go on.
   A body that raises after sending writes, or any error the database raises (a unique
   violation, a deadlock, a lost connection), fails the shared transaction: it is rolled back and
-  every body of it runs again, each in a transaction of its own, where each gets its own answer.
+  every body of it runs again, each in a transaction of its own, where each gets its own answer
+  — unless the connection was lost during the COMMIT and that COMMIT is found in the log
+  (:meth:`Database.resolve_commit <persistence.transaction.Database.resolve_commit>`): then
+  every body's answer stands, and none runs again.
   Bodies therefore only read and queue writes (:meth:`Database.run`), and may run twice.
 * **Bounded waits.** A lane holds every row lock its bodies took until its COMMIT, so lanes
   could wait on each other in a cycle that only PostgreSQL's deadlock detector (one second)
@@ -157,6 +160,7 @@ class GroupCommit:
         transaction cannot commit."""
         done: list[tuple[_Pending, Any]] = []
         topics: list[str] = []
+        tx: Transaction | None = None
         try:
             async with self.db.pool.connection() as conn:
                 tx = Transaction(conn)
@@ -186,6 +190,15 @@ class GroupCommit:
         except _SharedTransactionFailed:
             raise
         except (psycopg.Error, OSError) as exc:  # the database refused or went away
+            if tx is not None and tx.broken:
+                self.db.connection_lost()
+                # Lost during COMMIT: if it happened, every body's answer stands (running them
+                # again would repeat what committed); if not, they run again one by one.
+                if tx.committed and await self.db.resolve_commit(tx):
+                    topics = list(tx.topics)
+                    if topics and self.db.on_commit is not None:
+                        self.db.on_commit(topics)
+                    return done
             log.debug("shared transaction failed; its bodies run one by one", extra={"error": str(exc)})
             raise _SharedTransactionFailed from exc
         if topics and self.db.on_commit is not None:
@@ -195,9 +208,7 @@ class GroupCommit:
     async def _run_alone(self, pending: _Pending) -> None:
         """One body in a transaction of its own, exactly as without group commit."""
         try:
-            async with self.db.transaction() as tx:
-                result = await pending.body(tx)
-                await tx.commit()
+            result = await self.db.run_alone(pending.body)
         except Exception as exc:
             if not pending.answer.done():
                 pending.answer.set_exception(exc)
