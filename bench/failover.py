@@ -16,6 +16,10 @@ postgres_kill_failover  SIGKILL the leader's postmaster, then ``patronictl failo
                         standby (retried while Patroni is still restarting the killed server)
 ======================  =======================================================================
 
+Optionally (``--storm-seconds``) a ``pg_terminate_backend`` storm follows: every backend of the
+run's database (the Gateway's pool, its LISTEN connection, the plugins' writes) terminated every
+0.3 s for that long, on the primary that stays primary.
+
 One fault at a time, in that order, round after round, until ``--failovers`` primary changes
 have happened; after each, the cluster must be whole again (a leader and its synchronous
 standby) before the next. Per fault it measures: seconds until the multi-host URL reaches a
@@ -153,6 +157,30 @@ async def faults(run: chaos.Run, cluster: PatroniCluster, settings: argparse.Nam
     return recoveries
 
 
+async def storm(run: chaos.Run, cluster: PatroniCluster, seconds: float) -> dict[str, Any]:
+    """``pg_terminate_backend`` of every other backend of the database, every 0.3 s."""
+    leader = await asyncio.to_thread(cluster.wait_healthy)
+    before = await _succeeded(run)
+    terminated = rounds = 0
+    started = time.monotonic()
+    async with await psycopg.AsyncConnection.connect(leader.url(chaos.DATABASE), autocommit=True) as conn:
+        while time.monotonic() - started < seconds:
+            cur = await conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            row = await cur.fetchone()
+            terminated += int(row[0]) if row else 0
+            rounds += 1
+            await asyncio.sleep(0.3)
+    ended = time.monotonic()
+    resumed = await _completion_after(run, before, 120.0)
+    result = {"seconds": round(ended - started, 1), "rounds": rounds, "terminated": terminated,
+              "completed_during": await _succeeded(run) - before,
+              "completion_after_end_s": None if resumed is None else round(time.monotonic() - ended, 1)}
+    chaos.log(f"terminate storm: {result}")
+    return result
+
+
 async def http_5xx(run: chaos.Run) -> dict[str, int]:
     """The Gateway's 5xx answers by route, from its ``/metrics``."""
     import ssl
@@ -191,6 +219,7 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
         feeder = asyncio.create_task(chaos.feed(run, settings.feed_seconds))
         await asyncio.sleep(settings.warmup_seconds)
         recoveries = await faults(run, cluster, settings)
+        stormed = await storm(run, cluster, settings.storm_seconds) if settings.storm_seconds > 0 else None
         fault_window = time.monotonic() - started
         await feeder
         chaos.log(f"faults over after {fault_window:.0f}s; draining")
@@ -222,7 +251,7 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
         "ok": ok, "workers": settings.workers, "tasks": settings.tasks, "lease_seconds": settings.lease_seconds,
         "failovers": failovers, "recoveries": [asdict(r) for r in recoveries], "counts": result["counts"],
         "examples": result["examples"], "completed": result["completed"], "effects": result["effects"],
-        "notes": dict(sorted(run.notes.items())), "gateway_5xx": fivexx,
+        "notes": dict(sorted(run.notes.items())), "gateway_5xx": fivexx, "storm": stormed,
         "verify": {"ok": verify.get("ok"), "events": verify.get("events"),
                    "differences": len(verify.get("differences", [])), "error": verify.get("error")},
         "verify_chain": {"ok": chain.get("ok"), "events": chain.get("events"), "streams": chain.get("streams"),
@@ -245,6 +274,8 @@ def report(r: dict[str, Any]) -> None:
         resumed = "—" if x["completions_resume_s"] is None else f"{x['completions_resume_s']} s"
         print(f"| {x['number']} | {x['kind']} | {x['old_leader']} → {x['new_leader']} | {x['writable_s']} s "
               f"| {resumed} | {x['whole_s']} s |")
+    if r["storm"]:
+        print("terminate_storm " + " ".join(f"{k}={v}" for k, v in r["storm"].items()))
     c = r["counts"]
     print(f"check lost={c['lost']} completed_twice={c['completed_twice']} stale_accepted={c['stale_accepted']} "
           f"ingested_twice={c['ingested_twice']} stuck={c['stuck']} attempt_ran_twice={c['attempt_ran_twice']} "
@@ -275,6 +306,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--feed-seconds", type=float, default=150.0, help="the feeder spreads the tasks over this")
     p.add_argument("--warmup-seconds", type=float, default=5.0, help="load before the first fault")
     p.add_argument("--pause-seconds", type=float, default=3.0, help="load between two faults")
+    p.add_argument("--storm-seconds", type=float, default=0.0,
+                   help="after the failovers, terminate every backend of the database every 0.3 s for this long")
     p.add_argument("--lease-seconds", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=3)
     p.add_argument("--max-attempts", type=int, default=10)

@@ -23,7 +23,8 @@ the transaction's last appended event up (stream, version and chain hash) on a f
 to whichever server accepts writes now, waiting for one up to ``Database.resolve_seconds``. Found,
 the transaction committed and the command's answer stands; absent, nothing of it committed
 (:class:`ConnectionLost`) and :meth:`Database.run` runs the body again. A transaction that
-appended no event cannot be looked up: :class:`CommitOutcomeUnknown` (503).
+only read loses nothing either way: its answer stands. One that wrote without appending an event
+cannot be looked up: :class:`CommitOutcomeUnknown` (503).
 
 ``Database.read()`` is the read side: statements outside any command's transaction, each its
 own, never committing anything; ``Database.snapshot()`` gives several reads one consistent
@@ -106,13 +107,14 @@ async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
 class Transaction:
     """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
 
-    __slots__ = ("_conn", "_writes", "_topics", "_sent", "committed", "last_event")
+    __slots__ = ("_conn", "_writes", "_topics", "_sent", "_executed", "committed", "last_event")
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self._conn = conn
         self._writes = WriteBuffer()
         self._topics: list[str] = []
         self._sent = 0  # how many times queued writes were sent
+        self._executed = False  # a statement ran through execute() (it may have written)
         #: COMMIT was queued: from here on, a lost connection leaves the outcome unknown.
         self.committed = False
         #: The last event appended (stream id, version, chain hash): the proof of a COMMIT.
@@ -181,6 +183,7 @@ class Transaction:
         """Run the named statement now, in order with the queued writes (for statements whose
         effect a later read in this transaction must see and that cannot be queued as a CTE)."""
         await self._flush()
+        self._executed = True
         await self._conn.cursor().execute(QUERIES[name], params)
 
     # --- structure -------------------------------------------------------------------------
@@ -241,6 +244,11 @@ class Transaction:
         first ``topics_from`` (a body that refused before sending anything)."""
         self._writes.clear()
         del self._topics[topics_from:]
+
+    @property
+    def wrote_nothing(self) -> bool:
+        """Whether this transaction only read (whether its COMMIT happened changes nothing)."""
+        return self._sent == 0 and not self._writes and not self._executed
 
     @property
     def writes_sent(self) -> int:
@@ -349,13 +357,14 @@ class Database:
     async def resolve_commit(self, tx: Transaction) -> bool | None:
         """Whether ``tx``, whose connection was lost after its COMMIT was queued, committed: its
         last appended event looked up on a writable server (waiting for one, a failover say, up
-        to ``resolve_seconds``). None when it appended no event or no server answered in time.
+        to ``resolve_seconds``). True for a transaction that only read (nothing to lose); None
+        when it wrote without appending an event, or no server answered in time.
 
         Synchronous replication makes the answer final: a COMMIT that did not reach the
         synchronous standby was never acknowledged by the old primary, and a promoted standby
         does not have it (the old primary's copy is rewound when it rejoins)."""
         if tx.last_event is None:
-            return None
+            return True if tx.wrote_nothing else None
         originator_id, version, chain_hash = tx.last_event
         params = {"originator_id": originator_id, "originator_version": version, "hash": chain_hash}
         deadline = time.monotonic() + self.resolve_seconds

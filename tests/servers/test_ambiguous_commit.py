@@ -117,3 +117,17 @@ async def test_concurrent_commands_around_a_lost_commit(database_url: str, pki: 
         assert [a.status for a in answers] == [200] * len(answers), [a.body for a in answers]
         for task_id in tasks:
             assert await _events(gateway, task_id, "TaskCompleted") == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_empty_acquire_lost_at_commit_answers_no_work(database_url: str, pki: Any, mode: Mode) -> None:
+    """A transaction that only read loses nothing with its COMMIT: the answer (no work) stands,
+    never a 503."""
+    parts = urlsplit(database_url)
+    async with pg_proxy(parts.port or 5432) as proxy, \
+            running_gateway(proxy.url(parts.path.lstrip("/")), pki) as gateway:
+        worker = await gateway.worker()
+        proxy.arm(mode, worker.id)
+        polled = await worker.acquire()
+        assert proxy.dropped == [mode]
+        assert polled.status == 204, polled.body
