@@ -107,7 +107,7 @@ async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
 class Transaction:
     """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
 
-    __slots__ = ("_conn", "_writes", "_topics", "_sent", "_executed", "committed", "last_event")
+    __slots__ = ("_conn", "_writes", "_topics", "_sent", "_executed", "_settled_event", "committed", "last_event")
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self._conn = conn
@@ -119,6 +119,7 @@ class Transaction:
         self.committed = False
         #: The last event appended (stream id, version, chain hash): the proof of a COMMIT.
         self.last_event: tuple[Any, int, bytes] | None = None
+        self._settled_event: tuple[Any, int, bytes] | None = None  # last_event at the last settle()
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -198,7 +199,7 @@ class Transaction:
         # halfway. Synced, psycopg sees the open transaction and makes a real savepoint.
         async with self._conn.pipeline() as pipeline:
             await pipeline.sync()
-        topics = len(self._topics)
+        topics, last_event = len(self._topics), self.last_event
         try:
             async with self._conn.transaction():
                 yield
@@ -206,6 +207,7 @@ class Transaction:
         except BaseException:
             self._writes.clear()
             del self._topics[topics:]
+            self.last_event = last_event  # what the savepoint undid proves nothing
             raise
 
     @property
@@ -237,6 +239,7 @@ class Transaction:
         times this transaction has sent writes so far (:attr:`writes_sent`). A shared
         transaction calls it between bodies, so that whether a body sent anything is known."""
         await self._flush()
+        self._settled_event = self.last_event
         return self._sent
 
     def drop_queued(self, topics_from: int) -> None:
@@ -244,6 +247,7 @@ class Transaction:
         first ``topics_from`` (a body that refused before sending anything)."""
         self._writes.clear()
         del self._topics[topics_from:]
+        self.last_event = self._settled_event
 
     @property
     def wrote_nothing(self) -> bool:

@@ -131,3 +131,44 @@ async def test_an_empty_acquire_lost_at_commit_answers_no_work(database_url: str
         polled = await worker.acquire()
         assert proxy.dropped == [mode]
         assert polled.status == 204, polled.body
+
+
+async def test_a_shared_transaction_lost_at_commit_answers_every_body_once(database_url: str, clock: Any) -> None:
+    """Group commit (one lane, so concurrent acquires share transactions): the COMMIT of the
+    transaction holding one lease is lost after the server committed. Every acquire sharing it
+    is answered with the lease that committed; none runs again (which would find its worker at
+    capacity and answer no work, its committed lease left to expire)."""
+    import random
+
+    from leasehold.gateway.services import build_services
+    from leasehold.persistence.connection import create_pool
+    from leasehold.persistence.group_commit import GroupCommit
+    from leasehold.persistence.transaction import Database
+    from support.core import World, assert_log_rebuilds_live
+
+    parts = urlsplit(database_url)
+    async with pg_proxy(parts.port or 5432) as proxy:
+        pool = create_pool(proxy.url(parts.path.lstrip("/")), min_size=1, max_size=4)
+        await pool.open()
+        try:
+            db = Database(pool)
+            group = GroupCommit(db, lanes=1, max_batch=16).install()
+            services = build_services(db, clock=clock, rng=random.Random(5))
+            org = await services.registry.create_organization("acme")
+            scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
+            world = World(services, clock, org, scan)
+            workers = [await world.worker(capacity=1) for _ in range(8)]
+            tasks = [await world.task() for _ in workers]
+            proxy.arm("after", tasks[0])  # whichever transaction leases it
+            leases = await asyncio.gather(*(world.lifecycle.acquire(w) for w in workers))
+            assert proxy.dropped == ["after"]
+            assert all(lease is not None for lease in leases), leases
+            assert sorted(str(lease.task.id) for lease in leases if lease) == sorted(map(str, tasks))
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT count(*) FROM events WHERE topic LIKE %s", ("%TaskLeased",))
+                assert await cur.fetchone() == (len(tasks),)
+            assert group.stats.largest > 1  # the acquires did share transactions
+            await group.close()
+        finally:
+            await pool.close()
+    await assert_log_rebuilds_live(database_url)
