@@ -18,7 +18,10 @@ postgres_kill_failover  SIGKILL the leader's postmaster, then ``patronictl failo
 
 Optionally (``--storm-seconds``) a ``pg_terminate_backend`` storm follows: every backend of the
 run's database (the Gateway's pool, its LISTEN connection, the plugins' writes) terminated every
-0.3 s for that long, on the primary that stays primary.
+0.3 s for that long, on the primary that stays primary; and (``--exhaust-seconds``) the
+primary's connection slots exhausted: the run database's backends terminated, then every free
+slot of ``max_connections`` taken and held for that long, so the Gateway cannot reconnect until
+they are released.
 
 One fault at a time, in that order, round after round, until ``--failovers`` primary changes
 have happened; after each, the cluster must be whole again (a leader and its synchronous
@@ -102,18 +105,6 @@ async def _completion_after(run: chaos.Run, before: int, within: float) -> float
     return None
 
 
-def _failover_with_retries(cluster: PatroniCluster, candidate: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            cluster._patronictl("failover", "--candidate", candidate, "--force")
-            return
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 async def inject(run: chaos.Run, cluster: PatroniCluster, kind: str, number: int) -> Recovery:
     leader = await asyncio.to_thread(cluster.wait_healthy)
     before = await _succeeded(run)
@@ -125,10 +116,7 @@ async def inject(run: chaos.Run, cluster: PatroniCluster, kind: str, number: int
         await asyncio.to_thread(cluster.switchover)
     else:
         dead = None
-        candidate = cluster.replica_of(leader)
-        cluster.kill_postgres(leader)
-        await asyncio.to_thread(_failover_with_retries, cluster, candidate.name)
-        cluster.events.append(f"failover {leader.name} -> {candidate.name}")
+        await asyncio.to_thread(cluster.kill_postgres_and_fail_over)
     await asyncio.to_thread(wait_writable, cluster.url(chaos.DATABASE), 120.0)
     writable_s = time.monotonic() - started
     new = await asyncio.to_thread(cluster.wait_leader, 120.0)
@@ -181,6 +169,41 @@ async def storm(run: chaos.Run, cluster: PatroniCluster, seconds: float) -> dict
     return result
 
 
+async def exhaust(run: chaos.Run, cluster: PatroniCluster, seconds: float) -> dict[str, Any]:
+    """Terminate the database's backends, take every free connection slot, hold them ``seconds``."""
+    leader = await asyncio.to_thread(cluster.wait_healthy)
+    before = await _succeeded(run)
+    holders: list[psycopg.AsyncConnection[Any]] = []
+    started = time.monotonic()
+    try:
+        async with await psycopg.AsyncConnection.connect(leader.url(chaos.DATABASE), autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        while len(holders) < 500:
+            try:
+                holders.append(await psycopg.AsyncConnection.connect(leader.url(), autocommit=True,
+                                                                     connect_timeout=2))
+            except psycopg.OperationalError:
+                break
+        others = -1
+        if holders:
+            cur = await holders[0].execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                           (chaos.DATABASE,))
+            row = await cur.fetchone()
+            others = int(row[0]) if row else 0
+        await asyncio.sleep(seconds)
+    finally:
+        for conn in holders:
+            await conn.close()
+    ended = time.monotonic()
+    resumed = await _completion_after(run, before, 120.0)
+    result = {"seconds": round(ended - started, 1), "slots_held": len(holders),
+              "run_database_backends_while_held": others, "completed_during": await _succeeded(run) - before,
+              "completion_after_release_s": None if resumed is None else round(time.monotonic() - ended, 1)}
+    chaos.log(f"connection exhaustion: {result}")
+    return result
+
+
 async def http_5xx(run: chaos.Run) -> dict[str, int]:
     """The Gateway's 5xx answers by route, from its ``/metrics``."""
     import ssl
@@ -220,6 +243,7 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
         await asyncio.sleep(settings.warmup_seconds)
         recoveries = await faults(run, cluster, settings)
         stormed = await storm(run, cluster, settings.storm_seconds) if settings.storm_seconds > 0 else None
+        exhausted = await exhaust(run, cluster, settings.exhaust_seconds) if settings.exhaust_seconds > 0 else None
         fault_window = time.monotonic() - started
         await feeder
         chaos.log(f"faults over after {fault_window:.0f}s; draining")
@@ -252,6 +276,7 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
         "failovers": failovers, "recoveries": [asdict(r) for r in recoveries], "counts": result["counts"],
         "examples": result["examples"], "completed": result["completed"], "effects": result["effects"],
         "notes": dict(sorted(run.notes.items())), "gateway_5xx": fivexx, "storm": stormed,
+        "exhaustion": exhausted,
         "verify": {"ok": verify.get("ok"), "events": verify.get("events"),
                    "differences": len(verify.get("differences", [])), "error": verify.get("error")},
         "verify_chain": {"ok": chain.get("ok"), "events": chain.get("events"), "streams": chain.get("streams"),
@@ -276,6 +301,8 @@ def report(r: dict[str, Any]) -> None:
               f"| {resumed} | {x['whole_s']} s |")
     if r["storm"]:
         print("terminate_storm " + " ".join(f"{k}={v}" for k, v in r["storm"].items()))
+    if r["exhaustion"]:
+        print("connection_exhaustion " + " ".join(f"{k}={v}" for k, v in r["exhaustion"].items()))
     c = r["counts"]
     print(f"check lost={c['lost']} completed_twice={c['completed_twice']} stale_accepted={c['stale_accepted']} "
           f"ingested_twice={c['ingested_twice']} stuck={c['stuck']} attempt_ran_twice={c['attempt_ran_twice']} "
@@ -308,6 +335,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-seconds", type=float, default=3.0, help="load between two faults")
     p.add_argument("--storm-seconds", type=float, default=0.0,
                    help="after the failovers, terminate every backend of the database every 0.3 s for this long")
+    p.add_argument("--exhaust-seconds", type=float, default=0.0,
+                   help="then hold every free connection slot of the primary for this long")
     p.add_argument("--lease-seconds", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=3)
     p.add_argument("--max-attempts", type=int, default=10)

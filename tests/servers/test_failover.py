@@ -49,7 +49,7 @@ async def _count(gateway: RunningGateway, task_id: object, kind: str) -> int:
                                    task_id, f"%{kind}"))
 
 
-@pytest.mark.parametrize("fault", ["node_kill", "switchover"])
+@pytest.mark.parametrize("fault", ["node_kill", "switchover", "postgres_kill_failover"])
 async def test_a_worker_write_during_a_failover_is_answered_once(cluster: PatroniCluster, pki: Any,
                                                                  fault: str) -> None:
     await asyncio.to_thread(cluster.wait_healthy)
@@ -67,7 +67,8 @@ async def test_a_worker_write_during_a_failover_is_answered_once(cluster: Patron
             done = await worker.write(lease, "complete")
             cluster.start_node(dead)
         else:
-            switching = asyncio.create_task(asyncio.to_thread(cluster.switchover))
+            change = cluster.switchover if fault == "switchover" else cluster.kill_postgres_and_fail_over
+            switching = asyncio.create_task(asyncio.to_thread(change))
             done = await worker.write(lease, "complete")
             await switching
         assert done.status == 200 and done.body["task"]["state"] == "completed", done.body

@@ -189,7 +189,7 @@ class PatroniCluster:
         """``patronictl switchover`` to the synchronous standby (planned); the new leader."""
         leader = self.wait_healthy()
         candidate = self.replica_of(leader)
-        self._patronictl("switchover", "--leader", leader.name, "--candidate", candidate.name, "--force")
+        self.patronictl("switchover", "--leader", leader.name, "--candidate", candidate.name, "--force")
         self.events.append(f"switchover {leader.name} -> {candidate.name}")
         return candidate
 
@@ -197,7 +197,25 @@ class PatroniCluster:
         """``patronictl failover`` to the synchronous standby; the new leader."""
         leader = self.wait_healthy()
         candidate = self.replica_of(leader)
-        self._patronictl("failover", "--candidate", candidate.name, "--force")
+        self.patronictl("failover", "--candidate", candidate.name, "--force")
+        self.events.append(f"failover {leader.name} -> {candidate.name}")
+        return candidate
+
+    def kill_postgres_and_fail_over(self, within: float = 60.0) -> Node:
+        """SIGKILL the leader's postmaster, then ``patronictl failover`` to the standby (retried
+        while Patroni is still busy with the killed server); the new leader."""
+        leader = self.wait_healthy()
+        candidate = self.replica_of(leader)
+        self.kill_postgres(leader)
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                self.patronictl("failover", "--candidate", candidate.name, "--force")
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         self.events.append(f"failover {leader.name} -> {candidate.name}")
         return candidate
 
@@ -218,7 +236,7 @@ class PatroniCluster:
                                      cwd=str(node.directory), env=_clean_env())
         log.close()
 
-    def _patronictl(self, *args: str) -> str:
+    def patronictl(self, *args: str) -> str:
         config = self.nodes[0].config
         proc = subprocess.run(["patronictl", "-c", str(config), *args], capture_output=True, text=True, timeout=60,
                               env=_clean_env())
