@@ -29,7 +29,15 @@ from leasehold.gateway.api.http import (
     listeners_of,
     request_log_middleware,
 )
-from leasehold.gateway.background import checkpointer, partitioner, presence, sampler, scheduler, sweeper
+from leasehold.gateway.background import (
+    bulk,
+    checkpointer,
+    partitioner,
+    presence,
+    sampler,
+    scheduler,
+    sweeper,
+)
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
 from leasehold.gateway.background.waitroom import WaitRoom, run_sweep
@@ -138,6 +146,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                          on_pass=lambda: metrics.passed("presence")), name="leasehold-presence"),
         asyncio.create_task(run_sweep(notifier.room, db, settings.wake_sweep_seconds, services.lifecycle.clock),
                             name="leasehold-wake-sweep"),
+        asyncio.create_task(bulk.run(services.bulk, settings.bulk_interval_seconds, settings.bulk_batch,
+                                     hold=settings.bulk_hold_seconds, on_pass=lambda _: metrics.passed("bulk")),
+                            name="leasehold-bulk"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:

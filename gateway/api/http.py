@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -82,12 +83,19 @@ class RouteTable(list[Route]):
               statuses: tuple[int, ...] = (), tags: tuple[str, ...] = (),
               query: type[BaseModel] | None = None,
               links: dict[str, dict[str, Any]] | None = None,
-              listeners: tuple[Listener, ...] = ()) -> Callable[[Handler], Handler]:
+              listeners: tuple[Listener, ...] = (), idempotent: bool = False) -> Callable[[Handler], Handler]:
         """``links``: OpenAPI links of the success response (name -> link object, naming its target
-        by ``operationId``: the handler's name, ``_``, the lower-case method)."""
+        by ``operationId``: the handler's name, ``_``, the lower-case method). ``idempotent``: the
+        route takes an ``Idempotency-Key`` header (:func:`idempotency_key`)."""
+        extra: dict[str, Any] = {}
+        if links:
+            extra["links"] = links
+        if idempotent:
+            extra["headers"] = [IDEMPOTENCY_HEADER]
+
         def register(handler: Handler) -> Handler:
             self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query,
-                              {"links": links} if links else {}, listeners))
+                              extra, listeners))
             return handler
         return register
 
@@ -173,6 +181,28 @@ class RequestTimeout(LeaseholdError):
     """The request did not arrive in time."""
     status = 408
     code = "request-timeout"
+
+
+#: The ``Idempotency-Key`` header of the creating routes, as the OpenAPI document gives it.
+IDEMPOTENCY_HEADER: dict[str, Any] = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+    "description": "makes the request safe to retry: the same key with the same request answers as the first "
+                   "request did (the resource it created, as it is now; nothing created again), the same key with "
+                   "another request 409 `idempotency-key-reused`. Per organisation (or administrator), kept 24 hours.",
+}
+_KEY_CHARACTERS = re.compile(r"[!-~]{1,255}")
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` (visible ASCII, 1 to 255 characters), or ``None``;
+    a malformed one is a 400."""
+    value = request.headers.get("Idempotency-Key")
+    if value is None:
+        return None
+    if _KEY_CHARACTERS.fullmatch(value) is None:
+        raise BadRequest("the Idempotency-Key header must be 1 to 255 visible ASCII characters")
+    return value
 
 
 class BadRequest(Exception):

@@ -77,6 +77,7 @@ def build_openapi(routes: list[Route]) -> dict[str, Any]:
                   for n in _PATH_VARIABLE.findall(r.path)]
         if r.query is not None:
             params += _query_parameters(r.query)
+        params += r.extra.get("headers", [])
         if params:
             op["parameters"] = params
         if r.request is not None:

@@ -37,6 +37,7 @@ from leasehold.domain.scopes import PagedScope
 from leasehold.domain.targets import check_scope, policy_from_json
 from leasehold.domain.task import CreateTask, TaskState, decide
 from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.idempotency import IdempotencyKey, claim, created
 from leasehold.gateway.commands.scopes import next_step_scope, paged
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
@@ -206,7 +207,7 @@ class Scans:
     async def create_scan(self, organization_id: UUID, targets: dict[str, Any], *,
                           execution_mode: ExecutionMode | None = None, profile: Sequence[ProfileStep] = (),
                           profile_name: str | None = None, legacy_scan_id: str | None = None,
-                          actor: str = "system") -> UUID:
+                          actor: str = "system", idempotency: IdempotencyKey | None = None) -> UUID:
         """A scan, with an inline ``profile`` (ordered plugin steps) or the steps of the stored
         profile ``profile_name`` (copied: later edits of the stored profile do not change it).
 
@@ -215,10 +216,15 @@ class Scans:
         Gateway-executed scan gets its first step's job and task in the same transaction, scoped
         to ``targets``; later steps are created as earlier ones end (:func:`settle_scan`). A
         legacy-executed one gets a ``legacy`` job per step and no task.
+
+        With ``idempotency``, a request already made with that key creates nothing and raises
+        :class:`~gateway.commands.idempotency.AlreadyCreated` with its scan's id.
         """
         scan_id = self.new_id()
         resolved = await resolve_names(targets)  # before the transaction: no lock waits on DNS
         async with self.db.transaction() as tx:
+            await claim(tx, idempotency, self.clock())
+            created(tx, idempotency, scan_id)
             await open_scan(tx, scan_id, organization_id, targets, clock=self.clock(), actor=actor,
                             new_id=self.new_id, execution_mode_wanted=execution_mode, steps=profile,
                             profile_name=profile_name, legacy_scan_id=legacy_scan_id, resolved=resolved)

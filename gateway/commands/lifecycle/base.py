@@ -32,6 +32,8 @@ from leasehold.domain.task import (
     project_task,
 )
 from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.idempotency import IdempotencyKey, claim
+from leasehold.gateway.commands.idempotency import created as created_by
 from leasehold.gateway.commands.scans import settle_scan
 from leasehold.gateway.commands.scopes import paged
 from leasehold.persistence.event_log import StreamHead
@@ -184,13 +186,18 @@ class LifecycleBase:
         #: Called with each cancellation leg a committed command completed (metrics hook).
         self.observe_cancel: CancelLegObserver = lambda leg, channel, seconds: None
 
-    async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
+    async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system",
+                          idempotency: IdempotencyKey | None = None) -> TaskState:
         """Queue a job on the scan and create its task (one transaction, scan row locked). The
-        scope's targets must pass the organisation's target policy (:mod:`domain.targets`)."""
+        scope's targets must pass the organisation's target policy (:mod:`domain.targets`). With
+        ``idempotency``, a request already made with that key creates nothing and raises
+        :class:`~gateway.commands.idempotency.AlreadyCreated` with its task's id."""
         job_id, task_id = self.new_id(), self.new_id()
         resolved = await resolve_names(spec.scope)  # before the transaction: no lock waits on DNS
 
         async def body(tx: Transaction) -> list[DomainEvent]:
+            await claim(tx, idempotency, self.clock())
+            created_by(tx, idempotency, task_id)
             params = {"scan_id": scan_id, "now": self.clock()}
             reads = [one("scan_lock", params), one("scan_next_job_position", params)]
             if targets_of(spec.scope):  # the policy only matters when the scope names targets
