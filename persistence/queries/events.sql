@@ -7,6 +7,13 @@ WHERE e.originator_id = %(originator_id)s
 ORDER BY e.originator_version
 LIMIT %(limit)s
 
+-- name: event_committed
+-- Whether one event, by its stream position and chain hash, is in the log: how a transaction
+-- whose connection was lost during its COMMIT learns that the COMMIT happened.
+SELECT EXISTS (SELECT 1 FROM events e
+               WHERE e.originator_id = %(originator_id)s AND e.originator_version = %(originator_version)s
+                 AND e.hash = %(hash)s)
+
 -- name: ping
 -- Readiness: the database answers.
 SELECT 1
