@@ -456,7 +456,7 @@ class OperatorClient:
     async def preview_bulk(self, action: str, **selection: Any) -> BulkPreview:
         """How many tasks ``selection`` (the task list's filters: ``state``, ``task_type``,
         ``organization_id``, ``scan_id``, ``worker_id``, ``created_from``, ``created_to``) selects now."""
-        return await self._post(BulkPreview, "/v1/bulk-operations/preview",
+        return await self._post(BulkPreview, "/v1/bulk-previews",
                                 {"action": action, "filter": _selection(selection)})
 
     async def start_bulk(self, action: str, *, reason: str | None = None, attempts: int | None = None,

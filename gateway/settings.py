@@ -65,7 +65,7 @@ class GatewaySettings(BaseSettings):
     wake_batch: int = Field(4, ge=1, le=10_000,
                             description="most long-polls one notification (or one sweep) wakes at once; each "
                                         "woken poll that leases a task wakes one more")
-    bulk_interval_seconds: float = Field(10.0, gt=0, le=3600,
+    bulk_interval_seconds: float = Field(60.0, gt=0, le=3600,
                                          description="how often each process looks for a bulk operation to "
                                                      "carry on while it runs none (one it starts runs at once; "
                                                      "one a stopped process held, once its hold has run out)")

@@ -27,7 +27,7 @@ async def test_a_bulk_retry_reaches_each_failed_task_once_and_says_so(gateway: R
     other = await gateway.task()  # pending: the filter leaves it out (and it keeps the scan open)
     failed = await failed_tasks(gateway.services, gateway.org, gateway.scan, 30)
     filt = {"organization_id": str(gateway.org), "state": "failed_terminal"}
-    preview = await gateway.operator("POST", "/v1/bulk-operations/preview", {"action": "retry", "filter": filt})
+    preview = await gateway.operator("POST", "/v1/bulk-previews", {"action": "retry", "filter": filt})
     assert preview.status == 200 and preview.body == {"action": "retry", "matched": 30}, preview.body
 
     started = await gateway.operator("POST", "/v1/bulk-operations",
@@ -89,10 +89,10 @@ async def test_an_organisation_key_reaches_only_its_own_tasks(gateway: RunningGa
     await failed_tasks(gateway.services, mine.org, mine.scan, 3)
     their_failed = await failed_tasks(gateway.services, theirs.org, theirs.scan, 2)
     before = await changes(gateway)
-    foreign = await gateway.operator("POST", "/v1/bulk-operations/preview",
+    foreign = await gateway.operator("POST", "/v1/bulk-previews",
                                      {"action": "retry", "filter": {"organization_id": str(theirs.org)}}, key=mine.key)
     assert_problem(foreign, 404)
-    preview = await gateway.operator("POST", "/v1/bulk-operations/preview",
+    preview = await gateway.operator("POST", "/v1/bulk-previews",
                                      {"action": "retry", "filter": {"state": "failed_terminal"}}, key=mine.key)
     assert preview.body["matched"] == 3
     started = await gateway.operator("POST", "/v1/bulk-operations", {"action": "retry", "filter": {}}, key=mine.key)

@@ -1,6 +1,6 @@
 """The operator API: bulk operations — cancel or retry every task a filter selects, tracked.
 
-``POST /v1/bulk-operations/preview`` counts what a filter selects; ``POST /v1/bulk-operations``
+``POST /v1/bulk-previews`` counts what a filter selects; ``POST /v1/bulk-operations``
 starts the operation (202: it runs in the background, :mod:`gateway.commands.bulk`) and takes an
 ``Idempotency-Key``; ``GET`` reads its progress and each task's outcome; ``…/stop`` stops it. An
 organisation key's operations are confined to its organisation; an administrator's filter must
@@ -92,7 +92,7 @@ async def _read(request: web.Request, operator: Operator, operation_id: UUID) ->
     return _operation(found[0])
 
 
-@routes.route("POST", "/v1/bulk-operations/preview",
+@routes.route("POST", "/v1/bulk-previews",
               summary="Count the tasks a bulk operation's filter selects now (nothing changes)",
               auth="operator", request=PreviewBulkOperation, response=BulkPreview, tags=TAGS)
 async def preview_bulk_operation(request: web.Request) -> web.StreamResponse:
