@@ -9,11 +9,11 @@ name something (an organisation, a scan, a state, a type or a worker): "every ta
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from aiohttp import web
-from pydantic import AwareDatetime, Field, StrictInt
+from pydantic import AwareDatetime, Field, StrictInt, field_validator
 
 from leasehold.client.models import (
     BulkOperation,
@@ -28,7 +28,7 @@ from leasehold.gateway.api.http import INTEGRAL, RouteTable, idempotency_key, ok
 from leasehold.gateway.api.operator.common import TAGS, _path_id, _services, reads
 from leasehold.gateway.api.operator.finding_work import scope
 from leasehold.gateway.api.operator.scans import _idempotency
-from leasehold.gateway.api.operator_models import Body, Label, Query, Reason
+from leasehold.gateway.api.operator_models import RFC3339, Body, Label, Query, Reason
 from leasehold.gateway.auth import operator_identity
 from leasehold.gateway.commands.bulk import TaskFilter
 from leasehold.gateway.commands.idempotency import AlreadyCreated
@@ -46,8 +46,16 @@ class BulkFilter(Body):
     task_type: Label | None = None
     scan_id: UUID | None = None
     worker_id: UUID | None = Field(None, description="tasks whose current (latest) attempt is this worker's")
-    created_from: AwareDatetime | None = None
-    created_to: AwareDatetime | None = None
+    created_from: AwareDatetime | None = Field(None, description="created at or after (RFC 3339, with an offset)")
+    created_to: AwareDatetime | None = Field(None, description="created before (RFC 3339, with an offset)")
+
+    @field_validator("created_from", "created_to", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        """Text in RFC 3339 only (pydantic alone would also take a number of seconds since 1970)."""
+        if value is not None and (not isinstance(value, str) or not RFC3339.match(value)):
+            raise ValueError("expected an RFC 3339 date-time with an offset, e.g. 2026-01-31T12:00:00Z")
+        return value
 
 
 class PreviewBulkOperation(Body):
