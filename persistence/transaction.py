@@ -32,12 +32,14 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
+from psycopg.rows import BaseRowFactory, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from leasehold.domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from leasehold.domain.events import DomainEvent
 from leasehold.persistence.event_log import StreamHead, record
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import row_factory
 from leasehold.persistence.snapshot import snapshot
 from leasehold.persistence.writes import WriteBuffer
 from leasehold.projections.projector import project
@@ -46,7 +48,8 @@ from leasehold.projections.rows import RowOp
 T = TypeVar("T")
 Clock = Callable[[], datetime | None]
 Params = dict[str, Any]
-Row = tuple[Any, ...]
+#: A row of a named statement, read by name (see :mod:`persistence.rows`).
+Row = Any
 
 #: The channel every wake-up travels on (see :mod:`gateway.background.notify`).
 NOTIFY_CHANNEL = "leasehold"
@@ -81,14 +84,16 @@ def dicts(name: str, params: Params) -> Read:
     return Read(name, params, "dicts")
 
 
+def _rows_of(name: str, shape: str) -> BaseRowFactory[Any]:
+    """How the rows of statement ``name`` are made: ``{column: value}`` for ``dicts``, else by
+    the statement's row class or as named tuples (:func:`persistence.rows.row_factory`)."""
+    return dict_row if shape == "dicts" else row_factory(name)
+
+
 async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
     if shape == "one":
         return await cur.fetchone()
-    found = await cur.fetchall()
-    if shape == "all":
-        return found
-    names = [c.name for c in cur.description or ()]
-    return [dict(zip(names, r, strict=True)) for r in found]
+    return await cur.fetchall()
 
 
 class Transaction:
@@ -110,7 +115,7 @@ class Transaction:
         await self._flush()
         cursors = []
         for r in reads:
-            cur = self._conn.cursor()
+            cur = self._conn.cursor(row_factory=_rows_of(r.name, r.shape))
             await cur.execute(QUERIES[r.name], r.params)
             cursors.append(cur)
         return [await _answer(cur, r.shape) for cur, r in zip(cursors, reads, strict=True)]
@@ -250,16 +255,27 @@ class Reader:
         self._conn = conn
 
     async def one(self, name: str, params: Params) -> Row | None:
-        cur = await self._conn.execute(QUERIES[name], params)
+        cur = await self._run(name, params, "one")
         return await cur.fetchone()
 
     async def all(self, name: str, params: Params) -> list[Row]:
-        cur = await self._conn.execute(QUERIES[name], params)
+        cur = await self._run(name, params, "all")
         return await cur.fetchall()
 
+    async def value(self, name: str, params: Params) -> Row:
+        """The one row an aggregate statement always returns."""
+        found = await self.one(name, params)
+        assert found is not None, f"{name} always returns a row"
+        return found
+
     async def dicts(self, name: str, params: Params) -> list[dict[str, Any]]:
-        cur = await self._conn.execute(QUERIES[name], params)
-        return await _answer(cur, "dicts")
+        cur = await self._run(name, params, "dicts")
+        return await cur.fetchall()
+
+    async def _run(self, name: str, params: Params, shape: str) -> AsyncCursor[Any]:
+        cur = self._conn.cursor(row_factory=_rows_of(name, shape))
+        await cur.execute(QUERIES[name], params)
+        return cur
 
 
 class Database:

@@ -9,7 +9,7 @@ LIMIT %(limit)s
 
 -- name: ping
 -- Readiness: the database answers.
-SELECT 1
+SELECT 1 AS ok
 
 -- name: stored_events_of_stream
 -- Every stored column of one stream's events, in version order (audits: timelines, as-of,
@@ -59,8 +59,8 @@ SELECT now()
 -- name: events_against_sealed_heads
 -- Each sealed head (stream, version, hash) the log no longer holds as sealed: whether the event
 -- at that version is there at all, and the stream's last version (NULL: no event of it left).
-SELECT h.oid, h.v, e.hash IS NOT NULL,
-       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.oid)
+SELECT h.oid, h.v, e.hash IS NOT NULL AS present,
+       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.oid) AS last_version
 FROM unnest(%(oids)s::uuid[], %(versions)s::int8[], %(hashes)s::bytea[]) AS h(oid, v, hash)
 LEFT JOIN events e ON e.originator_id = h.oid AND e.originator_version = h.v
 WHERE e.hash IS DISTINCT FROM h.hash
@@ -69,8 +69,8 @@ ORDER BY h.oid
 -- name: events_not_sealed
 -- Events above their stream's sealed head (or of a stream never sealed): whether the stream was
 -- never sealed, and whether the event's transaction was over before the newest seal was taken.
-SELECT e.originator_id, e.originator_version, e.recorded_at, h.v IS NULL,
-       e.transaction_id < %(xmin)s::xid8
+SELECT e.originator_id, e.originator_version, e.recorded_at, h.v IS NULL AS unsealed_stream,
+       e.transaction_id < %(xmin)s::xid8 AS committed_before
 FROM events e
 LEFT JOIN unnest(%(oids)s::uuid[], %(versions)s::int8[]) AS h(oid, v) ON h.oid = e.originator_id
 WHERE h.v IS NULL OR e.originator_version > h.v

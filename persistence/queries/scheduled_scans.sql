@@ -19,7 +19,7 @@ FOR UPDATE
 
 -- name: schedule_read_many
 SELECT s.id, s.version, s.organization_id, s.name, s.cron, s.interval_seconds, s.timezone, s.targets,
-       s.profile, s.enabled, s.misfire_policy, s.next_run_at, s.deleted_at IS NOT NULL, s.head_hash
+       s.profile, s.enabled, s.misfire_policy, s.next_run_at, s.deleted_at IS NOT NULL AS deleted, s.head_hash
 FROM scheduled_scans s
 WHERE s.id = ANY(%(ids)s::uuid[])
 

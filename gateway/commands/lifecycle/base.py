@@ -242,7 +242,7 @@ class LifecycleBase:
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
         task, head = task_from_row(row)
-        now: datetime = row[-1]
+        now: datetime = row.now
         events = decide(task, command, now=now, actor=actor, draw=self.rng.random(),
                         retry_policy=self.retry_policy)
         after, settled = await self._commit(tx, task, head, events, now)

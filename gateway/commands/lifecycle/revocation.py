@@ -63,8 +63,8 @@ class Revocation(LifecycleBase):
         current = task.current_attempt
         if current is None or current.id != attempt_id or not current.live:
             return []
-        events = decide(task, command, now=row[-1], actor=actor,
+        events = decide(task, command, now=row.now, actor=actor,
                         draw=self.rng.random(), retry_policy=self.retry_policy)
-        _, settled = await self._commit(tx, task, head, events, row[-1])
+        _, settled = await self._commit(tx, task, head, events, row.now)
         return [*events, *settled]
 

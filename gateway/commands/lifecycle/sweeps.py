@@ -59,7 +59,7 @@ class Sweeps(LifecycleBase):
         async with self.db.transaction() as tx:
             locked = await tx.all(query, {**params, "limit": limit, "now": self.clock()})
             # Scan order: settling a scan locks it, and every sweeper must lock scans in one order.
-            ids = [task_id for task_id, _ in sorted(locked, key=lambda r: (r[1], r[0]))]
+            ids = [r.id for r in sorted(locked, key=lambda r: (r.scan_id, r.id))]
             for task_id in ids:  # locked above; re-read each in a fresh statement snapshot
                 row = await tx.one("task_read", {"task_id": task_id, "now": self.clock()})
                 assert row is not None
@@ -67,9 +67,9 @@ class Sweeps(LifecycleBase):
                 command = make(task)
                 if command is None:
                     continue
-                events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
+                events = decide(task, command, now=row.now, actor="sweeper", draw=self.rng.random(),
                                 retry_policy=self.retry_policy)
-                _, settled = await self._commit(tx, task, head, events, row[-1], releases)
+                _, settled = await self._commit(tx, task, head, events, row.now, releases)
                 changed += [*events, *settled]
                 swept.update(e.originator_id for e in events)
             release_attempts(tx, releases, None)

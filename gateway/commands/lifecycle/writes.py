@@ -45,10 +45,8 @@ from leasehold.gateway.commands.lifecycle.base import (
     refuse_after_revocation,
 )
 from leasehold.persistence.task_rows import (
-    ATTEMPT_COLUMNS,
-    TASK_COLUMNS,
-    attempt_from_row,
-    batch_from_row,
+    named_attempt,
+    stored_batch,
     task_from_row,
 )
 from leasehold.persistence.transaction import Transaction
@@ -170,13 +168,12 @@ class WorkerWrites(LifecycleBase):
             if row is None:
                 raise no_such_attempt(task_id, attempt_id)
             task, head = task_from_row(row)
-            ref_offset = TASK_COLUMNS + ATTEMPT_COLUMNS
-            attempt = attempt_from_row(row[ref_offset:ref_offset + ATTEMPT_COLUMNS], task.id)
+            attempt = named_attempt(row)
             if attempt is None or attempt.worker_id != worker_id:
                 raise no_such_attempt(task_id, attempt_id)
             refuse_after_revocation(standing, write, task)
-            existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
-            now: datetime = row[-1]
+            existing = stored_batch(row)
+            now: datetime = row.now
             events: list[DomainEvent] = []
             so_far, token_hash = task, hash_token(lease_token)
             for make in makers:  # in order, each on the state the previous ones left
@@ -218,7 +215,7 @@ class WorkerWrites(LifecycleBase):
         are only counted (``rejected_write_counts.unrecorded``), so that a worker replaying bad
         writes cannot grow the log without bound. Under the task lock, like the write."""
         seen = await tx.one("rejected_writes_of_attempt", {"attempt_id": rejection.attempt_id})
-        record = (seen[0] if seen is not None else 0) < MAX_RECORDED_REJECTIONS
+        record = (seen.recorded if seen is not None else 0) < MAX_RECORDED_REJECTIONS
         tx.write("rejected_write_counts", "rejected_write_count",
                  {"attempt_id": rejection.attempt_id, "recorded": int(record), "now": now})
         return record

@@ -1,0 +1,181 @@
+"""Rows read by name: the typed row classes, one column list per shape, and the row factories.
+
+Every named statement read through :class:`persistence.transaction.Transaction` or
+:class:`persistence.transaction.Reader` answers rows whose values are read by name. A statement
+listed in :data:`ROW_TYPES` answers instances of its row class: a frozen dataclass whose fields
+are the statement's result columns, by name and in order (the SQL names each column with
+``AS field_name`` where the table's own name would not do). The check runs once per result, on
+the columns PostgreSQL describes, so a statement and its class can never drift apart silently
+(``tests/core/test_row_shapes.py`` checks every statement against a migrated database too).
+Any other statement answers named tuples (:func:`psycopg.rows.namedtuple_row`): ``row.count``,
+never ``row[0]``. ``scripts/check_row_access.py`` (run by ``make lint``) keeps positional row
+access out of ``persistence/`` and ``gateway/``.
+
+Where several statements select the same shape, the shape is one class here, and a wider shape
+extends a narrower one (:class:`TaskRow` -> :class:`TaskAttemptRow` -> :class:`TaskReadRow`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from psycopg import DataError
+from psycopg.rows import BaseRowFactory, RowMaker, namedtuple_row
+
+T = TypeVar("T")
+
+
+class RowShapeError(DataError):
+    """A statement's result columns are not its row class's fields (a bug, never the caller's)."""
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The fields of row class ``cls``, in order: the columns its statements must answer."""
+    return tuple(f.name for f in fields(cls))
+
+
+def typed_row(cls: Callable[..., T]) -> BaseRowFactory[T]:
+    """A psycopg row factory answering ``cls`` instances. The result's column names must be
+    ``cls``'s fields in order (checked once per result); rows are then built from the values
+    in that order, as fast as a tuple's fields can be passed on."""
+    expected = field_names(cls)  # type: ignore[arg-type]
+
+    def factory(cursor: Any) -> RowMaker[T]:
+        description = cursor.description
+        if description is None:
+            return _no_result
+        names = tuple(c.name for c in description)
+        if names != expected:
+            raise RowShapeError(f"{cls.__name__} expects the columns {list(expected)}, "
+                                f"the statement answers {list(names)}")
+
+        def make(values: Sequence[Any]) -> T:
+            return cls(*values)
+
+        return make
+
+    return factory
+
+
+def _no_result(values: Sequence[Any]) -> Any:
+    raise TypeError("the statement answers no rows")
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A ``worker_tasks`` row as the domain's task needs it (with the stream's head)."""
+
+    id: UUID
+    version: int
+    head_hash: bytes
+    scan_id: UUID
+    scan_job_id: UUID
+    organization_id: UUID
+    task_type: str
+    required_capabilities: list[str]
+    priority: int
+    scope: Any
+    parameters: Any
+    state: Any  # a TaskState state (the table checks it)
+    available_at: datetime
+    attempt_count: int
+    max_attempts: int
+    lease_seconds: int
+    execution_timeout_seconds: int
+    cancel_requested_at: datetime | None
+    last_error: Any
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cancel_delivered_at: datetime | None
+    cancel_delivery_channel: Any  # renew, long-poll or None
+    scope_ref: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAttemptRow(TaskRow):
+    """A task and its current attempt (``current_*``: all None when it has none, so typed ``Any``)."""
+
+    current_id: Any
+    current_worker_id: Any
+    current_attempt_number: Any
+    current_lease_token_hash: Any
+    current_status: Any
+    current_leased_at: Any
+    current_lease_expires_at: Any
+    current_deadline_at: Any
+    current_started_at: Any
+    current_finished_at: Any
+    current_batch_count: Any
+    current_final_batch_accepted: Any
+    current_error: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReadRow(TaskAttemptRow):
+    """A locked task and its current attempt, with the command's clock."""
+
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TaskWriteRow(TaskAttemptRow):
+    """A locked task for a worker's write: its current attempt, the attempt the request names
+    (``named_*``), the batch already stored under the request's idempotency key (``batch_*``),
+    and the command's clock."""
+
+    named_id: Any
+    named_worker_id: Any
+    named_attempt_number: Any
+    named_lease_token_hash: Any
+    named_status: Any
+    named_leased_at: Any
+    named_lease_expires_at: Any
+    named_deadline_at: Any
+    named_started_at: Any
+    named_finished_at: Any
+    named_batch_count: Any
+    named_final_batch_accepted: Any
+    named_error: Any
+    batch_id: Any
+    batch_attempt_id: Any
+    batch_sequence_number: Any
+    batch_idempotency_key: Any
+    batch_payload_sha256: Any
+    batch_record_count: Any
+    batch_final: Any
+    batch_accepted_at: Any
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TaskGrantRow(TaskRow):
+    """The task an acquire locked for an organisation, and the organisation's service record."""
+
+    virtual_time: float | None
+    live: int | None
+    waited_seconds: float
+    target_policy: Any
+
+
+#: Statement name -> the class of its rows. Statements not listed answer named tuples.
+ROW_TYPES: dict[str, type] = {
+    "task_get": TaskAttemptRow,
+    "task_read": TaskReadRow,
+    "task_read_for_write": TaskWriteRow,
+    "task_lock_for_organization": TaskGrantRow,
+}
+
+_FACTORIES: dict[str, BaseRowFactory[Any]] = {name: typed_row(cls) for name, cls in ROW_TYPES.items()}
+
+
+def row_factory(name: str) -> BaseRowFactory[Any]:
+    """The row factory of the named statement: its row class's, else named tuples."""
+    return _FACTORIES.get(name, namedtuple_row)
