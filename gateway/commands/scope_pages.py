@@ -94,7 +94,7 @@ class ScopePages:
         if not 0 <= page < pages:
             raise InvalidRequest(f"the task's scope has pages 0 to {pages - 1}" if pages else
                                  "the task's scope has no asset list", page=page, pages=pages)
-        inline_assets, sha256, body = found
+        inline_assets, sha256, body = found.inline_assets, found.sha256, found.body
         if page == 0:
             return ScopePage(task.id, 0, pages, canonical(inline_assets))
         if body is None or hashlib.sha256(body).hexdigest() != sha256:

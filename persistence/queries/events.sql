@@ -131,6 +131,6 @@ SELECT count(*) FROM events
 -- name: event_partitions_reach_sample
 -- How far past now the event log's time partitions reach, in seconds (negative: events already
 -- land in the default partition; NULL: no time partition at all). A sampled gauge, not a hot path.
-SELECT extract(epoch FROM max(upper_bound) - now())
+SELECT extract(epoch FROM max(upper_bound) - now()) AS seconds_ahead
 FROM event_partitions
 WHERE NOT is_default

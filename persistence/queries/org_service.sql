@@ -104,7 +104,7 @@ WHERE o.id = %(organization_id)s
 -- name: organization_lock_fair_share
 -- The organisation's stream head and fair-share settings, for the command that changes them.
 SELECT o.id, o.version, o.head_hash, o.fair_weight, o.max_live_attempts,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM organizations o
 WHERE o.id = %(organization_id)s
 FOR UPDATE
@@ -118,7 +118,7 @@ ORDER BY s.organization_id
 -- name: org_queued_work_try_lock
 -- The sweeper keeps the queued-work flags (migration 0021) one process at a time: false, another
 -- process is at it (never waited for).
-SELECT pg_try_advisory_xact_lock(hashtext('org_queued_work'))
+SELECT pg_try_advisory_xact_lock(hashtext('org_queued_work')) AS mine
 
 -- name: org_queued_work_lock_flagged
 -- After org_queued_work_take_raises, it locks the flagged rows it can lock at once (a row a

@@ -31,9 +31,9 @@ FOR UPDATE
 -- the last job (job i runs profile step i: all that next_step needs). No job's task is read:
 -- settling runs on every task that ends, and must not read a large scan's every task each time.
 -- (status::text: an array of a domain comes back as text to the driver, which knows the base type only)
-SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]), count(*),
-       (SELECT l.status FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1),
-       (SELECT l.id FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1)
+SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]) AS statuses, count(*) AS jobs,
+       (SELECT l.status FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1) AS last_status,
+       (SELECT l.id FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1) AS last_id
 FROM scan_jobs j
 WHERE j.scan_id = %(scan_id)s
 

@@ -199,7 +199,7 @@ GROUP BY organization_id, state
 -- wake_sweep_seconds while long-polls wait: of the organisations its waiters serve, those with a
 -- task that can be leased now, and that work's task types. Read through
 -- worker_tasks_org_acquirable_idx (queued tasks only), never the history.
-SELECT t.organization_id, array_agg(DISTINCT t.task_type)
+SELECT t.organization_id, array_agg(DISTINCT t.task_type) AS task_types
 FROM worker_tasks t
 WHERE t.organization_id = ANY(%(organization_ids)s::uuid[])
   AND t.state IN ('pending', 'retry_wait')

@@ -147,7 +147,7 @@ SELECT w.id,
         WHERE a.worker_id = w.id
           AND (%(organization_id)s::uuid IS NULL OR EXISTS (
                 SELECT 1 FROM worker_tasks t
-                WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid)))
+                WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))) AS last_seen_at
 FROM unnest(%(worker_ids)s::uuid[]) AS w(id)
 
 -- name: workers_live_leases

@@ -74,8 +74,8 @@ class TaskCommands(LifecycleBase):
             events = decide(task, RetryTask(reason=reason, attempts=attempts), now=now, actor=actor)
             scan = await tx.one("scan_lock_for_orchestration", {"scan_id": task.scan_id})
             assert scan is not None, "the foreign key guarantees the scan"
-            _, version, head_hash, status, cancel_requested, org_id, *_ = scan
-            reopened = scan_rules.reopen_for_retry(task.scan_id, version, status, cancel_requested,
+            version, head_hash, org_id = scan.version, scan.head_hash, scan.organization_id
+            reopened = scan_rules.reopen_for_retry(task.scan_id, version, scan.status, scan.cancel_requested,
                                                    task_id=task_id, reason=reason, now=now, actor=actor)
             after, _ = await self._commit(tx, task, head, events, now)
             tx.append(StreamHead(task.scan_id, version, bytes(head_hash)), reopened)

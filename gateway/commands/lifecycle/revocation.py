@@ -38,7 +38,7 @@ class Revocation(LifecycleBase):
         interrupted midway is finished by running it again.
         """
         async with self.db.read() as reader:
-            targets = [(task_id, attempt_id) for task_id, attempt_id in await reader.all(
+            targets = [(r.task_id, r.attempt_id) for r in await reader.all(
                 "worker_attempts_to_cancel", {"worker_id": worker_id, "organization_id": organization_id,
                                               "include_cancelling": at_once})]
         changed: list[UUID] = []

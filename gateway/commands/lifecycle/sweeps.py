@@ -41,13 +41,12 @@ class Sweeps(LifecycleBase):
         of organisations with no task of that type queued any more; how many were lowered.
         Never waits for a lock; one process at a time (another one's pass is skipped)."""
         async with self.db.transaction() as tx:
-            (mine,) = await tx.value("org_queued_work_try_lock", {})
-            if not mine:
+            if not (await tx.value("org_queued_work_try_lock", {})).mine:
                 return 0
             await tx.value("org_queued_work_take_raises", {})
             locked = await tx.all("org_queued_work_lock_flagged", {"limit": limit})
             cleared = await tx.all("org_queued_work_clear", {
-                "organization_ids": [org for org, _ in locked], "task_types": [kind for _, kind in locked]})
+                "organization_ids": [r.organization_id for r in locked], "task_types": [r.task_type for r in locked]})
             await tx.commit()
         return len(cleared)
 
