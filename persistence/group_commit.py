@@ -129,7 +129,8 @@ class GroupCommit:
 
     async def _run_batch(self, batch: list[_Pending]) -> None:
         if len(batch) == 1:
-            await self._run_alone(batch[0])
+            (alone,) = batch
+            await self._run_alone(alone)
             return
         try:
             done = await self._run_shared(batch)

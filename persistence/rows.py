@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from psycopg import DataError
+from psycopg import AsyncConnection, AsyncCursor, DataError, sql
 from psycopg.rows import BaseRowFactory, RowMaker, namedtuple_row
 
 T = TypeVar("T")
@@ -59,6 +59,19 @@ def typed_row(cls: Callable[..., T]) -> BaseRowFactory[T]:
         return make
 
     return factory
+
+
+#: Named tuples whose fields mypy leaves unchecked (``row.name``; see :func:`execute_named`).
+named_rows: BaseRowFactory[Any] = namedtuple_row
+
+
+async def execute_named(conn: AsyncConnection[Any], query: str | sql.Composable, params: Any = None, *,
+                        binary: bool = False) -> AsyncCursor[Any]:
+    """Run ``query`` on a fresh cursor of ``conn`` whose rows are named tuples (for the
+    statements persistence runs on a connection of its own, outside a Transaction or Reader)."""
+    cur = conn.cursor(row_factory=named_rows, binary=binary)
+    await cur.execute(query, params)  # type: ignore[arg-type]
+    return cur
 
 
 def _no_result(values: Sequence[Any]) -> Any:

@@ -150,18 +150,19 @@ class Registry:
                 await tx.commit()
         return found
 
-    async def api_keys(self, *, organization_id: UUID | None, after: UUID | None, limit: int) -> list[tuple[Any, ...]]:
+    async def api_keys(self, *, organization_id: UUID | None, after: UUID | None, limit: int) -> list[Any]:
         """Stored keys (never the keys themselves), by id."""
         async with self.db.read() as reader:
             return await reader.all("api_keys_page", {"organization_id": organization_id, "after": after,
                                                       "limit": limit})
 
-    async def api_key_row(self, key_id: UUID) -> tuple[Any, ...]:
+    async def api_key_row(self, key_id: UUID) -> Any:
+        """The key's ``api_key_by_id`` row (read by name)."""
         async with self.db.read() as reader:
             row = await reader.one("api_key_by_id", {"id": key_id})
         if row is None:
             raise NotFound("no such API key", key_id=str(key_id))
-        return tuple(row)
+        return row
 
     async def revoke_api_key(self, key_id: UUID) -> None:
         """Revoke the key (its next request answers 401); revoking a revoked key changes nothing."""
@@ -317,7 +318,11 @@ class Registry:
         """The organisation's fair-share settings and state, or None when there is no such organisation."""
         async with self.db.read() as reader:
             row = await reader.one("fair_share_get", {"organization_id": organization_id})
-        return None if row is None else FairShareState(*row)
+        if row is None:
+            return None
+        return FairShareState(organization_id=row.id, weight=row.fair_weight, max_live_attempts=row.max_live_attempts,
+                              virtual_time=row.virtual_time, served=row.served, live=row.live,
+                              waited_seconds=row.waited_seconds, updated_at=row.updated_at)
 
 
 @dataclass(frozen=True, slots=True)

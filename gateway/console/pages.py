@@ -278,7 +278,8 @@ async def cancel_scan(request: web.Request, operator: Operator, csrf: str) -> we
 def _words(name: str) -> str:
     """``TaskLeaseExpired`` -> ``Task lease expired``."""
     words = re.findall(r"[A-Z][a-z0-9]*|[a-z0-9]+", name)
-    return " ".join([words[0], *(w.lower() for w in words[1:])]) if words else name
+    first, *rest = words or [name]
+    return " ".join([first, *(w.lower() for w in rest)])
 
 
 #: Facts of an event worth a clause in its sentence, in this order.
@@ -309,7 +310,7 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                        a.finished_at, a.batch_count, a.error] for a in t.attempts])
     more = (fmt("<p>The first {} events; the rest through the API.</p>", len(events.items))
             if events.next_after_version is not None else Html(""))
-    links = await _chain_links(request, task_id, events.items[-1].version if events.items else 0)
+    links = await _chain_links(request, task_id, max((e.version for e in events.items), default=0))
     timeline = fmt('<section aria-labelledby="timeline"><h2 id="timeline">Timeline</h2>'
                    "<p>Each event's link in the task's hash chain is checked as the page is drawn.</p>"
                    '<ol class="timeline">{}</ol>{}</section>',

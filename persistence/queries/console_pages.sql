@@ -81,7 +81,7 @@ ORDER BY e.originator_version
 -- name: console_live_lease_counts
 -- The console's workers: how many live attempts (leased or running) each worker holds, of one
 -- organisation's tasks when organization_id is set (the filter of workers_live_leases).
-SELECT a.worker_id, count(*)
+SELECT a.worker_id, count(*) AS live
 FROM worker_task_attempts a
 WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
   AND a.status IN ('leased', 'running')

@@ -50,7 +50,7 @@ ORDER BY e.originator_id, e.originator_version
 
 -- name: events_log_end
 -- Where the log ends for the reading transaction: its snapshot's time and last event.
-SELECT now(), max(e.notification_id) FROM events e
+SELECT now() AS now, max(e.notification_id) AS position FROM events e
 
 -- name: snapshot_time
 -- The reading transaction's time (now(): its start, the moment its snapshot shows).
