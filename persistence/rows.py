@@ -2,7 +2,7 @@
 
 Every named statement read through :class:`persistence.transaction.Transaction` or
 :class:`persistence.transaction.Reader` answers rows whose values are read by name. A statement
-listed in :data:`ROW_TYPES` answers instances of its row class: a frozen dataclass whose fields
+listed in :data:`ROW_TYPES` answers instances of its row class: a slotted dataclass whose fields
 are the statement's result columns, by name and in order (the SQL names each column with
 ``AS field_name`` where the table's own name would not do). The check runs once per result, on
 the columns PostgreSQL describes, so a statement and its class can never drift apart silently
@@ -13,6 +13,9 @@ access out of ``persistence/`` and ``gateway/``.
 
 Where several statements select the same shape, the shape is one class here, and a wider shape
 extends a narrower one (:class:`TaskRow` -> :class:`TaskAttemptRow` -> :class:`TaskReadRow`).
+The classes are not frozen: a frozen dataclass of 60 fields takes ~8 times as long to make
+(each field through ``object.__setattr__``), on the lease and completion path; a row is only
+read, never assigned to.
 """
 
 from __future__ import annotations
@@ -40,11 +43,19 @@ def field_names(cls: type) -> tuple[str, ...]:
 
 def typed_row(cls: Callable[..., T]) -> BaseRowFactory[T]:
     """A psycopg row factory answering ``cls`` instances. The result's column names must be
-    ``cls``'s fields in order (checked once per result); rows are then built from the values
-    in that order, as fast as a tuple's fields can be passed on."""
+    ``cls``'s fields in order (checked on the first result; a named statement's columns never
+    change while the process runs, and ``tests/core/test_row_shapes.py`` checks them all); rows
+    are then built from the values in that order, as fast as a tuple's fields can be passed on."""
     expected = field_names(cls)  # type: ignore[arg-type]
+    checked = False
+
+    def make(values: Sequence[Any]) -> T:
+        return cls(*values)
 
     def factory(cursor: Any) -> RowMaker[T]:
+        nonlocal checked
+        if checked:
+            return make
         description = cursor.description
         if description is None:
             return _no_result
@@ -52,11 +63,26 @@ def typed_row(cls: Callable[..., T]) -> BaseRowFactory[T]:
         if names != expected:
             raise RowShapeError(f"{cls.__name__} expects the columns {list(expected)}, "
                                 f"the statement answers {list(names)}")
-
-        def make(values: Sequence[Any]) -> T:
-            return cls(*values)
-
+        checked = True
         return make
+
+    return factory
+
+
+def named_tuples() -> BaseRowFactory[Any]:
+    """:func:`psycopg.rows.namedtuple_row` for one named statement: its tuple class is made on
+    its first result and kept (a named statement's columns never change while the process runs),
+    so later results cost no look-up of their column names."""
+    made: Callable[[Sequence[Any]], Any] | None = None
+
+    def factory(cursor: Any) -> RowMaker[Any]:
+        nonlocal made
+        if made is not None:
+            return made
+        if cursor.description is None:
+            return _no_result
+        made = namedtuple_row(cursor)
+        return made
 
     return factory
 
@@ -81,7 +107,7 @@ def _no_result(values: Sequence[Any]) -> Any:
 # --- tasks ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskRow:
     """A ``worker_tasks`` row as the domain's task needs it (with the stream's head)."""
 
@@ -112,7 +138,7 @@ class TaskRow:
     scope_ref: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskAttemptRow(TaskRow):
     """A task and its current attempt (``current_*``: all None when it has none, so typed ``Any``)."""
 
@@ -131,14 +157,14 @@ class TaskAttemptRow(TaskRow):
     current_error: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskReadRow(TaskAttemptRow):
     """A locked task and its current attempt, with the command's clock."""
 
     now: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskWriteRow(TaskAttemptRow):
     """A locked task for a worker's write: its current attempt, the attempt the request names
     (``named_*``), the batch already stored under the request's idempotency key (``batch_*``),
@@ -168,7 +194,7 @@ class TaskWriteRow(TaskAttemptRow):
     now: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskGrantRow(TaskRow):
     """The task an acquire locked for an organisation, and the organisation's service record."""
 
@@ -190,5 +216,9 @@ _FACTORIES: dict[str, BaseRowFactory[Any]] = {name: typed_row(cls) for name, cls
 
 
 def row_factory(name: str) -> BaseRowFactory[Any]:
-    """The row factory of the named statement: its row class's, else named tuples."""
-    return _FACTORIES.get(name, namedtuple_row)
+    """The row factory of the named statement: its row class's, else named tuples (one
+    factory per statement, kept)."""
+    found = _FACTORIES.get(name)
+    if found is None:
+        found = _FACTORIES[name] = named_tuples()
+    return found

@@ -63,12 +63,13 @@ class _Pair:
 
 
 async def test_a_row_class_refuses_other_columns(database_url: str) -> None:
-    """The check also runs on every result: columns in another order are an error, not a row
-    with its values swapped."""
+    """The check also runs when the process first reads a statement: columns in another order
+    are an error, not a row with its values swapped."""
     async with await psycopg.AsyncConnection.connect(database_url) as conn:
         cur = conn.cursor(row_factory=typed_row(_Pair))
         await cur.execute("SELECT 1 AS a, 2 AS b")
         assert await cur.fetchone() == _Pair(a=1, b=2)
+        cur = conn.cursor(row_factory=typed_row(_Pair))
         with pytest.raises(RowShapeError, match="expects the columns"):
             await cur.execute("SELECT 2 AS b, 1 AS a")
         cur = conn.cursor(row_factory=row_factory("ping"))
