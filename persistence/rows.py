@@ -204,12 +204,178 @@ class TaskGrantRow(TaskRow):
     target_policy: Any
 
 
+# --- what the operator API and the console show ---------------------------------------------
+
+
+@dataclass(slots=True)
+class TaskSummaryRow:
+    """A task in a list, with its current attempt's worker."""
+
+    id: UUID
+    organization_id: UUID
+    scan_id: UUID
+    scan_job_id: UUID
+    task_type: str
+    state: Any
+    priority: int
+    attempt_count: int
+    max_attempts: int
+    available_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    last_error: Any
+    current_attempt_id: UUID | None
+    worker_id: UUID | None
+
+
+@dataclass(slots=True)
+class AttemptRow:
+    """An attempt as the operator sees it (never its lease token's hash)."""
+
+    id: UUID
+    worker_id: UUID
+    attempt_number: int
+    status: Any
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    batch_count: int
+    final_batch_accepted: bool
+    error: Any
+
+
+@dataclass(slots=True)
+class LiveLeaseRow:
+    """A live attempt (leased or running) of a worker."""
+
+    worker_id: UUID
+    task_id: UUID
+    id: UUID
+    organization_id: UUID
+    status: Any
+    leased_at: datetime
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+
+@dataclass(slots=True)
+class WorkerRow:
+    """A registered worker."""
+
+    id: UUID
+    name: str
+    fingerprint: str
+    enabled: bool
+    revoked_at: datetime | None
+    capabilities: list[str]
+    task_types: list[str]
+    max_concurrent_tasks: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(slots=True)
+class AssignmentRow:
+    """A worker's assignment to an organisation."""
+
+    worker_id: UUID
+    organization_id: UUID
+    enabled: bool
+    revoked_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(slots=True)
+class OrganizationRow:
+    id: UUID
+    name: str
+    created_at: datetime
+    updated_at: datetime
+    gateway_execution: bool
+
+
+@dataclass(slots=True)
+class ScanRow:
+    id: UUID
+    organization_id: UUID
+    status: Any
+    execution_mode: Any
+    targets: Any
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    profile: Any
+    stored_profile_id: UUID | None
+    legacy_scan_id: str | None
+    handed_over_to: UUID | None
+
+
+@dataclass(slots=True)
+class AssetRow:
+    id: UUID
+    kind: str
+    value: str
+    attributes: Any
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+
+@dataclass(slots=True)
+class ThreatRow:
+    id: UUID
+    external_id: str
+    title: str
+    severity: str
+    data: Any
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+
+@dataclass(slots=True)
+class ScheduleRow:
+    """A locked schedule, as its domain state needs it (with the stream's head)."""
+
+    id: UUID
+    version: int
+    organization_id: UUID
+    name: str
+    cron: str | None
+    interval_seconds: int | None
+    timezone: str
+    targets: Any
+    profile: Any
+    enabled: bool
+    misfire_policy: Any
+    next_run_at: datetime
+    deleted: bool
+    head_hash: bytes
+
+
 #: Statement name -> the class of its rows. Statements not listed answer named tuples.
 ROW_TYPES: dict[str, type] = {
     "task_get": TaskAttemptRow,
     "task_read": TaskReadRow,
     "task_read_for_write": TaskWriteRow,
     "task_lock_for_organization": TaskGrantRow,
+    "tasks_page": TaskSummaryRow,
+    "attempts_of_task": AttemptRow,
+    "workers_live_leases": LiveLeaseRow,
+    "console_live_leases": LiveLeaseRow,
+    "worker_get": WorkerRow,
+    "workers_page": WorkerRow,
+    "assignments_of_workers": AssignmentRow,
+    "organization_get": OrganizationRow,
+    "organizations_page": OrganizationRow,
+    "scan_get": ScanRow,
+    "scans_page": ScanRow,
+    "scan_assets": AssetRow,
+    "organization_assets": AssetRow,
+    "organization_threats": ThreatRow,
+    "schedule_read_many": ScheduleRow,
 }
 
 _FACTORIES: dict[str, BaseRowFactory[Any]] = {name: typed_row(cls) for name, cls in ROW_TYPES.items()}

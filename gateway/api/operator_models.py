@@ -24,7 +24,6 @@ from pydantic import (
     model_validator,
 )
 
-# The finding-work answers are the client's own models: one definition, which the Gateway answers with.
 from leasehold.client.models import Counts as Counts
 from leasehold.client.models import Job as Job
 from leasehold.client.models import LiveLease as LiveLease
@@ -36,6 +35,20 @@ from leasehold.domain.events import ScanStatus, TaskStateName
 from leasehold.domain.task import TaskState
 from leasehold.gateway.api.http import INTEGRAL, json_limits
 from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView
+
+# The finding-work answers are the client's own models: one definition, which the Gateway answers with.
+from leasehold.persistence.rows import (
+    AssetRow,
+    AssignmentRow,
+    AttemptRow,
+    LiveLeaseRow,
+    OrganizationRow,
+    ScanRow,
+    TaskSummaryRow,
+    ThreatRow,
+    WorkerRow,
+    field_names,
+)
 from leasehold.protocol.clipping import CLIPPED, CLIPPED_NUMBER, MAX_DISPLAY_DEPTH, clip
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
@@ -137,10 +150,9 @@ class Organization(Body):
         "off: legacy-executed"))
 
     @classmethod
-    def of(cls, row: Any) -> Organization:
-        """From ``organization_get``/``organizations_page`` rows (``gateway_execution`` when selected)."""
+    def of(cls, row: OrganizationRow) -> Organization:
         return cls(id=row.id, name=row.name, created_at=row.created_at, updated_at=row.updated_at,
-                   **({"gateway_execution": row.gateway_execution} if hasattr(row, "gateway_execution") else {}))
+                   gateway_execution=row.gateway_execution)
 
 
 class OrganizationPage(Body):
@@ -290,7 +302,7 @@ class AssignmentView(Body):
     updated_at: datetime
 
     @classmethod
-    def of(cls, row: Any) -> AssignmentView:
+    def of(cls, row: AssignmentRow) -> AssignmentView:
         """From ``assignments_of_workers`` rows."""
         org, enabled, revoked_at, created_at, updated_at = (row.organization_id, row.enabled, row.revoked_at,
                                                              row.created_at, row.updated_at)
@@ -346,7 +358,7 @@ class Worker(Body):
         "organisation key"))
 
     @classmethod
-    def of(cls, row: Any, assignments: Sequence[AssignmentView], *, last_seen_at: datetime | None = None,
+    def of(cls, row: WorkerRow, assignments: Sequence[AssignmentView], *, last_seen_at: datetime | None = None,
            live_leases: Sequence[LiveLease] = (), presence: WorkerPresence | None = None) -> Worker:
         """From ``worker_get``/``workers_page`` rows."""
         seen = presence or WorkerPresence()
@@ -432,7 +444,7 @@ class Asset(ShowsStoredJson):
     last_seen_at: datetime
 
     @classmethod
-    def of(cls, row: Any) -> Asset:
+    def of(cls, row: AssetRow) -> Asset:
         return cls(id=row.id, kind=row.kind, value=row.value, attributes=row.attributes,
                    first_seen_at=row.first_seen_at, last_seen_at=row.last_seen_at)
 
@@ -454,7 +466,7 @@ class Threat(ShowsStoredJson):
     last_seen_at: datetime
 
     @classmethod
-    def of(cls, row: Any) -> Threat:
+    def of(cls, row: ThreatRow) -> Threat:
         return cls(id=row.id, external_id=row.external_id, title=row.title, severity=row.severity, data=row.data,
                    first_seen_at=row.first_seen_at, last_seen_at=row.last_seen_at)
 
@@ -487,13 +499,12 @@ class Scan(ShowsStoredJson):
         None, description="a legacy record moved to Gateway execution: the Gateway scan that runs it")
 
     @classmethod
-    def of(cls, row: Any) -> Scan:
-        """From ``scan_get``/``scans_page`` rows (the optional fields when selected)."""
-        extra = {name: getattr(row, name) for name in ("profile", "stored_profile_id", "legacy_scan_id",
-                                                       "handed_over_to") if hasattr(row, name)}
+    def of(cls, row: ScanRow) -> Scan:
         return cls(id=row.id, organization_id=row.organization_id, status=row.status,
                    execution_mode=row.execution_mode, targets=row.targets, created_at=row.created_at,
-                   updated_at=row.updated_at, finished_at=row.finished_at, **extra)
+                   updated_at=row.updated_at, finished_at=row.finished_at, profile=row.profile,
+                   stored_profile_id=row.stored_profile_id, legacy_scan_id=row.legacy_scan_id,
+                   handed_over_to=row.handed_over_to)
 
 
 class CreateTask(Body):
@@ -525,7 +536,7 @@ class Attempt(AttemptView):
     worker_id: UUID
 
     @classmethod
-    def from_row(cls, row: Any) -> Attempt:
+    def from_row(cls, row: AttemptRow) -> Attempt:
         """From ``attempts_of_task`` (which never selects the lease token hash)."""
         return cls(id=row.id, worker_id=row.worker_id, attempt_number=row.attempt_number, status=row.status,
                    leased_at=row.leased_at, lease_expires_at=row.lease_expires_at, deadline_at=row.deadline_at,
@@ -824,21 +835,16 @@ class ScanDetail(Body):
     job_count: int = Field(description="how many jobs the scan has")
 
 
-def live_lease(row: Any) -> LiveLease:
+def live_lease(row: LiveLeaseRow) -> LiveLease:
     """From ``workers_live_leases`` rows."""
     return LiveLease(task_id=row.task_id, attempt_id=row.id, organization_id=row.organization_id, status=row.status,
                      leased_at=row.leased_at, lease_expires_at=row.lease_expires_at, deadline_at=row.deadline_at)
 
 
-#: The columns of a task summary: ``tasks_page``'s, and ``scan_jobs_with_tasks``'s after ``task_``.
-TASK_SUMMARY_FIELDS = ("id", "organization_id", "scan_id", "scan_job_id", "task_type", "state", "priority",
-                       "attempt_count", "max_attempts", "available_at", "created_at", "updated_at", "finished_at",
-                       "last_error", "current_attempt_id", "worker_id")
-
-
 def task_summary(row: Any, prefix: str = "") -> TaskSummary:
-    """From ``tasks_page`` rows; with ``prefix="task_"``, from a ``scan_jobs_with_tasks`` row's task."""
-    return TaskSummary(**{name: getattr(row, prefix + name) for name in TASK_SUMMARY_FIELDS})
+    """From ``tasks_page`` rows (:class:`persistence.rows.TaskSummaryRow`); with ``prefix="task_"``,
+    from a ``scan_jobs_with_tasks`` row's task (the same columns, named ``task_*``)."""
+    return TaskSummary(**{name: getattr(row, prefix + name) for name in field_names(TaskSummaryRow)})
 
 
 def job(row: Any) -> Job:

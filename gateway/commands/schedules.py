@@ -35,6 +35,7 @@ from leasehold.domain.schedule import ScheduleState, Timing
 from leasehold.domain.targets import check_scope, policy_from_json
 from leasehold.gateway.commands.scans import open_scheduled_scan
 from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.rows import ScheduleRow
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
 from leasehold.protocol.targets import resolve_names
 
@@ -219,7 +220,7 @@ async def _read(tx: Transaction, ids: list[UUID]) -> list[tuple[ScheduleState, S
     return [_state(rows[sid]) for sid in ids]
 
 
-def _state(row: Any) -> tuple[ScheduleState, StreamHead]:
+def _state(row: ScheduleRow) -> tuple[ScheduleState, StreamHead]:
     """A ``schedule_read_many`` row as the domain's state and the stream's head."""
     state = ScheduleState(
         id=row.id, version=row.version, organization_id=row.organization_id, name=row.name,
