@@ -44,12 +44,14 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
+from psycopg.rows import BaseRowFactory, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from leasehold.domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from leasehold.domain.events import DomainEvent
 from leasehold.persistence.event_log import StreamHead, record
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import execute_named, row_factory
 from leasehold.persistence.snapshot import snapshot
 from leasehold.persistence.writes import WriteBuffer
 from leasehold.projections.projector import project
@@ -59,7 +61,8 @@ T = TypeVar("T")
 log = logging.getLogger("leasehold.persistence")
 Clock = Callable[[], datetime | None]
 Params = dict[str, Any]
-Row = tuple[Any, ...]
+#: A row of a named statement, read by name (see :mod:`persistence.rows`).
+Row = Any
 
 #: The channel every wake-up travels on (see :mod:`gateway.background.notify`).
 NOTIFY_CHANNEL = "leasehold"
@@ -94,14 +97,16 @@ def dicts(name: str, params: Params) -> Read:
     return Read(name, params, "dicts")
 
 
+def _rows_of(name: str, shape: str) -> BaseRowFactory[Any]:
+    """How the rows of statement ``name`` are made: ``{column: value}`` for ``dicts``, else by
+    the statement's row class or as named tuples (:func:`persistence.rows.row_factory`)."""
+    return dict_row if shape == "dicts" else row_factory(name)
+
+
 async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
     if shape == "one":
         return await cur.fetchone()
-    found = await cur.fetchall()
-    if shape == "all":
-        return found
-    names = [c.name for c in cur.description or ()]
-    return [dict(zip(names, r, strict=True)) for r in found]
+    return await cur.fetchall()
 
 
 class Transaction:
@@ -127,7 +132,7 @@ class Transaction:
         await self._flush()
         cursors = []
         for r in reads:
-            cur = self._conn.cursor()
+            cur = self._conn.cursor(row_factory=_rows_of(r.name, r.shape))
             await cur.execute(QUERIES[r.name], r.params)
             cursors.append(cur)
         return [await _answer(cur, r.shape) for cur, r in zip(cursors, reads, strict=True)]
@@ -159,7 +164,7 @@ class Transaction:
         if not events:
             return head
         recorded, new_head = record(head, events)
-        last = recorded[-1]
+        last = recorded[-1]  # not a row: the records just made
         self.last_event = (last.stored.originator_id, last.stored.originator_version, last.hash)
         self._writes.events((r.stored.originator_id, r.stored.originator_version, r.stored.topic,
                              r.stored.state, r.prev_hash, r.hash) for r in recorded)
@@ -259,16 +264,27 @@ class Reader:
         self._conn = conn
 
     async def one(self, name: str, params: Params) -> Row | None:
-        cur = await self._conn.execute(QUERIES[name], params)
+        cur = await self._run(name, params, "one")
         return await cur.fetchone()
 
     async def all(self, name: str, params: Params) -> list[Row]:
-        cur = await self._conn.execute(QUERIES[name], params)
+        cur = await self._run(name, params, "all")
         return await cur.fetchall()
 
+    async def value(self, name: str, params: Params) -> Row:
+        """The one row an aggregate statement always returns."""
+        found = await self.one(name, params)
+        assert found is not None, f"{name} always returns a row"
+        return found
+
     async def dicts(self, name: str, params: Params) -> list[dict[str, Any]]:
-        cur = await self._conn.execute(QUERIES[name], params)
-        return await _answer(cur, "dicts")
+        cur = await self._run(name, params, "dicts")
+        return await cur.fetchall()
+
+    async def _run(self, name: str, params: Params, shape: str) -> AsyncCursor[Any]:
+        cur = self._conn.cursor(row_factory=_rows_of(name, shape))
+        await cur.execute(QUERIES[name], params)
+        return cur
 
 
 class Database:
@@ -356,9 +372,9 @@ class Database:
                 return None
             try:
                 async with self.pool.connection(timeout=remaining) as conn:
-                    cur = await conn.execute(QUERIES["event_committed"], params)
+                    cur = await execute_named(conn, QUERIES["event_committed"], params)
                     found = await cur.fetchone()
-                    return bool(found and found[0])
+                    return bool(found is not None and found.committed)
             except (psycopg.Error, PoolTimeout, OSError):
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 1.0)

@@ -261,7 +261,7 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
     allowed = request.app.get(ROUTE_LISTENERS, {}).get(id(request.match_info.route))
     if ports and allowed is not None:
         local = request.transport.get_extra_info("sockname") if request.transport is not None else None
-        listener = ports.get(local[1]) if local else None
+        listener = ports.get(local[1]) if local else None  # not a row: a socket address (host, port, ...)
         if listener is not None and listener not in allowed:
             raise web.HTTPNotFound(text=f"not served on the {listener} port")
     return await handler(request)

@@ -52,7 +52,8 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
         schema = dict(properties[name])
         options = [s for s in schema.pop("anyOf", []) if s.get("type") != "null"]
         if len(options) == 1:
-            schema |= options[0]
+            (only,) = options
+            schema |= only
         elif options:
             schema["anyOf"] = options
         schema.pop("title", None)

@@ -278,7 +278,8 @@ async def sweep(room: WaitRoom, db: Database, now: datetime | None = None) -> in
         work = await reader.all("waiting_organizations_with_work",
                                 {"organization_ids": organizations, "now": now})
         cancels = await reader.all("waiting_workers_cancelling", {"worker_ids": workers})
-    return room.swept({str(org): frozenset(types) for org, types in work}, cancels)
+    return room.swept({str(w.organization_id): frozenset(w.task_types) for w in work},
+                      [(c.worker_id, c.id) for c in cancels])
 
 
 async def run_sweep(room: WaitRoom, db: Database, every: float, clock: Callable[[], datetime | None]) -> None:

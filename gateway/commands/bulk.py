@@ -24,7 +24,7 @@ import orjson
 from leasehold.domain.errors import Conflict, InvalidRequest
 from leasehold.gateway.commands.idempotency import IdempotencyKey, claim, created
 from leasehold.gateway.commands.lifecycle import Lifecycle
-from leasehold.persistence.transaction import Clock, Database, dicts, system_clock
+from leasehold.persistence.transaction import Clock, Database, system_clock
 
 __all__ = ["ACTIONS", "BulkOperations", "TaskFilter"]
 
@@ -70,8 +70,8 @@ class BulkOperations:
     async def preview(self, selection: TaskFilter) -> int:
         """How many tasks ``selection`` selects now (what an operation started now would cover)."""
         async with self.db.read() as reader:
-            (found,) = await reader.dicts("bulk_matching_count", {**selection.params(), "started_at": None})
-        return int(found["matched"])
+            found = await reader.one("bulk_matching_count", {**selection.params(), "started_at": None})
+        return int(found.matched) if found is not None else 0
 
     async def start(self, action: str, selection: TaskFilter, *, reason: str, attempts: int | None = None,
                     actor: str, organization_id: UUID | None, idempotency: IdempotencyKey | None = None) -> UUID:
@@ -85,13 +85,12 @@ class BulkOperations:
         async with self.db.transaction() as tx:
             await claim(tx, idempotency, self.clock())
             created(tx, idempotency, operation_id)
-            (now,) = await tx.read(dicts("bulk_started_at", {"now": self.clock()}))
-            started_at = now[0]["started_at"]
-            (count,) = await tx.read(dicts("bulk_matching_count", {**selection.params(), "started_at": started_at}))
+            started = await tx.value("bulk_started_at", {"now": self.clock()})
+            count = await tx.value("bulk_matching_count", {**selection.params(), "started_at": started.started_at})
             tx.write("bulk_operations", "bulk_insert", {
                 "id": operation_id, "organization_id": organization_id, "action": action,
                 "filter": orjson.dumps(selection.stored()).decode(), "reason": reason, "attempts": attempts,
-                "actor": actor, "total": int(count[0]["matched"]), "started_at": started_at})
+                "actor": actor, "total": int(count.matched), "started_at": started.started_at})
             await tx.commit()
         self.started.set()
         return operation_id
@@ -106,35 +105,34 @@ class BulkOperations:
         """Take one running operation no live runner holds and reach up to ``batch`` of its tasks;
         how many were reached (0: nothing to do)."""
         async with self.db.transaction() as tx:
-            (claimed,) = await tx.read(dicts("bulk_claim", {"now": self.clock(), "hold": hold}))
+            op = await tx.one("bulk_claim", {"now": self.clock(), "hold": hold})
             await tx.commit()
-        if not claimed:
+        if op is None:
             return 0
-        op = claimed[0]
-        operation_id: UUID = op["id"]
-        stored = op["filter"] if isinstance(op["filter"], dict) else orjson.loads(op["filter"])
+        operation_id: UUID = op.id
+        stored = op.filter if isinstance(op.filter, dict) else orjson.loads(op.filter)
         selection = TaskFilter.from_stored(stored)
-        reason = f"{op['reason']} (bulk operation {operation_id})"
+        reason = f"{op.reason} (bulk operation {operation_id})"
         reached, finished, after_at, after_id = 0, False, None, None
         try:
             while reached < batch and not finished:
                 async with self.db.read() as reader:
-                    if (await reader.dicts("bulk_status", {"operation_id": operation_id}))[0]["status"] != "running":
+                    status = await reader.one("bulk_status", {"operation_id": operation_id})
+                    if status is None or status.status != "running":
                         break
-                    found = await reader.dicts("bulk_next_tasks", {
-                        **selection.params(), "started_at": op["started_at"], "operation_id": operation_id,
+                    found = await reader.all("bulk_next_tasks", {
+                        **selection.params(), "started_at": op.started_at, "operation_id": operation_id,
                         "after_at": after_at, "after_id": after_id, "limit": min(50, batch - reached)})
                 finished = not found
                 for task in found:
                     try:
-                        await self.lifecycle.bulk_step(task["task_id"], operation_id=operation_id,
-                                                       action=op["action"], reason=reason, attempts=op["attempts"],
-                                                       actor=op["actor"])
+                        await self.lifecycle.bulk_step(task.task_id, operation_id=operation_id, action=op.action,
+                                                       reason=reason, attempts=op.attempts, actor=op.actor)
                     except Conflict:  # another runner reached it first (the outcome's primary key)
                         log.info("bulk operation task reached by another runner",
-                                 extra={"operation_id": str(operation_id), "task_id": str(task["task_id"])})
+                                 extra={"operation_id": str(operation_id), "task_id": str(task.task_id)})
                     reached += 1
-                    after_at, after_id = task["created_at"], task["task_id"]
+                    after_at, after_id = task.created_at, task.task_id
                 await self._progress(operation_id, finished=finished, release=False)
         finally:
             await self._progress(operation_id, finished=finished, release=True)

@@ -21,7 +21,7 @@ from uuid import UUID
 import orjson
 
 from leasehold.domain.errors import Conflict
-from leasehold.persistence.transaction import Transaction, dicts
+from leasehold.persistence.transaction import Transaction
 
 __all__ = ["IDEMPOTENCY_TTL", "AlreadyCreated", "IdempotencyKey", "IdempotencyKeyReused", "claim", "created"]
 
@@ -75,15 +75,14 @@ async def claim(tx: Transaction, idempotency: IdempotencyKey | None, now: dateti
     await tx.execute("idempotency_forget_expired", params)
     if await tx.one("idempotency_claim", params) is not None:
         return
-    (found,) = await tx.read(dicts("idempotency_first", params))
-    first = found[0] if found else None
+    first = await tx.one("idempotency_first", params)
     if first is None:  # taken and expired in between: a race with a purge; the caller may retry
         raise Conflict("this Idempotency-Key is being reused; retry the request")
-    if first["operation"] != idempotency.operation or bytes(first["request_sha256"]) != idempotency.request_sha256:
+    if first.operation != idempotency.operation or bytes(first.request_sha256) != idempotency.request_sha256:
         raise IdempotencyKeyReused()
-    if first["resource_id"] is None:
+    if first.resource_id is None:
         raise IdempotencyKeyReused("this Idempotency-Key's first request created nothing")
-    raise AlreadyCreated(first["resource_id"])
+    raise AlreadyCreated(first.resource_id)
 
 
 def created(tx: Transaction, idempotency: IdempotencyKey | None, resource_id: UUID) -> None:

@@ -104,15 +104,15 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
     row = await tx.one("organization_mode_for_scan", {"organization_id": organization_id, "now": clock})
     if row is None:
         raise NotFound("no such organisation", organization_id=str(organization_id))
-    organization_gateway, now, target_policy = row
+    organization_gateway, now, target_policy = row.gateway_execution, row.now, row.target_policy
     stored_profile_id: UUID | None = None
     profile_gateway: bool | None = None
     if profile_name is not None:
         found = await tx.one("stored_profile_for_scan", {"name": profile_name, "organization_id": organization_id})
         if found is None:
             raise NotFound(f"no such profile {profile_name!r}")
-        stored_profile_id, stored, profile_gateway = found
-        steps = profile_steps(stored)
+        stored_profile_id, profile_gateway = found.id, found.gateway_execution
+        steps = profile_steps(found.profile)
     mode = execution_mode(organization_gateway, profile_gateway)
     if execution_mode_wanted == "legacy":
         mode = "legacy"
@@ -139,7 +139,8 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
                 position=position, plugin=step.task_type, execution_mode="legacy", now=now, actor=actor))
     head = tx.append(StreamHead(scan_id), events)
     if mode == "gateway" and steps:
-        queue_step(tx, head, organization_id, 0, steps[0], dict(targets), now=now, actor=actor, new_id=new_id)
+        queue_step(tx, head, organization_id, 0, next(iter(steps)), dict(targets), now=now, actor=actor,
+                   new_id=new_id)
     return OpenedScan(scan_id, mode, now)
 
 
@@ -170,8 +171,10 @@ async def settle_scan(tx: Transaction, scan_id: UUID, now: datetime, *,
     scan_row, summary = await tx.read(one("scan_lock_for_orchestration", {"scan_id": scan_id}),
                                       one("scan_jobs_summary", {"scan_id": scan_id}))
     assert scan_row is not None, "the foreign key guarantees the scan"
-    statuses, job_count, last_status, last_job = summary
-    _, version, head_hash, scan_status, cancel_requested, org_id, profile, targets = scan_row
+    statuses, job_count, last_status = summary.statuses, summary.jobs, summary.last_status
+    version, head_hash, scan_status = scan_row.version, scan_row.head_hash, scan_row.status
+    cancel_requested, org_id, profile, targets = (scan_row.cancel_requested, scan_row.organization_id,
+                                                  scan_row.profile, scan_row.targets)
     if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
         return []
     head = StreamHead(scan_id, version, bytes(head_hash))
@@ -240,11 +243,12 @@ class Scans:
         Safe to repeat. The tasks' states after the call.
         """
         async with self.db.transaction() as tx:
-            row, (now,) = await tx.read(one("scan_lock_for_orchestration", {"scan_id": scan_id}),
-                                        one("clock_now", {"now": self.clock()}))
-            if row is None or (organization_id is not None and row[5] != organization_id):
+            row, clock = await tx.read(one("scan_lock_for_orchestration", {"scan_id": scan_id}),
+                                       one("clock_now", {"now": self.clock()}))
+            if row is None or (organization_id is not None and row.organization_id != organization_id):
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, status, cancel_requested, *_ = row
+            version, head_hash, status, cancel_requested, now = (row.version, row.head_hash, row.status,
+                                                                 row.cancel_requested, clock.now)
             events: list[DomainEvent] = [*scan_rules.request_cancel(
                 scan_id, version, status, cancel_requested, reason=reason, now=now, actor=actor)]
             head = tx.append(StreamHead(scan_id, version, bytes(head_hash)), events)
@@ -256,5 +260,5 @@ class Scans:
             await tx.commit()
         self.observe(events)
         async with self.db.read() as reader:
-            task_ids = [task_id for (task_id,) in await reader.all("scan_open_tasks", {"scan_id": scan_id})]
+            task_ids = [task.id for task in await reader.all("scan_open_tasks", {"scan_id": scan_id})]
         return [await self.tasks.request_cancel(task_id, reason=reason, actor=actor) for task_id in task_ids]

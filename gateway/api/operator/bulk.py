@@ -87,17 +87,17 @@ def _selection(operator: Operator, wanted: BulkFilter) -> TaskFilter:
                       created_to=wanted.created_to)
 
 
-def _operation(row: dict[str, object]) -> BulkOperation:
-    return BulkOperation.model_validate(row)
+def _operation(row: Any) -> BulkOperation:
+    return BulkOperation.model_validate(row._asdict())
 
 
 async def _read(request: web.Request, operator: Operator, operation_id: UUID) -> BulkOperation:
     async with reads(request).read() as reader:
-        found = await reader.dicts("bulk_get", {"operation_id": operation_id})
-    if not found or (found[0]["organization_id"] is not None and not operator.can_see(found[0]["organization_id"]))\
-            or (found[0]["organization_id"] is None and not operator.is_admin):
+        found = await reader.one("bulk_get", {"operation_id": operation_id})
+    if found is None or not (operator.is_admin or (found.organization_id is not None
+                                                   and operator.can_see(found.organization_id))):
         raise NotFound("no such bulk operation", operation_id=str(operation_id))
-    return _operation(found[0])
+    return _operation(found)
 
 
 @routes.route("POST", "/v1/bulk-previews",
@@ -137,7 +137,7 @@ async def start_bulk_operation(request: web.Request) -> web.StreamResponse:
 async def list_bulk_operations(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
     async with reads(request).read() as reader:
-        found = await reader.dicts("bulk_list", {"organization_id": operator.organization_id, "limit": 100})
+        found = await reader.all("bulk_list", {"organization_id": operator.organization_id, "limit": 100})
     return ok(BulkOperationPage(items=[_operation(r) for r in found]))
 
 
@@ -156,10 +156,11 @@ async def bulk_operation_tasks(request: web.Request) -> web.StreamResponse:
     await _read(request, operator, operation_id)
     query = read_query(request, OutcomesQuery)
     async with reads(request).read() as reader:
-        found = await reader.dicts("bulk_tasks_page", {"operation_id": operation_id, "after_id": query.after,
-                                                      "limit": query.limit + 1})
-    items = [BulkTaskOutcome.model_validate(r) for r in found[:query.limit]]
-    return ok(BulkTaskOutcomePage(items=items, next_after=items[-1].task_id if len(found) > query.limit else None))
+        found = await reader.all("bulk_tasks_page", {"operation_id": operation_id, "after_id": query.after,
+                                                    "limit": query.limit + 1})
+    items = [BulkTaskOutcome.model_validate(r._asdict()) for r in found[:query.limit]]
+    more = len(found) > query.limit  # the page is in task id order: the next one starts after its largest
+    return ok(BulkTaskOutcomePage(items=items, next_after=max(i.task_id for i in items) if more else None))
 
 
 @routes.route("POST", OPERATION_PATH + "/stop",

@@ -206,8 +206,9 @@ async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> 
         rows = await reader.all("events_of_stream", {
             "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
     items = []
-    for originator_id, version, topic, state, recorded_at in rows[:page.limit]:
-        event = decode_event(originator_id, version, topic, bytes(state))
+    for stored in rows[:page.limit]:
+        version, topic, recorded_at = stored.originator_version, stored.topic, stored.recorded_at
+        event = decode_event(stored.originator_id, version, topic, bytes(stored.state))
         # Clipped before it becomes JSON: a value stored before the input limits may nest deeper
         # than an answer can encode.
         payload, clipped = clip(event.model_dump(exclude=_EVENT_POSITION))
@@ -215,6 +216,6 @@ async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> 
                            occurred_at=event.timestamp, actor=event.actor,
                            payload=to_jsonable_python(redact(payload)), payload_clipped=clipped))
     more = len(rows) > page.limit
-    return EventPage(items=items, next_after_version=items[-1].version if more else None)
+    return EventPage(items=items, next_after_version=max(e.version for e in items) if more else None)
 
 

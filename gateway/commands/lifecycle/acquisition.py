@@ -27,8 +27,8 @@ from leasehold.gateway.commands.lifecycle.base import (
     _Refused,
     hash_token,
 )
+from leasehold.persistence.rows import TaskGrantRow
 from leasehold.persistence.task_rows import (
-    TASK_COLUMNS,
     caller_standing,
     task_from_row,
 )
@@ -99,47 +99,50 @@ class Acquisition(LifecycleBase):
             reads["organizations"] = rows("worker_organizations", params)
             answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
             row, earlier = answers["worker"], answers.get("earlier")
-            seen["organizations"] = frozenset(o for (o,) in answers["organizations"])
-            seen["task_types"] = frozenset(row[5]) if row is not None else frozenset()
-            cancelling = [(t, a) for t, a, _ in answers.get("cancelling", ())]
-            undelivered = frozenset(a for _, a, delivered in answers.get("cancelling", ()) if not delivered)
+            seen["organizations"] = frozenset(o.organization_id for o in answers["organizations"])
+            seen["task_types"] = frozenset(row.task_types) if row is not None else frozenset()
+            cancelling = [(c.task_id, c.attempt_id) for c in answers.get("cancelling", ())]
+            undelivered = frozenset(c.attempt_id for c in answers.get("cancelling", ()) if not c.delivered)
             if fingerprint is not None:
                 caller_standing(answers["caller"], worker_id)
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
-            live_attempts, now, *_plan_pinned = answers["live"]
+            live_attempts, now = answers["live"].live, answers["live"].now
             if earlier is not None:
-                task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
-                    attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
+                task, events = await self._decide_locked(tx, earlier.task_id, ReissueLease(
+                    attempt_id=earlier.id, lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                (policy,) = await tx.value("organization_target_policy", {"organization_id": task.organization_id})
+                policy = (await tx.value("organization_target_policy",
+                                         {"organization_id": task.organization_id})).target_policy
                 return answered(Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token,
                                               target_policy=policy), cancelling, undelivered)), events
-            worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
-                                capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
+            worker = WorkerView(id=row.id, enabled=row.enabled, revoked=row.revoked,
+                                max_concurrent_tasks=row.max_concurrent_tasks,
+                                capabilities=frozenset(row.capabilities), task_types=frozenset(row.task_types),
                                 live_attempts=live_attempts)
             if not worker.task_types:
                 return answered(Poll(None, cancelling, undelivered, warning=NO_TASK_TYPES)), []
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return answered(Poll(None, cancelling, undelivered)), []
-            candidates = [fairness.Candidate(*r) for r in answers["candidates"]]
+            candidates = [fairness.Candidate(**r._asdict()) for r in answers["candidates"]]
             lock_params = {"now": now, "task_types": sorted(worker.task_types),
                            "capabilities": sorted(worker.capabilities)}
             if tries >= _MAX_TRIES:
                 return answered(Poll(None, cancelling, undelivered)), []
             for choice in fairness.preference(candidates, fair=self.fair_shares):
                 ceiling = choice.ceiling if tries < _TRIES_WITH_CEILINGS else fairness.NO_CEILING
-                row = await tx.one("task_lock_for_organization", {
+                locked: TaskGrantRow | None = await tx.one("task_lock_for_organization", {
                     **lock_params, "organization_id": choice.candidate.organization_id, "floor": choice.floor,
                     "quantum": choice.quantum, "ceiling": ceiling})
-                if row is None:  # every eligible task of it is being leased by someone else
+                if locked is None:  # every eligible task of it is being leased by someone else
                     continue
-                virtual_time, live, waited, policy = row[TASK_COLUMNS:]
-                if virtual_time is None:  # it reached its cap, or concurrent leases moved it past the next
+                if locked.virtual_time is None:  # it reached its cap, or concurrent leases moved it past the next
                     raise _Refused(choice.candidate.organization_id)
-                task, head = task_from_row(row[:TASK_COLUMNS])
-                grant = fairness.grant_record(choice, candidates, virtual_time=virtual_time, live=live,
-                                              waited_seconds=waited)
+                task, head = task_from_row(locked)
+                policy = locked.target_policy
+                assert locked.live is not None  # set with the virtual time
+                grant = fairness.grant_record(choice, candidates, virtual_time=locked.virtual_time,
+                                              live=locked.live, waited_seconds=locked.waited_seconds)
                 events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                                  lease_token_hash=hash_token(token), request_id=request_id,
                                                  fair_share=grant),

@@ -196,15 +196,16 @@ class LifecycleBase:
             reads = [one("scan_lock", params), one("scan_next_job_position", params)]
             if targets_of(spec.scope):  # the policy only matters when the scope names targets
                 reads.append(one("scan_organization_target_policy", params))
-            row, (next_position, now), *policy = await tx.read(*reads)
+            row, position, *policy = await tx.read(*reads)
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, org_id, status, mode, _, has_profile = row
-            if policy:
-                check_scope(policy_from_json(policy[0][0]), spec.scope, resolved)
-            if mode != "gateway":
+            version, head_hash, org_id, status = row.version, row.head_hash, row.organization_id, row.status
+            next_position, now = position.next_position, position.now
+            for found in policy:
+                check_scope(policy_from_json(found.target_policy), spec.scope, resolved)
+            if row.execution_mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
-            if has_profile:
+            if row.has_profile:
                 raise InvalidTransition("a profile scan's tasks are created by its profile")
             queued = scan_rules.queue_job(
                 scan_id, version, status, organization_id=org_id, job_id=job_id, position=next_position,
@@ -222,7 +223,8 @@ class LifecycleBase:
 
         events = await self.db.run(body)
         self.observe(events)
-        task = project_task(events[1:])
+        _queued, *created = events  # the scan's JobQueued, then the task's own
+        task = project_task(created)
         assert task is not None
         return task
 
@@ -243,7 +245,7 @@ class LifecycleBase:
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
         task, head = task_from_row(row)
-        now: datetime = row[-1]
+        now: datetime = row.now
         events = decide(task, command, now=now, actor=actor, draw=self.rng.random(),
                         retry_policy=self.retry_policy)
         after, settled = await self._commit(tx, task, head, events, now)

@@ -53,8 +53,8 @@ class TaskCommands(LifecycleBase):
         if row is None:
             return None
         task, head = task_from_row(row)
-        events = decide(task, DeliverCancel(attempt_id, channel), now=row[-1], actor=actor)
-        await self._commit(tx, task, head, events, row[-1])
+        events = decide(task, DeliverCancel(attempt_id, channel), now=row.now, actor=actor)
+        await self._commit(tx, task, head, events, row.now)
         return task, events
 
     async def retry(self, task_id: UUID, *, reason: str = "retried by an operator", attempts: int | None = None,
@@ -76,12 +76,12 @@ class TaskCommands(LifecycleBase):
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
         task, head = task_from_row(row)
-        now: datetime = row[-1]
+        now: datetime = row.now
         events = decide(task, RetryTask(reason=reason, attempts=attempts), now=now, actor=actor)
         scan = await tx.one("scan_lock_for_orchestration", {"scan_id": task.scan_id})
         assert scan is not None, "the foreign key guarantees the scan"
-        _, version, head_hash, status, cancel_requested, org_id, *_ = scan
-        reopened = scan_rules.reopen_for_retry(task.scan_id, version, status, cancel_requested,
+        version, head_hash, org_id = scan.version, scan.head_hash, scan.organization_id
+        reopened = scan_rules.reopen_for_retry(task.scan_id, version, scan.status, scan.cancel_requested,
                                                task_id=task_id, reason=reason, now=now, actor=actor)
         after, _ = await self._commit(tx, task, head, events, now)
         tx.append(StreamHead(task.scan_id, version, bytes(head_hash)), reopened)

@@ -27,7 +27,7 @@ class Undeliverable(LifecycleBase):
         ended: list[UUID] = []
         while True:
             async with self.db.read() as reader:
-                listed = [task_id for (task_id,) in await reader.all("undeliverable_tasks_listed", {"limit": limit})]
+                listed = [r.task_id for r in await reader.all("undeliverable_tasks_listed", {"limit": limit})]
             if not listed:
                 return ended
             for task_id in listed:
