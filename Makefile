@@ -12,7 +12,8 @@
 #                                               writes docs/mutation-report.md (score, surviving mutants,
 #                                               input hashes): commit it with any change to domain/ or tests/unit
 #   make openapi / make cli-help                rewrite the committed contract snapshots from the code
-#   make lint                                   ruff + mypy + import contracts (lint-imports)
+#   make lint                                   ruff + mypy + import contracts (lint-imports) + rows
+#                                               read by name (scripts/check_row_access.py)
 #   make demo                                   the end-to-end demo (embedded PostgreSQL unless DATABASE_URL)
 #   make docs                                   the documentation site: mkdocs build --strict into site/
 #   make screenshots                            the console's browser tests, writing docs/console/*.png
@@ -104,6 +105,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p leasehold
 	$(VENV)/bin/lint-imports
+	$(VENV_PY) scripts/check_row_access.py
 
 demo: $(STAMP)
 	$(VENV)/bin/leasehold demo

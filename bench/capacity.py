@@ -113,10 +113,6 @@ async def _run(url: str, args: argparse.Namespace) -> float:
         await pool.close()
 
 
-def _mb(value: float) -> str:
-    return f"{value / 1e6:.1f}"
-
-
 def measure(server_url: str, args: argparse.Namespace) -> None:
     url = recreate_database(server_url, args.database_name)
     migrate.upgrade(url)

@@ -69,7 +69,6 @@ from leasehold.gateway.services import build_services
 from leasehold.migrations import runner as migrate
 from leasehold.persistence.connection import connect, create_pool
 from leasehold.persistence.event_log import read_stream
-from leasehold.persistence.group_commit import GroupCommit
 from leasehold.persistence.transaction import Database
 
 # Scratch databases (dropped and recreated): --scratch-prefix renames them, e.g. for the suite's smoke run.
@@ -77,8 +76,6 @@ BENCH_DB = "leasehold_bench"
 LIMIT_DB = "leasehold_bench_limit"
 REPLICA_DB = "leasehold_bench_replica"
 REPLICA_DIR = Path(__file__).resolve().parent / "sql"
-#: Lanes of group commit per process (0: off); set from --group-commit, read by every process.
-GROUP_COMMIT_ENV = "LEASEHOLD_BENCH_GROUP_COMMIT"
 #: "1": the final batch is submitted on its own before complete (4 commands a lifecycle instead of 3,
 #: the worker API's step-by-step shape); set from --step-by-step.
 STEP_BY_STEP_ENV = "LEASEHOLD_BENCH_STEP_BY_STEP"
@@ -377,9 +374,6 @@ async def throughput_process(url: str, proc: int, conc: int, seconds: float, war
     await pool.open(wait=True)
     try:
         db = Database(pool)
-        lanes = int(os.environ.get(GROUP_COMMIT_ENV, "0"))
-        if lanes:
-            GroupCommit(db, lanes=lanes).install()
         services = build_services(db)
         registry, lifecycle, scans = services.registry, services.lifecycle, services.scans
         loops = list(await asyncio.gather(*(make_loop(registry, f"bench-{tag}-p{proc}-l{i}")
@@ -463,16 +457,14 @@ def run_throughput(url: str, procs: int, conc: int, seconds: float, warmup: floa
     }
 
 
-async def paced_latencies(url: str, conc: int, rate: float, seconds: float, lanes: int) -> dict[str, Any]:
+async def paced_latencies(url: str, conc: int, rate: float, seconds: float) -> dict[str, Any]:
     """``conc`` loops sharing ``rate`` lifecycles/s between them (each starts its next lifecycle on a
     fixed schedule, so the offered load does not depend on the answers), for ``seconds``; each
-    command's latency as the loop saw it. ``lanes`` > 0 runs the commands through group commit."""
+    command's latency as the loop saw it."""
     pool = create_pool(url, min_size=conc, max_size=conc, prepare=_prepare())
     await pool.open(wait=True)
     try:
         db = Database(pool)
-        if lanes:
-            GroupCommit(db, lanes=lanes).install()
         services = build_services(db)
         loops = list(await asyncio.gather(*(make_loop(services.registry, f"bench-paced-{secrets.token_hex(3)}-{i}")
                                             for i in range(conc))))
@@ -1169,8 +1161,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="submit the final batch on its own, then complete (4 commands a lifecycle instead of 3)")
     p.add_argument("--no-prepared-statements", action="store_true",
                    help="psycopg prepares no statement on the server (as the Gateway behind a transaction pooler)")
-    p.add_argument("--group-commit", type=int, default=0, metavar="LANES",
-                   help="share transactions between concurrent commands in LANES lanes per process (0: off)")
     p.add_argument("--processes", type=int, default=2, help="processes of the multi-process run (default 2)")
     p.add_argument("--limit-clients", type=int, help="pg_limit clients (default: --concurrency)")
     p.add_argument("--cost-lifecycles", type=int, default=200, help="lifecycles counted on the wire (default 200)")
@@ -1198,8 +1188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     BENCH_DB, LIMIT_DB, REPLICA_DB = (args.scratch_prefix, f"{args.scratch_prefix}_limit",
                                       f"{args.scratch_prefix}_replica")
-    os.environ[GROUP_COMMIT_ENV] = str(args.group_commit)  # spawned processes inherit these
-    os.environ[STEP_BY_STEP_ENV] = "1" if args.step_by_step else "0"
+    os.environ[STEP_BY_STEP_ENV] = "1" if args.step_by_step else "0"  # spawned processes inherit these
     os.environ[NO_PREPARE_ENV] = "1" if args.no_prepared_statements else "0"
     server_url, origin = resolve_server_url(args.database_url)
     log(f"server: {redact_url(server_url)} ({origin})")
@@ -1285,15 +1274,13 @@ def main(argv: list[str] | None = None) -> int:
     if "paced" not in args.skip and runs:
         best = max(r["lifecycles_per_s"] for r in runs)
         rate = best * args.paced_share
-        for lanes in (0, max(args.group_commit, 2)):
-            log(f"paced: {rate:.1f} lifecycles/s ({args.paced_share:g} of the best) over {conc} loops, "
-                f"group commit lanes={lanes}")
-            paced = asyncio.run(paced_latencies(url, conc, rate, seconds, lanes))
-            out.setdefault("paced", []).append({"group_commit_lanes": lanes, **paced})
-            steps = " ".join(f"{name}_p50={v['p50']} {name}_p99={v['p99']}" for name, v in paced["step_ms"].items())
-            lines.append(f"core_paced share={args.paced_share:g} offered_per_s={paced['offered_per_s']} "
-                         f"group_commit_lanes={lanes} lifecycles={paced['lifecycles']} {steps} "
-                         "(latency at a fraction of the peak: what an idle-ish system answers)")
+        log(f"paced: {rate:.1f} lifecycles/s ({args.paced_share:g} of the best) over {conc} loops")
+        paced = asyncio.run(paced_latencies(url, conc, rate, seconds))
+        out["paced"] = paced
+        steps = " ".join(f"{name}_p50={v['p50']} {name}_p99={v['p99']}" for name, v in paced["step_ms"].items())
+        lines.append(f"core_paced share={args.paced_share:g} offered_per_s={paced['offered_per_s']} "
+                     f"lifecycles={paced['lifecycles']} {steps} "
+                     "(latency at a fraction of the peak: what an idle-ish system answers)")
 
     if "profile" not in args.skip:
         log(f"profile scans: procs=1 conc={conc} seconds={seconds} steps={len(PROFILE)} targets={PROFILE_TARGETS}")

@@ -227,3 +227,189 @@ class Counts(Answer):
     organizations: list[OrganizationCounts] = Field(description=(
         "one entry per organisation that has scans or tasks, in id order (an organisation key: its own, always)"))
     measured_at: datetime = Field(description="the database time the queue ages are measured at")
+
+
+# --- administration: keys, policies, fair shares, profiles, schedules, events ------------------
+
+
+class ApiKey(Answer):
+    """An API key's record (never the key itself)."""
+    id: UUID
+    name: str
+    organization_id: UUID | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    bootstrap: bool
+    replaced_by: UUID | None
+
+
+class ApiKeyPage(Answer):
+    items: list[ApiKey]
+    next_after: UUID | None
+
+
+class TargetPolicy(Answer):
+    organization_id: UUID
+    allow: list[str]
+    deny: list[str]
+    denied_by_default: list[str]
+
+
+class FairShare(Answer):
+    organization_id: UUID
+    weight: int
+    max_live_attempts: int | None
+    live_attempts: int
+    leases_served: int
+    waited_seconds_total: float
+    virtual_time: float
+    updated_at: datetime | None
+
+
+class Revocation(Answer):
+    worker: Worker
+    cancelled_task_ids: list[UUID]
+
+
+class StoredProfile(Answer):
+    id: UUID
+    organization_id: UUID | None
+    name: str
+    steps: list[dict[str, Any]]
+    gateway_execution: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    steps_clipped: bool = False
+
+
+class StoredProfilePage(Answer):
+    items: list[StoredProfile]
+
+
+class ProfileDeletion(Answer):
+    profile_id: UUID
+    deleted: bool = True
+
+
+class Schedule(Answer):
+    id: UUID
+    organization_id: UUID
+    name: str
+    cron: str | None
+    interval_seconds: int | None
+    timezone: str
+    targets: dict[str, Any]
+    profile: dict[str, Any]
+    enabled: bool
+    misfire_policy: str
+    next_run_at: datetime
+    last_run_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    targets_clipped: bool = False
+    profile_clipped: bool = False
+
+
+class SchedulePage(Answer):
+    items: list[Schedule]
+
+
+class ScheduleDeletion(Answer):
+    schedule_id: UUID
+    deleted: bool = True
+
+
+class ScheduleRun(Answer):
+    schedule_id: UUID
+    scan_id: UUID
+
+
+class Event(Answer):
+    """One event of a task's history, as auditors read it."""
+    version: int
+    type: str
+    topic: str
+    recorded_at: datetime
+    occurred_at: datetime
+    actor: str
+    payload: dict[str, Any]
+    payload_clipped: bool = False
+
+
+class EventPage(Answer):
+    items: list[Event]
+    next_after_version: int | None
+
+
+class Asset(Answer):
+    id: UUID
+    kind: str
+    value: str
+    attributes: dict[str, Any]
+    first_seen_at: datetime
+    last_seen_at: datetime
+    attributes_clipped: bool = False
+
+
+class AssetList(Answer):
+    items: list[Asset]
+
+
+class Threat(Answer):
+    id: UUID
+    external_id: str
+    title: str
+    severity: str
+    data: dict[str, Any]
+    first_seen_at: datetime
+    last_seen_at: datetime
+    data_clipped: bool = False
+
+
+class ThreatList(Answer):
+    items: list[Threat]
+
+
+# --- bulk operations (the Gateway answers with these very classes) -----------------------------
+
+
+class BulkPreview(Answer):
+    action: Literal["cancel", "retry"]
+    matched: int = Field(description="how many tasks the filter selects now (an operation started now covers these)")
+
+
+class BulkOperation(Answer):
+    id: UUID
+    organization_id: UUID | None = Field(description="the organisation it is confined to; null: an administrator's")
+    action: Literal["cancel", "retry"]
+    filter: dict[str, Any] = Field(description="the filter as given (unset fields left out)")
+    reason: str
+    attempts: int | None = Field(description="retry: fresh attempts per task (null: each task's max_attempts)")
+    actor: str = Field(description="who started it")
+    status: Literal["running", "finished", "stopped"]
+    total: int = Field(description="tasks it covers: those the filter selected when it started")
+    done: int = Field(description="tasks cancelled or retried")
+    skipped: int = Field(description="tasks the command refused (already ended, not failed_terminal, …)")
+    failed: int = Field(description="tasks whose command failed")
+    started_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class BulkOperationPage(Answer):
+    items: list[BulkOperation] = Field(description="newest first")
+
+
+class BulkTaskOutcome(Answer):
+    task_id: UUID
+    outcome: Literal["done", "skipped", "failed"]
+    detail: str | None
+    at: datetime
+
+
+class BulkTaskOutcomePage(Answer):
+    items: list[BulkTaskOutcome] = Field(description="in task id order")
+    next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")

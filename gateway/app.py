@@ -29,7 +29,15 @@ from leasehold.gateway.api.http import (
     listeners_of,
     request_log_middleware,
 )
-from leasehold.gateway.background import checkpointer, partitioner, presence, sampler, scheduler, sweeper
+from leasehold.gateway.background import (
+    bulk,
+    checkpointer,
+    partitioner,
+    presence,
+    sampler,
+    scheduler,
+    sweeper,
+)
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
 from leasehold.gateway.background.waitroom import WaitRoom, run_sweep
@@ -128,6 +136,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 log.error("the bootstrap administrator key was revoked before and stays revoked; start with a new key")
         except Exception:  # the database may not be up yet; the Gateway still starts
             log.exception("could not store the bootstrap administrator key")
+    # Before it serves: the tasks stored before the input limits that break them (migration 0022
+    # listed them) end on the record, so no acquire leases one whose answer cannot be encoded.
+    ended = await services.lifecycle.end_undeliverable()
+    if ended:
+        log.warning("cancelled %d tasks stored before the input limits (undeliverable)", len(ended),
+                    extra={"task_ids": [str(t) for t in ended[:20]]})
     loops = [
         asyncio.create_task(sweeper.run(services.lifecycle, settings.sweep_interval_seconds,
                                         lambda changed: _swept(metrics, changed)),
@@ -138,6 +152,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                          on_pass=lambda: metrics.passed("presence")), name="leasehold-presence"),
         asyncio.create_task(run_sweep(notifier.room, db, settings.wake_sweep_seconds, services.lifecycle.clock),
                             name="leasehold-wake-sweep"),
+        asyncio.create_task(bulk.run(services.bulk, settings.bulk_interval_seconds, settings.bulk_batch,
+                                     hold=settings.bulk_hold_seconds, on_pass=lambda _: metrics.passed("bulk")),
+                            name="leasehold-bulk"),
     ]
     sealer = app.get(SEALER)
     if sealer is not None:

@@ -45,23 +45,36 @@ class Operator:
 
 
 class TokenBuckets:
-    """Per-certificate rate limiting (in process; each Gateway process limits on its own)."""
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
+    """Token buckets by key: ``burst`` at once, one more every ``1 / rate`` seconds (in process;
+    each Gateway process counts on its own). Memory stays bounded under key churn."""
+    def __init__(self, rate: float, burst: int, limit: int = 100_000) -> None:
+        self.rate, self.burst, self.limit = rate, burst, limit
         self._buckets: dict[str, tuple[float, float]] = {}
 
-    def take(self, key: str) -> float:
-        """0 when allowed, else seconds until a request would be."""
-        now = time.monotonic()
+    def _tokens(self, key: str, now: float) -> float:
         tokens, last = self._buckets.get(key, (float(self.burst), now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if tokens >= 1:
-            self._buckets[key] = (tokens - 1, now)
-            return 0.0
-        self._buckets[key] = (tokens, now)
-        if len(self._buckets) > 100_000:  # bounded memory under certificate churn
+        return min(float(self.burst), tokens + (now - last) * self.rate)
+
+    def wait(self, key: str, now: float | None = None) -> float:
+        """Seconds until ``key`` has a token (0: now), spending nothing."""
+        tokens = self._tokens(key, time.monotonic() if now is None else now)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+
+    def charge(self, key: str, now: float | None = None) -> None:
+        """Spend one token of ``key`` whether or not it has one (a bucket may go below zero)."""
+        now = time.monotonic() if now is None else now
+        if len(self._buckets) >= self.limit:
             self._buckets.clear()
-        return (1 - tokens) / self.rate
+        self._buckets[key] = (self._tokens(key, now) - 1, now)
+
+    def take(self, key: str) -> float:
+        """Per-certificate rate limiting: 0 when allowed (one token spent), else seconds until a
+        request would be (nothing spent)."""
+        now = time.monotonic()
+        waiting = self.wait(key, now)
+        if waiting == 0:
+            self.charge(key, now)
+        return waiting
 
 
 class FailureBudgets:
@@ -78,29 +91,26 @@ class FailureBudgets:
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate, self.burst = rate, burst
-        self._spent: dict[tuple[str, str], tuple[float, float]] = {}
+        self._buckets = TokenBuckets(rate, burst)
 
-    def _tokens(self, key: tuple[str, str], now: float) -> float:
-        tokens, last = self._spent.get(key, (float(self.burst), now))
-        return min(float(self.burst), tokens + (now - last) * self.rate)
+    def _budgets(self, source: str, key: str) -> tuple[tuple[str, str], ...]:
+        return (("source", f"source:{source}"), ("prefix", f"prefix:{key[:self.PREFIX]}"))
 
     def blocked(self, source: str, key: str) -> tuple[float, str | None]:
         """Seconds until an attempt from ``source`` with ``key`` may be made (0: now), and which
         budget is spent (``source`` or ``prefix``)."""
         now = time.monotonic()
-        for kind, name in (("source", source), ("prefix", key[:self.PREFIX])):
-            tokens = self._tokens((kind, name), now)
-            if tokens < 1:
-                return (1 - tokens) / self.rate, kind
+        for kind, bucket in self._budgets(source, key):
+            waiting = self._buckets.wait(bucket, now)
+            if waiting > 0:
+                return waiting, kind
         return 0.0, None
 
     def failed(self, source: str, key: str) -> None:
         """One failed attempt from ``source`` with ``key``: charged to both budgets."""
         now = time.monotonic()
-        if len(self._spent) > 100_000:  # bounded memory under address churn
-            self._spent.clear()
-        for kind, name in (("source", source), ("prefix", key[:self.PREFIX])):
-            self._spent[(kind, name)] = (self._tokens((kind, name), now) - 1, now)
+        for _, bucket in self._budgets(source, key):
+            self._buckets.charge(bucket, now)
 
 
 class KnownCertificates:

@@ -11,6 +11,7 @@ from functools import cache
 from typing import Any
 
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import named_rows
 from leasehold.persistence.transaction import Database
 
 __all__ = ["SchemaStatus", "expected_revision", "read_revision", "read_revision_async", "schema_status", "status_of"]
@@ -55,27 +56,26 @@ def status_of(found: str | None) -> SchemaStatus:
 
 def read_revision(conn: Any) -> str | None:
     """The revision of a synchronous psycopg connection's database (``None``: never migrated)."""
-    (migrated,) = conn.execute(QUERIES["schema_migrated"]).fetchone()
-    if not migrated:
+    if not conn.cursor(row_factory=named_rows).execute(QUERIES["schema_migrated"]).fetchone().migrated:
         return None
-    row = conn.execute(QUERIES["schema_revision"]).fetchone()
-    return row[0] if row else None
+    row = conn.cursor(row_factory=named_rows).execute(QUERIES["schema_revision"]).fetchone()
+    return row.version_num if row else None
 
 
 async def read_revision_async(conn: Any) -> str | None:
     """:func:`read_revision` on an asynchronous psycopg connection."""
-    cur = await conn.execute(QUERIES["schema_migrated"])
-    (migrated,) = await cur.fetchone()
-    if not migrated:
+    cur = conn.cursor(row_factory=named_rows)
+    await cur.execute(QUERIES["schema_migrated"])
+    if not (await cur.fetchone()).migrated:
         return None
-    cur = await conn.execute(QUERIES["schema_revision"])
+    await cur.execute(QUERIES["schema_revision"])
     row = await cur.fetchone()
-    return row[0] if row else None
+    return row.version_num if row else None
 
 
 async def schema_status(db: Database) -> SchemaStatus:
     """The schema revision of the Gateway's database against the expected one."""
     async with db.read() as reader:
         migrated = await reader.one("schema_migrated", {})
-        row = await reader.one("schema_revision", {}) if migrated and migrated[0] else None
-    return status_of(row[0] if row else None)
+        row = await reader.one("schema_revision", {}) if migrated and migrated.migrated else None
+    return status_of(row.version_num if row else None)

@@ -126,7 +126,8 @@ async def _serve_forever(settings: GatewaySettings, reuse_port: bool) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner, ports = await start(settings, reuse_port=reuse_port)
-    log.info("gateway listening", extra={"host": settings.host, "worker_port": ports[0], "operator_port": ports[1],
+    worker_port, operator_port = ports
+    log.info("gateway listening", extra={"host": settings.host, "worker_port": worker_port, "operator_port": operator_port,
                                          "health_port": settings.health_port})
     await stop.wait()
     started = time.monotonic()

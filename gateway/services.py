@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 
 from leasehold.domain.events import DomainEvent
 from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from leasehold.gateway.commands.bulk import BulkOperations
 from leasehold.gateway.commands.legacy import LegacyScans
 from leasehold.gateway.commands.lifecycle import Lifecycle
 from leasehold.gateway.commands.profiles import Profiles
@@ -37,6 +38,7 @@ class Services:
     profiles: Profiles
     legacy: LegacyScans
     scope_pages: ScopePages
+    bulk: BulkOperations
 
 
 def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Random | None = None,
@@ -58,4 +60,4 @@ def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Ran
         schedules=Schedules(db, clock=clock, new_id=new_id, backoff=schedule_backoff,
                             on_failure=on_schedule_failure),
         profiles=Profiles(db, clock=clock, new_id=new_id), legacy=LegacyScans(db, clock=clock, new_id=new_id),
-        scope_pages=ScopePages(db, clock=clock))
+        scope_pages=ScopePages(db, clock=clock), bulk=BulkOperations(db, lifecycle, clock=clock, new_id=new_id))

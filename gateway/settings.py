@@ -65,6 +65,17 @@ class GatewaySettings(BaseSettings):
     wake_batch: int = Field(4, ge=1, le=10_000,
                             description="most long-polls one notification (or one sweep) wakes at once; each "
                                         "woken poll that leases a task wakes one more")
+    bulk_interval_seconds: float = Field(60.0, gt=0, le=3600,
+                                         description="how often each process looks for a bulk operation to "
+                                                     "carry on while it runs none (one it starts runs at once; "
+                                                     "one a stopped process held, once its hold has run out)")
+    bulk_hold_seconds: float = Field(60.0, ge=1, le=3600,
+                                     description="how long a process holds the bulk operation it is running; "
+                                                 "one that stopped without releasing it is carried on by another "
+                                                 "process after this")
+    bulk_batch: int = Field(200, ge=1, le=10_000,
+                            description="tasks a process reaches of one bulk operation before it takes the next "
+                                        "(operations run side by side, a batch each in turn)")
     listen: bool = Field(True, description="wake long-polls by PostgreSQL LISTEN/NOTIFY; turn off where LISTEN "
                                            "is unavailable (e.g. a transaction-pooling proxy): Redis hints and "
                                            "the poll remain")

@@ -99,13 +99,13 @@ class Listeners:
 
     @property
     def ports(self) -> tuple[int, int]:
-        return int(self.worker.getsockname()[1]), int(self.operator.getsockname()[1])
+        return _port(self.worker), _port(self.operator)
 
     def by_port(self) -> dict[int, str]:
         """Local port -> listener name."""
-        found = {int(self.worker.getsockname()[1]): "worker", int(self.operator.getsockname()[1]): "operator"}
+        found = {_port(self.worker): "worker", _port(self.operator): "operator"}
         if self.health is not None:
-            found[int(self.health.getsockname()[1])] = "health"
+            found[_port(self.health)] = "health"
         return found
 
     def close(self) -> None:
@@ -116,10 +116,16 @@ class Listeners:
                 sock.close()
 
 
+def _port(sock: socket.socket) -> int:
+    """The local port of a bound socket (its address is (host, port) or, IPv6, four fields)."""
+    _host, port, *_ = sock.getsockname()
+    return int(port)
+
+
 def _listen(host: str, port: int, what: str, *, reuse_port: bool) -> socket.socket:
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = next(iter(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                       flags=socket.AI_PASSIVE)))
     except socket.gaierror as exc:
         raise StartupError(f"cannot listen on {host!r} ({what} port): {exc.strerror}") from exc
     sock = socket.socket(family, kind, proto)
@@ -150,7 +156,8 @@ def bind(settings: GatewaySettings, *, reuse_port: bool = False) -> Listeners:
         for sock in bound:
             sock.close()
         raise
-    return Listeners(bound[0], bound[1], bound[2] if len(bound) > 2 else None)
+    worker, operator, *health = bound
+    return Listeners(worker, operator, next(iter(health), None))
 
 
 async def check_database(url: str, what: str = "database") -> str | None:
@@ -189,4 +196,4 @@ async def check_databases(settings: GatewaySettings) -> None:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return next(iter(text.splitlines()), type(exc).__name__)

@@ -47,10 +47,18 @@ MIGRATION_LOCK_KEY = 0x1EA5E401D_0001
 def sqlalchemy_url(url: str) -> str:
     """Convert a ``postgresql://`` / ``postgres://`` URL to SQLAlchemy's ``postgresql+psycopg://``.
 
-    URLs that already name a driver (``postgresql+psycopg://``) are returned unchanged.
+    URLs that already name a driver (``postgresql+psycopg://``) are returned unchanged. A
+    multi-host URL (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``, a
+    high-availability cluster) has its hosts moved to ``host=`` query parameters, the form
+    SQLAlchemy parses; libpq still gets every host and picks the writable one.
     """
     parts = urlsplit(url)
     if parts.scheme in ("postgresql", "postgres"):
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        if "," in hosts:
+            query = "&".join([*(f"host={h}" for h in hosts.split(",")), *([parts.query] if parts.query else [])])
+            netloc = f"{userinfo}@" if userinfo else ""
+            return urlunsplit(parts._replace(scheme="postgresql+psycopg", netloc=netloc, query=query))
         return urlunsplit(parts._replace(scheme="postgresql+psycopg"))
     if parts.scheme.startswith("postgresql+"):
         return url

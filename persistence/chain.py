@@ -19,6 +19,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import named_rows
 
 GENESIS = bytes(32)
 
@@ -50,7 +51,8 @@ class ChainBreak:
 def check_link(prev: tuple[int, bytes] | None, originator_id: UUID, version: int, topic: str,
                state: bytes, prev_hash: bytes, stored_hash: bytes) -> str | None:
     """What is wrong with one event given the (version, hash) before it in its stream, if anything."""
-    expected_version, expected_prev = (prev[0] + 1, prev[1]) if prev else (1, GENESIS)
+    prev_version, expected_prev = prev if prev else (0, GENESIS)
+    expected_version = prev_version + 1
     if version != expected_version:
         return f"version {version} where {expected_version} was expected (events missing or inserted)"
     if prev_hash != expected_prev:
@@ -84,10 +86,13 @@ async def walk_chains(conn: AsyncConnection[Any], *, batch_size: int = 20_000,
     current: UUID | None = None
     prev: tuple[int, bytes] | None = None
     broken = False
-    async with _in_a_transaction(conn), conn.cursor(name="replay_chain_walk", binary=True) as cur:
+    async with _in_a_transaction(conn), conn.cursor(name="replay_chain_walk", binary=True,
+                                                     row_factory=named_rows) as cur:
         await cur.execute(QUERIES["events_in_stream_order"])
         while rows := await cur.fetchmany(batch_size):
-            for oid, version, topic, state, prev_hash, h in rows:
+            for r in rows:
+                oid, version, topic, state, prev_hash, h = (r.originator_id, r.originator_version, r.topic, r.state,
+                                                            r.prev_hash, r.hash)
                 if oid != current:
                     current, prev, broken = oid, seed.get(oid) if seed else None, False
                     walk.streams += 1

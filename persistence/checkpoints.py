@@ -39,6 +39,7 @@ from uuid import UUID
 from psycopg import AsyncConnection, errors, sql
 
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import execute_named, named_rows
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +95,20 @@ _LATEST = sql.SQL("SELECT {} FROM checkpoints ORDER BY id DESC LIMIT 1").format(
 _ALL = sql.SQL("SELECT {} FROM checkpoints ORDER BY id").format(CHECKPOINT_COLUMNS)
 
 
-def checkpoint_from_row(r: tuple[Any, ...]) -> Checkpoint:
-    return Checkpoint(r[0], r[1], int(r[2]), r[3], r[4], r[5], bytes(r[6]), bytes(r[7]))
+def checkpoint_from_row(r: Any) -> Checkpoint:
+    """A ``checkpoints`` row as :data:`CHECKPOINT_COLUMNS` selects it, read by name."""
+    return Checkpoint(id=r.id, created_at=r.created_at, transaction_xmin=int(r.transaction_xmin),
+                      head_count=r.head_count, changed_count=r.changed_count, event_count=r.event_count,
+                      prev_seal=bytes(r.prev_seal), seal=bytes(r.seal))
+
+
+def head_from_row(r: Any) -> Head:
+    """A stream's head from a row of ``originator_id, originator_version, hash``."""
+    return Head(r.originator_id, r.originator_version, bytes(r.hash))
 
 
 async def latest_checkpoint(conn: AsyncConnection[Any]) -> Checkpoint | None:
-    cur = await conn.execute(_LATEST)
+    cur = await execute_named(conn, _LATEST)
     row = await cur.fetchone()
     return None if row is None else checkpoint_from_row(row)
 
@@ -117,7 +126,7 @@ async def find_checkpoint(conn: AsyncConnection[Any], *, id: int | None = None, 
         query = sql.SQL("SELECT {} FROM checkpoints WHERE created_at <= %s ORDER BY id DESC LIMIT 1").format(
             CHECKPOINT_COLUMNS)
         params = (at_or_before,)
-    cur = await conn.execute(query, params)
+    cur = await execute_named(conn, query, params)
     row = await cur.fetchone()
     return None if row is None else checkpoint_from_row(row)
 
@@ -151,23 +160,23 @@ ORDER BY originator_id, originator_version DESC
 async def sealed_heads(conn: AsyncConnection[Any], originator_ids: list[UUID]) -> dict[UUID, tuple[Head, int]]:
     """The last sealed head of each of the streams (those ever sealed), with the id of the
     checkpoint that sealed it."""
-    cur = await conn.execute(QUERIES["checkpoint_heads_of_streams"], {"originator_ids": originator_ids},
-                             binary=True)
-    return {r[0]: (Head(r[0], r[1], bytes(r[2])), r[3]) for r in await cur.fetchall()}
+    cur = await execute_named(conn, QUERIES["checkpoint_heads_of_streams"], {"originator_ids": originator_ids},
+                              binary=True)
+    return {r.originator_id: (head_from_row(r), r.checkpoint_id) for r in await cur.fetchall()}
 
 
 async def _write(conn: AsyncConnection[Any]) -> Checkpoint:
     async with conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         previous = await latest_checkpoint(conn)
-        cur = await conn.execute("SELECT now(), pg_snapshot_xmin(pg_current_snapshot())::text,"
-                                 " (SELECT max(notification_id) FROM events)")
+        cur = await execute_named(conn, "SELECT now() AS now, pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,"
+                                        " (SELECT max(notification_id) FROM events) AS position")
         row = await cur.fetchone()
         assert row is not None
-        created_at, xmin, position = row[0], int(row[1]), row[2]
-        cur = await conn.execute(_CANDIDATES, (str(previous.transaction_xmin if previous else 0),),
-                                 binary=True)
-        candidates = [Head(r[0], r[1], bytes(r[2])) for r in await cur.fetchall()]
+        created_at, xmin, position = row.now, int(row.xmin), row.position
+        cur = await execute_named(conn, _CANDIDATES, (str(previous.transaction_xmin if previous else 0),),
+                                  binary=True)
+        candidates = [head_from_row(r) for r in await cur.fetchall()]
         sealed: dict[UUID, Head] = {}
         if previous is not None and candidates:
             found = await sealed_heads(conn, [c.originator_id for c in candidates])
@@ -191,13 +200,13 @@ async def _write(conn: AsyncConnection[Any]) -> Checkpoint:
                                head.originator_id, head.version)
         prev_seal = previous.seal if previous else GENESIS_SEAL
         seal = seal_of(prev_seal, created_at, head_count, event_count, changed)
-        cur = await conn.execute(
-            "INSERT INTO checkpoints (created_at, transaction_xmin, head_count, changed_count, event_count,"
+        cur = await execute_named(
+            conn, "INSERT INTO checkpoints (created_at, transaction_xmin, head_count, changed_count, event_count,"
             " prev_seal, seal) VALUES (%s, %s::xid8, %s, %s, %s, %s, %s) RETURNING id",
             (created_at, str(xmin), head_count, len(changed), event_count, prev_seal, seal))
         inserted = await cur.fetchone()
         assert inserted is not None
-        checkpoint_id = inserted[0]
+        checkpoint_id = inserted.id
         async with conn.cursor() as copy_cur, copy_cur.copy(
                 "COPY checkpoint_heads (checkpoint_id, originator_id, originator_version, hash)"
                 " FROM STDIN (FORMAT BINARY)") as copy:
@@ -237,23 +246,23 @@ async def verify_checkpoints(conn: AsyncConnection[Any], *, archived: ArchivedHa
 
     Runs in the caller's transaction (a :func:`persistence.snapshot.snapshot`, as ``verify_log`` does).
     """
-    cur = await conn.execute(_ALL)
+    cur = await execute_named(conn, _ALL)
     checkpoints = [checkpoint_from_row(r) for r in await cur.fetchall()]
     problems: list[CheckpointProblem] = []
     if not checkpoints:
         return checkpoints, problems
     deltas: dict[int, list[Head]] = {c.id: [] for c in checkpoints}
-    async with conn.cursor(name="replay_checkpoint_heads", binary=True) as heads_cur:
+    async with conn.cursor(name="replay_checkpoint_heads", binary=True, row_factory=named_rows) as heads_cur:
         await heads_cur.execute("SELECT checkpoint_id, originator_id, originator_version, hash"
                                 " FROM checkpoint_heads ORDER BY checkpoint_id")
         while rows := await heads_cur.fetchmany(50_000):
-            for cid, oid, version, h in rows:
-                if cid not in deltas:
-                    problems.append(CheckpointProblem(cid, "heads recorded for a checkpoint that does not exist",
-                                                      oid, version))
+            for r in rows:
+                if r.checkpoint_id not in deltas:
+                    problems.append(CheckpointProblem(r.checkpoint_id, "heads recorded for a checkpoint that does"
+                                                      " not exist", r.originator_id, r.originator_version))
                     continue
-                deltas[cid].append(Head(oid, version, bytes(h)))
-    full: dict[UUID, tuple[int, bytes]] = {}
+                deltas[r.checkpoint_id].append(head_from_row(r))
+    full: dict[UUID, Head] = {}
     event_count = 0
     prev_seal = GENESIS_SEAL
     for c in checkpoints:
@@ -262,11 +271,12 @@ async def verify_checkpoints(conn: AsyncConnection[Any], *, archived: ArchivedHa
                                                     " (a checkpoint was deleted, inserted or reordered)"))
         for head in deltas[c.id]:
             before = full.get(head.originator_id)
-            if before is not None and before[0] >= head.version:
+            if before is not None and before.version >= head.version:
                 problems.append(CheckpointProblem(
-                    c.id, f"goes back from v{before[0]} (a stream never shrinks)", head.originator_id, head.version))
-            event_count += head.version - (before[0] if before else 0)
-            full[head.originator_id] = (head.version, head.hash)
+                    c.id, f"goes back from v{before.version} (a stream never shrinks)", head.originator_id,
+                    head.version))
+            event_count += head.version - (before.version if before else 0)
+            full[head.originator_id] = head
         if (len(full), event_count, len(deltas[c.id])) != (c.head_count, c.event_count, c.changed_count):
             problems.append(CheckpointProblem(
                 c.id, f"counts do not match its heads: recorded {c.head_count} streams/{c.event_count} events/"
@@ -279,8 +289,9 @@ async def verify_checkpoints(conn: AsyncConnection[Any], *, archived: ArchivedHa
 
 
 _MISMATCHES = """
-SELECT h.checkpoint_id, h.originator_id, h.originator_version, e.hash IS NOT NULL,
-       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.originator_id), h.hash
+SELECT h.checkpoint_id, h.originator_id, h.originator_version, e.hash IS NOT NULL AS present,
+       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.originator_id) AS live_head,
+       h.hash AS sealed
 FROM checkpoint_heads h
 LEFT JOIN events e ON e.originator_id = h.originator_id AND e.originator_version = h.originator_version
 WHERE e.hash IS DISTINCT FROM h.hash
@@ -292,14 +303,16 @@ async def _log_against_heads(conn: AsyncConnection[Any], archived: ArchivedHashe
                              ) -> list[CheckpointProblem]:
     """Every sealed head must still be in the log (or in an archive), with the same hash: the
     first miss per stream."""
-    cur = await conn.execute(_MISMATCHES)
+    cur = await execute_named(conn, _MISMATCHES)
     rows = await cur.fetchall()
     found: dict[tuple[UUID, int], bytes] = {}
     if archived is not None:
-        found = archived({(r[1], r[2]) for r in rows if not r[3]})
+        found = archived({(r.originator_id, r.originator_version) for r in rows if not r.present})
     out: list[CheckpointProblem] = []
     seen: set[UUID] = set()
-    for cid, oid, version, present, live_head, sealed in rows:
+    for r in rows:
+        cid, oid, version, present, live_head, sealed = (r.checkpoint_id, r.originator_id, r.originator_version,
+                                                         r.present, r.live_head, r.sealed)
         in_archive = found.get((oid, version))
         if not present and in_archive is not None and in_archive == bytes(sealed):
             continue

@@ -115,7 +115,7 @@ def decode_event(originator_id: UUID | str, originator_version: int, topic: str,
     except (ValueError, TypeError, AttributeError, KeyError, ImportError, TopicError) as exc:
         # pydantic and orjson raise ValueErrors; the rest come from topics, states that are not
         # JSON objects and upcasters that miss a field.
-        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        first_line = next(iter(str(exc).splitlines()), type(exc).__name__)
         raise DecodeError(f"stream {originator_id} v{originator_version} ({topic}) does not decode:"
                           f" {first_line}") from exc
 

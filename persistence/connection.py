@@ -11,6 +11,8 @@ from psycopg.pq import Format
 from psycopg.types.json import JsonbDumper, set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from leasehold.persistence.rows import named_rows
+
 
 def load_json(data: str | bytes) -> Any:
     """A stored JSON value. orjson reads every value the input limits admit; a number past a
@@ -30,7 +32,7 @@ set_json_loads(load_json)
 
 #: The schema's domains (migration 0008): each one's type and array type, and its base type's.
 _DOMAINS = """
-SELECT d.oid, d.typarray, b.oid, b.typarray
+SELECT d.oid AS domain, d.typarray AS domain_array, b.oid AS base, b.typarray AS base_array
 FROM pg_type d JOIN pg_type b ON b.oid = d.typbasetype
 WHERE d.typtype = 'd' AND d.typnamespace = 'public'::regnamespace
 """
@@ -49,10 +51,10 @@ async def _load_domains_as_their_base_types(conn: AsyncConnection[Any]) -> None:
     """A domain column comes back with its base type's OID, but an array of a domain (an
     ``array_agg`` of ``worker_tasks.state``, say) with the domain's own array OID, which psycopg
     would hand over as unparsed text. Load both with the base type's loaders."""
-    cur = await conn.execute(_DOMAINS)
-    for domain, domain_array, base, base_array in await cur.fetchall():
+    cur = await conn.cursor(row_factory=named_rows).execute(_DOMAINS)
+    for d in await cur.fetchall():
         for fmt in (Format.TEXT, Format.BINARY):
-            for oid, like in ((domain, base), (domain_array, base_array)):
+            for oid, like in ((d.domain, d.base), (d.domain_array, d.base_array)):
                 loader = conn.adapters.get_loader(like, fmt)
                 if loader is not None:
                     conn.adapters.register_loader(oid, loader)

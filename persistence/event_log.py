@@ -25,6 +25,7 @@ from leasehold.domain.events import DomainEvent
 from leasehold.persistence.chain import GENESIS, chain_hash
 from leasehold.persistence.codec import MAPPER, decode_event
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import execute_named
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +63,14 @@ def record(head: StreamHead, events: Sequence[DomainEvent]) -> tuple[list[Record
 async def read_stream(conn: AsyncConnection[Any], originator_id: UUID, *,
                       up_to_version: int | None = None) -> list[DomainEvent]:
     """The events of one stream in order (optionally only up to a version)."""
-    async with conn.cursor() as cur:
-        await cur.execute(
-            "SELECT originator_id, originator_version, topic, state FROM events"
-            " WHERE originator_id = %s AND (%s::bigint IS NULL OR originator_version <= %s)"
-            " ORDER BY originator_version",
-            (originator_id, up_to_version, up_to_version))
-        rows = await cur.fetchall()
-    return [decode_event(r[0], r[1], r[2], bytes(r[3])) for r in rows]
+    cur = await execute_named(
+        conn, "SELECT originator_id, originator_version, topic, state FROM events"
+              " WHERE originator_id = %s AND (%s::bigint IS NULL OR originator_version <= %s)"
+              " ORDER BY originator_version",
+        (originator_id, up_to_version, up_to_version))
+    rows = await cur.fetchall()
+    await cur.close()
+    return [decode_event(r.originator_id, r.originator_version, r.topic, bytes(r.state)) for r in rows]
 
 
 # --- reading stored rows (audits) -------------------------------------------------------------
@@ -91,33 +92,41 @@ class StoredRow:
 
     @property
     def event_type(self) -> str:
-        return self.topic.rpartition(":")[2]
+        _, _, name = self.topic.rpartition(":")
+        return name
 
     def decode(self) -> DomainEvent:
         return decode_event(self.originator_id, self.originator_version, self.topic, self.state)
 
 
-def _stored_row(r: tuple[Any, ...]) -> StoredRow:
-    return StoredRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], int(r[6]), bytes(r[7]), bytes(r[8]))
+def stored_row(r: Any) -> StoredRow:
+    """A row of ``events`` (every column, ``transaction_id`` as text), read by name."""
+    return StoredRow(notification_id=r.notification_id, originator_id=r.originator_id,
+                     originator_version=r.originator_version, topic=r.topic, state=bytes(r.state),
+                     recorded_at=r.recorded_at, transaction_id=int(r.transaction_id), prev_hash=bytes(r.prev_hash),
+                     hash=bytes(r.hash))
 
 
 async def stream_rows(conn: AsyncConnection[Any], originator_id: UUID) -> list[StoredRow]:
     """Every stored event of one stream, in version order."""
-    cur = await conn.execute(QUERIES["stored_events_of_stream"], {"originator_id": originator_id})
-    return [_stored_row(r) for r in await cur.fetchall()]
+    cur = await execute_named(conn, QUERIES["stored_events_of_stream"], {"originator_id": originator_id})
+    return [stored_row(r) for r in await cur.fetchall()]
 
 
 async def rows_of_streams(conn: AsyncConnection[Any], ids: Iterable[UUID]) -> list[StoredRow]:
     """Every stored event of the given streams, in ``notification_id`` (log) order."""
-    cur = await conn.execute(QUERIES["stored_events_of_streams"], {"originator_ids": list(ids)})
-    return [_stored_row(r) for r in await cur.fetchall()]
+    cur = await execute_named(conn, QUERIES["stored_events_of_streams"], {"originator_ids": list(ids)})
+    return [stored_row(r) for r in await cur.fetchall()]
 
 
 async def stream_type(conn: AsyncConnection[Any], originator_id: UUID) -> str | None:
     """The type of a stream's first event (``TaskCreated``, ``ScanCreated``…), None if unknown."""
-    cur = await conn.execute(QUERIES["stream_first_topic"], {"originator_id": originator_id})
+    cur = await execute_named(conn, QUERIES["stream_first_topic"], {"originator_id": originator_id})
     row = await cur.fetchone()
-    return None if row is None else str(row[0]).rpartition(":")[2]
+    if row is None:
+        return None
+    _, _, name = str(row.topic).rpartition(":")
+    return name
 
 
 async def event_batches(conn: AsyncConnection[Any], *, batch_size: int = 10_000
@@ -171,10 +180,10 @@ async def streams_touched_since(conn: AsyncConnection[Any], checkpoint_id: int, 
 
 
 async def count_events(conn: AsyncConnection[Any]) -> int:
-    cur = await conn.execute(QUERIES["events_count"])
+    cur = await execute_named(conn, QUERIES["events_count"])
     row = await cur.fetchone()
     assert row is not None, "an aggregate always returns a row"
-    return int(row[0])
+    return int(row.count)
 
 
 async def _batches(conn: AsyncConnection[Any], query: str, params: dict[str, Any], batch_size: int
@@ -196,7 +205,7 @@ async def _batches(conn: AsyncConnection[Any], query: str, params: dict[str, Any
 
 async def log_end(conn: AsyncConnection[Any]) -> tuple[datetime, int | None]:
     """(the transaction's time, the last ``notification_id`` it sees; None for an empty log)."""
-    cur = await conn.execute(QUERIES["events_log_end"])
+    cur = await execute_named(conn, QUERIES["events_log_end"])
     row = await cur.fetchone()
     assert row is not None, "an aggregate always returns a row"
-    return row[0], row[1]
+    return row.now, row.position

@@ -17,7 +17,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from leasehold.persistence.event_log import StoredRow
+from leasehold.persistence.event_log import StoredRow, stored_row
+from leasehold.persistence.rows import execute_named, named_rows
 
 #: How long retention waits for the locks that detach a partition before giving up.
 LOCK_TIMEOUT_MS = 5_000
@@ -60,27 +61,31 @@ async def ensure_partitions(conn: AsyncConnection[Any], *, span: str = "1 month"
     """Create partitions of ``span`` until the log is covered up to now() + ``ahead`` (PostgreSQL
     intervals); the names of those created (none when coverage already reaches that far)."""
     async with conn.transaction():
-        cur = await conn.execute("SELECT events_ensure_partitions(%s::interval, %s::interval)", (span, ahead))
-        return [str(r[0]) for r in await cur.fetchall()]
+        cur = await execute_named(conn, "SELECT events_ensure_partitions(%s::interval, %s::interval) AS name",
+                                  (span, ahead))
+        return [str(r.name) for r in await cur.fetchall()]
 
 
 async def list_partitions(conn: AsyncConnection[Any]) -> list[Partition]:
     """Every partition of the log, oldest first (the default partition last)."""
-    cur = await conn.execute(
-        "SELECT p.name, p.lower_bound, p.upper_bound, p.is_default, greatest(c.reltuples, 0)::bigint"
-        " FROM event_partitions p JOIN pg_class c ON c.relname = p.name AND c.relnamespace = 'public'::regnamespace"
-        " ORDER BY p.is_default, p.upper_bound NULLS LAST")
-    return [Partition(*r) for r in await cur.fetchall()]
+    cur = await execute_named(
+        conn, "SELECT p.name, p.lower_bound, p.upper_bound, p.is_default,"
+              " greatest(c.reltuples, 0)::bigint AS estimated_rows"
+              " FROM event_partitions p JOIN pg_class c ON c.relname = p.name"
+              " AND c.relnamespace = 'public'::regnamespace"
+              " ORDER BY p.is_default, p.upper_bound NULLS LAST")
+    return [Partition(**r._asdict()) for r in await cur.fetchall()]
 
 
 async def partition_contents(conn: AsyncConnection[Any], name: str) -> PartitionContents:
     """Exact counts of one partition (a full read of it)."""
-    cur = await conn.execute(sql.SQL(
-        "SELECT count(*), count(DISTINCT originator_id), min(notification_id), max(notification_id) FROM {}"
+    cur = await execute_named(conn, sql.SQL(
+        "SELECT count(*) AS events, count(DISTINCT originator_id) AS streams,"
+        " min(notification_id) AS first_notification_id, max(notification_id) AS last_notification_id FROM {}"
     ).format(sql.Identifier(name)))
     row = await cur.fetchone()
     assert row is not None, "an aggregate always returns a row"
-    return PartitionContents(int(row[0]), int(row[1]), row[2], row[3])
+    return PartitionContents(int(row.events), int(row.streams), row.first_notification_id, row.last_notification_id)
 
 
 async def partition_rows(conn: AsyncConnection[Any], name: str, *, batch_size: int = 10_000
@@ -90,11 +95,10 @@ async def partition_rows(conn: AsyncConnection[Any], name: str, *, batch_size: i
     query = sql.SQL(
         "SELECT notification_id, originator_id, originator_version, topic, state, recorded_at,"
         " transaction_id::text, prev_hash, hash FROM {} ORDER BY notification_id").format(sql.Identifier(name))
-    async with conn.cursor(name="partition_rows") as cur:
+    async with conn.cursor(name="partition_rows", row_factory=named_rows) as cur:
         await cur.execute(query)
         while rows := await cur.fetchmany(batch_size):
-            yield [StoredRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], int(r[6]), bytes(r[7]), bytes(r[8]))
-                   for r in rows]
+            yield [stored_row(r) for r in rows]
 
 
 class PartitionChanged(RuntimeError):
@@ -118,8 +122,8 @@ async def drop_archived(conn: AsyncConnection[Any], partition: Partition, archiv
         if now != archived:
             raise PartitionChanged(f"{partition.name} holds {now}, the archive holds {archived}")
         await conn.execute(sql.SQL("ALTER TABLE events DETACH PARTITION {}").format(ident))
-        cur = await conn.execute(
-            "INSERT INTO event_archives (partition_name, lower_bound, upper_bound, events, streams,"
+        cur = await execute_named(
+            conn, "INSERT INTO event_archives (partition_name, lower_bound, upper_bound, events, streams,"
             " first_notification_id, last_notification_id, manifest_sha256, key_id)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " RETURNING id, partition_name, lower_bound, upper_bound, events, streams, first_notification_id,"
@@ -129,19 +133,19 @@ async def drop_archived(conn: AsyncConnection[Any], partition: Partition, archiv
         row = await cur.fetchone()
         assert row is not None
         await conn.execute(sql.SQL("DROP TABLE {}").format(ident))
-    return ArchiveRecord(*row)
+    return ArchiveRecord(**row._asdict())
 
 
 async def archive_records(conn: AsyncConnection[Any]) -> list[ArchiveRecord]:
     """The register of archived partitions, oldest range first."""
-    cur = await conn.execute(
-        "SELECT id, partition_name, lower_bound, upper_bound, events, streams, first_notification_id,"
-        " last_notification_id, manifest_sha256, key_id, archived_at FROM event_archives ORDER BY upper_bound, id")
-    return [ArchiveRecord(*r) for r in await cur.fetchall()]
+    cur = await execute_named(
+        conn, "SELECT id, partition_name, lower_bound, upper_bound, events, streams, first_notification_id,"
+              " last_notification_id, manifest_sha256, key_id, archived_at FROM event_archives ORDER BY upper_bound, id")
+    return [ArchiveRecord(**r._asdict()) for r in await cur.fetchall()]
 
 
 async def database_now(conn: AsyncConnection[Any]) -> datetime:
-    cur = await conn.execute("SELECT now()")
+    cur = await execute_named(conn, "SELECT now() AS now")
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    return row.now

@@ -14,11 +14,14 @@ from typing import Any
 
 from psycopg import AsyncConnection, Connection, sql
 
+from leasehold.persistence.rows import execute_named
+
 APP_ROLE = "leasehold_app"
 DEFAULT_LOGIN = "leasehold_gateway"
 
 _STANDING = """
-SELECT current_user, r.rolsuper, r.rolbypassrls, pg_has_role(current_user, c.relowner, 'USAGE')
+SELECT current_user AS role, r.rolsuper AS superuser, r.rolbypassrls AS bypassrls,
+       pg_has_role(current_user, c.relowner, 'USAGE') AS owner
 FROM pg_roles r, pg_class c
 WHERE r.rolname = current_user AND c.oid = 'events'::regclass
 """
@@ -39,11 +42,11 @@ def create_app_login(conn: Connection[Any], name: str, password: str) -> bool:
 
 async def privilege_warnings(conn: AsyncConnection[Any]) -> list[str]:
     """Why the current role is more than the Gateway needs (empty when it is not)."""
-    cur = await conn.execute(_STANDING)
+    cur = await execute_named(conn, _STANDING)
     row = await cur.fetchone()
     if row is None:
         return []
-    user, superuser, bypassrls, owner = row
+    user, superuser, bypassrls, owner = row.role, row.superuser, row.bypassrls, row.owner
     out = []
     if superuser:
         out.append(f"connected as {user}, a superuser: it can rewrite the event log past every trigger")

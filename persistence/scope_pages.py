@@ -15,12 +15,13 @@ from uuid import UUID
 from psycopg import AsyncConnection
 
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import execute_named
 
 
 async def damaged_scope_pages(conn: AsyncConnection[Any],
                               task_ids: Sequence[UUID] | None = None) -> list[tuple[str, str | None]]:
     """(key, the sha256 its bytes have now, None when it is missing) of every damaged page the
     tasks ``task_ids`` (None: every task) refer to, in key order; inside the caller's snapshot."""
-    cur = await conn.execute(QUERIES["scope_pages_damaged"],
-                             {"task_ids": None if task_ids is None else list(task_ids)})
-    return [(key, actual) for key, actual in await cur.fetchall()]
+    cur = await execute_named(conn, QUERIES["scope_pages_damaged"],
+                              {"task_ids": None if task_ids is None else list(task_ids)})
+    return [(r.sha256, r.computed) for r in await cur.fetchall()]

@@ -50,7 +50,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from psycopg import AsyncConnection, sql
 
 from leasehold.persistence.checkpoints import CHECKPOINT_COLUMNS as _COLUMNS
-from leasehold.persistence.checkpoints import Checkpoint, Head, checkpoint_from_row, write_checkpoint
+from leasehold.persistence.checkpoints import (
+    Checkpoint,
+    Head,
+    checkpoint_from_row,
+    head_from_row,
+    write_checkpoint,
+)
+from leasehold.persistence.rows import execute_named
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +298,7 @@ class Sealer:
             expected_prev = last["seal"] if last else bytes(32).hex()
             published: dict[str, Any] | None = None
             async with conn.transaction():
-                cur = await conn.execute(_AFTER, (after,))
+                cur = await execute_named(conn, _AFTER, (after,))
                 pending = [checkpoint_from_row(r) for r in await cur.fetchall()]
                 for cp in pending:
                     if cp.prev_seal.hex() != expected_prev:
@@ -299,8 +306,8 @@ class Sealer:
                                      " last published seal): a checkpoint was removed or rewritten in the"
                                      " database; publishing it, verify-chain --digests will report the break",
                                      cp.id)
-                    heads_cur = await conn.execute(_HEADS, (cp.id,), binary=True)
-                    heads = [Head(r[0], r[1], bytes(r[2])) for r in await heads_cur.fetchall()]
+                    heads_cur = await execute_named(conn, _HEADS, (cp.id,), binary=True)
+                    heads = [head_from_row(r) for r in await heads_cur.fetchall()]
                     position = checkpoint.position if cp.id == checkpoint.id else None
                     published = sign_record(record_of(cp, heads, position), self.key)
                     await asyncio.to_thread(self.sink.append, published)

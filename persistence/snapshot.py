@@ -16,6 +16,8 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.pq import TransactionStatus
 
+from leasehold.persistence.rows import execute_named
+
 
 @asynccontextmanager
 async def snapshot(conn: AsyncConnection[Any], *, shared: str | None = None) -> AsyncIterator[AsyncConnection[Any]]:
@@ -34,7 +36,7 @@ async def snapshot(conn: AsyncConnection[Any], *, shared: str | None = None) -> 
 async def export_snapshot(conn: AsyncConnection[Any]) -> str:
     """The id under which other connections can import the snapshot of ``conn``'s transaction
     (valid while that transaction stays open)."""
-    cur = await conn.execute("SELECT pg_export_snapshot()")
+    cur = await execute_named(conn, "SELECT pg_export_snapshot() AS id")
     row = await cur.fetchone()
     assert row is not None
-    return str(row[0])
+    return str(row.id)

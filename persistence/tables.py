@@ -16,9 +16,11 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection, sql
+from psycopg.rows import dict_row
 from psycopg.types.json import JsonbBinaryDumper
 
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import execute_named
 from leasehold.projections.memory import PRIMARY_KEY_OF, Tables
 from leasehold.projections.rows import PRIMARY_KEYS, TABLE_ORDER, Row
 
@@ -48,10 +50,11 @@ async def load_tables(conn: AsyncConnection[Any], schema: str = "public") -> Tab
 
 async def schema_comment(conn: AsyncConnection[Any], schema: str) -> str | None:
     """The comment on ``schema`` (``""`` when it has none); None when there is no such schema."""
-    cur = await conn.execute(
-        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", (schema,))
+    cur = await execute_named(
+        conn, "SELECT obj_description(oid, 'pg_namespace') AS comment FROM pg_namespace WHERE nspname = %s",
+        (schema,))
     row = await cur.fetchone()
-    return None if row is None else row[0] or ""
+    return None if row is None else row.comment or ""
 
 
 async def create_projection_schema(conn: AsyncConnection[Any], schema: str, *, drop_existing: bool) -> None:
@@ -83,8 +86,9 @@ async def commit_without_flush_wait(conn: AsyncConnection[Any]) -> None:
 async def fair_share_rows(conn: AsyncConnection[Any]) -> dict[Any, tuple[float, int, int, float]]:
     """Every organisation's fair-share state as acquisition keeps it: ``{organisation: (virtual
     time, leases served, live attempts, total wait in seconds)}``."""
-    cur = await conn.execute(QUERIES["org_service_all"])
-    return {row[0]: (row[1], row[2], row[3], row[4]) for row in await cur.fetchall()}
+    cur = await execute_named(conn, QUERIES["org_service_all"])
+    return {row.organization_id: (row.virtual_time, row.served, row.live, row.waited_seconds)
+            for row in await cur.fetchall()}
 
 # --- the live rows of stream groups (bounded verification) ----------------------------------
 
@@ -124,11 +128,10 @@ class GroupRows:
         self._conn, self._schema, self._table, self._fetch = conn, schema, table, fetch
         self._key = PRIMARY_KEY_OF[table]
         self._cur: Any = None
-        self._names: list[str] = []
-        self._buffer: list[tuple[Any, ...]] = []
+        self._buffer: list[dict[str, Any]] = []
         self._at = 0
         self._done = False
-        self._next: asyncio.Future[list[tuple[Any, ...]]] | None = None
+        self._next: asyncio.Future[list[dict[str, Any]]] | None = None
 
     async def open_range(self, lo: UUID, hi: UUID | None) -> None:
         """Rows of the groups in ``[lo, hi)``; the last range (``hi`` None) also takes the rows of no
@@ -143,17 +146,15 @@ class GroupRows:
 
     async def _open(self, query: sql.Composed, params: dict[str, Any]) -> None:
         await self.close()
-        self._cur = self._conn.cursor(name=f"replay_live_{self._table}", binary=True)
+        self._cur = self._conn.cursor(name=f"replay_live_{self._table}", binary=True, row_factory=dict_row)
         await self._cur.execute(query, params)
-        assert self._cur.description is not None
-        self._names = [c.name for c in self._cur.description][1:]
         self._buffer, self._at, self._done = [], 0, False
         self._next = asyncio.ensure_future(self._cur.fetchmany(self._fetch))
 
     async def until(self, bound: UUID | None) -> dict[tuple[Any, ...], Row]:
         """The next rows, up to the first of group ``bound`` or later (None: all that are left)."""
         out: dict[tuple[Any, ...], Row] = {}
-        names, key = self._names, self._key
+        key = self._key
         while True:
             if self._at == len(self._buffer):
                 if self._done:
@@ -170,12 +171,12 @@ class GroupRows:
             end = len(buffer)
             if bound is not None:
                 # Rows of no group sort last and belong to no bounded range.
-                while at < end and buffer[at][0] is not None and buffer[at][0] < bound:
+                while at < end and buffer[at]["_group"] is not None and buffer[at]["_group"] < bound:
                     at += 1
             else:
                 at = end
-            for values in buffer[self._at:at]:
-                row = dict(zip(names, values[1:], strict=True))
+            for row in buffer[self._at:at]:  # rows handed out: the buffer needs no _group of theirs
+                del row["_group"]
                 out[key(row)] = row
             self._at = at
             if at < end:
@@ -218,7 +219,8 @@ class TableLoader:
                 " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, table))
             types = self._types[table] = dict(await cur.fetchall())
         columns = list(next(iter(rows)))
-        values = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[columns[0]],))
+        first, *_ = columns
+        values = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[first],))
         statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT BINARY)").format(
             sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
         async with conn.cursor() as copy_cur, copy_cur.copy(statement) as copy:

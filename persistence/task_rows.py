@@ -1,62 +1,80 @@
-"""Rows of the locking queries -> domain state (column order as in ``persistence/queries``)."""
+"""Task rows -> domain state, read by name (the row classes are in :mod:`persistence.rows`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from leasehold.domain.errors import Forbidden
 from leasehold.domain.scopes import ScopeRef
 from leasehold.domain.task import AttemptState, BatchRecord, TaskState
 from leasehold.persistence.event_log import StreamHead
-
-TASK_COLUMNS = 25
-ATTEMPT_COLUMNS = 13
-BATCH_COLUMNS = 8
+from leasehold.persistence.rows import TaskAttemptRow, TaskRow, TaskWriteRow
 
 
-def task_from_row(row: Sequence[Any], task_id_offset: int = 0) -> tuple[TaskState, StreamHead]:
-    """A task and its stream head from ``TASK_COLUMNS`` columns, then its current attempt's."""
-    r = row[task_id_offset:]
-    attempt = attempt_from_row(r[TASK_COLUMNS:TASK_COLUMNS + ATTEMPT_COLUMNS], r[0]) \
-        if len(r) > TASK_COLUMNS else None
+def task_from_row(row: TaskRow) -> tuple[TaskState, StreamHead]:
+    """A task and its stream head; with its current attempt when the row carries one."""
     task = TaskState(
-        id=r[0], version=r[1], scan_id=r[3], scan_job_id=r[4], organization_id=r[5], task_type=r[6],
-        required_capabilities=tuple(r[7]), priority=r[8], scope=r[9], parameters=r[10], state=r[11],
-        available_at=r[12], attempt_count=r[13], max_attempts=r[14], lease_seconds=r[15],
-        execution_timeout_seconds=r[16], cancel_requested_at=r[17], last_error=r[18], created_at=r[19],
-        updated_at=r[20], finished_at=r[21], cancel_delivered_at=r[22],
-        cancel_delivery_channel=r[23], current_attempt=attempt, scope_ref=ScopeRef.from_json(r[24]),
+        id=row.id, version=row.version, scan_id=row.scan_id, scan_job_id=row.scan_job_id,
+        organization_id=row.organization_id, task_type=row.task_type,
+        required_capabilities=tuple(row.required_capabilities), priority=row.priority, scope=row.scope,
+        parameters=row.parameters, state=row.state, available_at=row.available_at,
+        attempt_count=row.attempt_count, max_attempts=row.max_attempts, lease_seconds=row.lease_seconds,
+        execution_timeout_seconds=row.execution_timeout_seconds, cancel_requested_at=row.cancel_requested_at,
+        last_error=row.last_error, created_at=row.created_at, updated_at=row.updated_at,
+        finished_at=row.finished_at, cancel_delivered_at=row.cancel_delivered_at,
+        cancel_delivery_channel=row.cancel_delivery_channel,
+        current_attempt=current_attempt(row) if isinstance(row, TaskAttemptRow) else None,
+        scope_ref=ScopeRef.from_json(row.scope_ref),
     )
-    return task, StreamHead(r[0], r[1], bytes(r[2]))
+    return task, StreamHead(row.id, row.version, bytes(row.head_hash))
 
 
-def attempt_from_row(r: Sequence[Any], task_id: Any) -> AttemptState | None:
-    if r[0] is None:
+def current_attempt(row: TaskAttemptRow) -> AttemptState | None:
+    """The task's current attempt (``current_*``), None when it has none."""
+    if row.current_id is None:
         return None
     return AttemptState(
-        id=r[0], task_id=task_id, worker_id=r[1], attempt_number=r[2], lease_token_hash=bytes(r[3]).hex(),
-        status=r[4], leased_at=r[5], lease_expires_at=r[6], deadline_at=r[7], started_at=r[8],
-        finished_at=r[9], batch_count=r[10], final_batch_accepted=r[11], error=r[12],
+        id=row.current_id, task_id=row.id, worker_id=row.current_worker_id,
+        attempt_number=row.current_attempt_number, lease_token_hash=bytes(row.current_lease_token_hash or b"").hex(),
+        status=row.current_status, leased_at=row.current_leased_at, lease_expires_at=row.current_lease_expires_at,
+        deadline_at=row.current_deadline_at, started_at=row.current_started_at,
+        finished_at=row.current_finished_at, batch_count=row.current_batch_count,
+        final_batch_accepted=row.current_final_batch_accepted, error=row.current_error,
     )
 
 
-def batch_from_row(r: Sequence[Any]) -> BatchRecord | None:
-    if r[0] is None:
+def named_attempt(row: TaskWriteRow) -> AttemptState | None:
+    """The attempt a worker's request names (``named_*``), None when the task has no such attempt."""
+    if row.named_id is None:
         return None
-    return BatchRecord(batch_id=r[0], attempt_id=r[1], sequence_number=r[2], idempotency_key=r[3],
-                       payload_sha256=r[4], record_count=r[5], final=r[6], accepted_at=r[7])
+    return AttemptState(
+        id=row.named_id, task_id=row.id, worker_id=row.named_worker_id,
+        attempt_number=row.named_attempt_number, lease_token_hash=bytes(row.named_lease_token_hash or b"").hex(),
+        status=row.named_status, leased_at=row.named_leased_at, lease_expires_at=row.named_lease_expires_at,
+        deadline_at=row.named_deadline_at, started_at=row.named_started_at,
+        finished_at=row.named_finished_at, batch_count=row.named_batch_count,
+        final_batch_accepted=row.named_final_batch_accepted, error=row.named_error,
+    )
 
 
-def caller_standing(row: Sequence[Any] | None, worker_id: Any = None) -> tuple[Any, str]:
+def stored_batch(row: TaskWriteRow) -> BatchRecord | None:
+    """The batch already stored under the request's idempotency key (``batch_*``), or None."""
+    if row.batch_id is None:
+        return None
+    return BatchRecord(batch_id=row.batch_id, attempt_id=row.batch_attempt_id,
+                       sequence_number=row.batch_sequence_number, idempotency_key=row.batch_idempotency_key,
+                       payload_sha256=row.batch_payload_sha256, record_count=row.batch_record_count,
+                       final=row.batch_final, accepted_at=row.batch_accepted_at)
+
+
+def caller_standing(row: Any, worker_id: Any = None) -> tuple[Any, str]:
     """(worker id, name) of the worker a ``worker_by_fingerprint`` row describes, or the 403 a
     certificate gets when it belongs to no worker (or not to ``worker_id``), or to a revoked
     or disabled one. One wording for the Gateway's identity check and the commands' own."""
-    if row is None or (worker_id is not None and row[0] != worker_id):
+    if row is None or (worker_id is not None and row.id != worker_id):
         raise Forbidden("this certificate does not belong to a registered worker")
-    found_id, name, enabled, revoked = row
-    if revoked:
+    if row.revoked:
         raise Forbidden("this worker has been revoked")
-    if not enabled:
+    if not row.enabled:
         raise Forbidden("this worker is disabled")
-    return found_id, name
+    return row.id, row.name

@@ -17,6 +17,15 @@ the writes travel with the COMMIT. Every statement runs on a cursor of its own: 
 psycopg may stop fetching between two queued commands, and a cursor with two commands queued
 would hand its reader the first one's rows.
 
+A connection lost while the outcome of a COMMIT is unknown (the COMMIT was queued or sent, its
+answer never came) is resolved before anyone is answered: :meth:`Database.resolve_commit` looks
+the transaction's last appended event up (stream, version and chain hash) on a fresh connection
+to whichever server accepts writes now, waiting for one up to ``Database.resolve_seconds``. Found,
+the transaction committed and the command's answer stands; absent, nothing of it committed
+(:class:`ConnectionLost`) and :meth:`Database.run` runs the body again. A transaction that
+only read loses nothing either way: its answer stands. One that wrote without appending an event
+cannot be looked up: :class:`CommitOutcomeUnknown` (503).
+
 ``Database.read()`` is the read side: statements outside any command's transaction, each its
 own, never committing anything; ``Database.snapshot()`` gives several reads one consistent
 ``REPEATABLE READ`` view.
@@ -24,29 +33,36 @@ own, never committing anything; ``Database.snapshot()`` gives several reads one 
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, errors
+from psycopg.rows import BaseRowFactory, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from leasehold.domain.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from leasehold.domain.events import DomainEvent
 from leasehold.persistence.event_log import StreamHead, record
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import execute_named, row_factory
 from leasehold.persistence.snapshot import snapshot
 from leasehold.persistence.writes import WriteBuffer
 from leasehold.projections.projector import project
 from leasehold.projections.rows import RowOp
 
 T = TypeVar("T")
+log = logging.getLogger("leasehold.persistence")
 Clock = Callable[[], datetime | None]
 Params = dict[str, Any]
-Row = tuple[Any, ...]
+#: A row of a named statement, read by name (see :mod:`persistence.rows`).
+Row = Any
 
 #: The channel every wake-up travels on (see :mod:`gateway.background.notify`).
 NOTIFY_CHANNEL = "leasehold"
@@ -81,27 +97,33 @@ def dicts(name: str, params: Params) -> Read:
     return Read(name, params, "dicts")
 
 
+def _rows_of(name: str, shape: str) -> BaseRowFactory[Any]:
+    """How the rows of statement ``name`` are made: ``{column: value}`` for ``dicts``, else by
+    the statement's row class or as named tuples (:func:`persistence.rows.row_factory`)."""
+    return dict_row if shape == "dicts" else row_factory(name)
+
+
 async def _answer(cur: AsyncCursor[Any], shape: str) -> Any:
     if shape == "one":
         return await cur.fetchone()
-    found = await cur.fetchall()
-    if shape == "all":
-        return found
-    names = [c.name for c in cur.description or ()]
-    return [dict(zip(names, r, strict=True)) for r in found]
+    return await cur.fetchall()
 
 
 class Transaction:
     """One command's transaction (see the module docstring). Made by :meth:`Database.transaction`."""
 
-    __slots__ = ("_conn", "_writes", "_topics", "_sent", "committed")
+    __slots__ = ("_conn", "_writes", "_topics", "_sent", "_executed", "committed", "last_event")
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self._conn = conn
         self._writes = WriteBuffer()
         self._topics: list[str] = []
         self._sent = 0  # how many times queued writes were sent
+        self._executed = False  # a statement ran through execute() (it may have written)
+        #: COMMIT was queued: from here on, a lost connection leaves the outcome unknown.
         self.committed = False
+        #: The last event appended (stream id, version, chain hash): the proof of a COMMIT.
+        self.last_event: tuple[Any, int, bytes] | None = None
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -110,7 +132,7 @@ class Transaction:
         await self._flush()
         cursors = []
         for r in reads:
-            cur = self._conn.cursor()
+            cur = self._conn.cursor(row_factory=_rows_of(r.name, r.shape))
             await cur.execute(QUERIES[r.name], r.params)
             cursors.append(cur)
         return [await _answer(cur, r.shape) for cur, r in zip(cursors, reads, strict=True)]
@@ -142,6 +164,8 @@ class Transaction:
         if not events:
             return head
         recorded, new_head = record(head, events)
+        last = recorded[-1]  # not a row: the records just made
+        self.last_event = (last.stored.originator_id, last.stored.originator_version, last.hash)
         self._writes.events((r.stored.originator_id, r.stored.originator_version, r.stored.topic,
                              r.stored.state, r.prev_hash, r.hash) for r in recorded)
         self._writes.ops([op for r in recorded for op in project(r.event, r.hash)])
@@ -164,6 +188,7 @@ class Transaction:
         """Run the named statement now, in order with the queued writes (for statements whose
         effect a later read in this transaction must see and that cannot be queued as a CTE)."""
         await self._flush()
+        self._executed = True
         await self._conn.cursor().execute(QUERIES[name], params)
 
     # --- structure -------------------------------------------------------------------------
@@ -178,7 +203,7 @@ class Transaction:
         # halfway. Synced, psycopg sees the open transaction and makes a real savepoint.
         async with self._conn.pipeline() as pipeline:
             await pipeline.sync()
-        topics = len(self._topics)
+        topics, last_event = len(self._topics), self.last_event
         try:
             async with self._conn.transaction():
                 yield
@@ -186,6 +211,7 @@ class Transaction:
         except BaseException:
             self._writes.clear()
             del self._topics[topics:]
+            self.last_event = last_event  # what the savepoint undid proves nothing
             raise
 
     @property
@@ -209,25 +235,13 @@ class Transaction:
         """Drop the queued writes and queue ROLLBACK (what was sent is undone)."""
         self._writes.clear()
         self._topics.clear()
+        self.last_event = None
         await self._conn.cursor().execute("ROLLBACK")
 
-    async def settle(self) -> int:
-        """Send the queued writes now (no round trip of their own in the pipeline); how many
-        times this transaction has sent writes so far (:attr:`writes_sent`). A shared
-        transaction calls it between bodies, so that whether a body sent anything is known."""
-        await self._flush()
-        return self._sent
-
-    def drop_queued(self, topics_from: int) -> None:
-        """Forget the writes queued since the last :meth:`settle`, and the wake-ups after the
-        first ``topics_from`` (a body that refused before sending anything)."""
-        self._writes.clear()
-        del self._topics[topics_from:]
-
     @property
-    def writes_sent(self) -> int:
-        """How many times this transaction has sent queued writes."""
-        return self._sent
+    def wrote_nothing(self) -> bool:
+        """Whether this transaction only read (whether its COMMIT happened changes nothing)."""
+        return self._sent == 0 and not self._writes and not self._executed
 
     @property
     def topics(self) -> list[str]:
@@ -250,16 +264,27 @@ class Reader:
         self._conn = conn
 
     async def one(self, name: str, params: Params) -> Row | None:
-        cur = await self._conn.execute(QUERIES[name], params)
+        cur = await self._run(name, params, "one")
         return await cur.fetchone()
 
     async def all(self, name: str, params: Params) -> list[Row]:
-        cur = await self._conn.execute(QUERIES[name], params)
+        cur = await self._run(name, params, "all")
         return await cur.fetchall()
 
+    async def value(self, name: str, params: Params) -> Row:
+        """The one row an aggregate statement always returns."""
+        found = await self.one(name, params)
+        assert found is not None, f"{name} always returns a row"
+        return found
+
     async def dicts(self, name: str, params: Params) -> list[dict[str, Any]]:
-        cur = await self._conn.execute(QUERIES[name], params)
-        return await _answer(cur, "dicts")
+        cur = await self._run(name, params, "dicts")
+        return await cur.fetchall()
+
+    async def _run(self, name: str, params: Params, shape: str) -> AsyncCursor[Any]:
+        cur = self._conn.cursor(row_factory=_rows_of(name, shape))
+        await cur.execute(QUERIES[name], params)
+        return cur
 
 
 class Database:
@@ -270,47 +295,110 @@ class Database:
     """
 
     def __init__(self, pool: AsyncConnectionPool, *,
-                 on_commit: Callable[[list[str]], None] | None = None) -> None:
+                 on_commit: Callable[[list[str]], None] | None = None, resolve_seconds: float = 30.0) -> None:
         self.pool = pool
         self.on_commit = on_commit
-        #: Shares transactions between concurrent :meth:`run` bodies when set.
-        self.group: GroupRunner | None = None
+        #: How long a lost COMMIT's outcome, or a body lost with its connection, waits for a
+        #: writable server (a failover) before the command answers 503.
+        self.resolve_seconds = resolve_seconds
+        self._checking: asyncio.Task[None] | None = None
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
-        """A fresh transaction; it commits only through :meth:`Transaction.commit`."""
-        with translated_errors():
-            async with self.pool.connection() as conn:
-                tx = Transaction(conn)
-                try:
-                    async with conn.pipeline():
-                        await tx.begin()
-                        yield tx
-                        if not tx.committed:  # left without a commit: undo what was sent
-                            await tx.rollback()
-                except BaseException:
-                    await abandon(conn)
-                    raise
-            if tx.committed and tx._topics and self.on_commit is not None:
-                self.on_commit(tx._topics)
+        """A fresh transaction; it commits only through :meth:`Transaction.commit`.
 
-    async def run(self, body: Callable[[Transaction], Awaitable[T]], *, key: object = None) -> T:
+        Its connection lost: :class:`ConnectionLost` when nothing of it committed (also after a
+        lost COMMIT that :meth:`resolve_commit` found absent), :class:`CommitOutcomeUnknown` when
+        that cannot be told; a lost COMMIT found in the log ends the block as if it had answered."""
+        tx: Transaction | None = None
+        try:
+            with translated_errors():
+                async with self.pool.connection() as conn:
+                    tx = Transaction(conn)
+                    try:
+                        async with conn.pipeline():
+                            await tx.begin()
+                            yield tx
+                            if not tx.committed:  # left without a commit: undo what was sent
+                                await tx.rollback()
+                    except BaseException:
+                        await abandon(conn)
+                        raise
+        except Unavailable as exc:
+            if tx is None or not tx.broken:
+                raise
+            self.connection_lost()
+            if not tx.committed:
+                raise ConnectionLost("the database connection was lost; nothing was committed") from exc
+            committed = await self.resolve_commit(tx)
+            if committed is None:
+                raise CommitOutcomeUnknown("the database connection was lost during COMMIT") from exc
+            if not committed:
+                raise ConnectionLost("the database connection was lost during COMMIT, which did not happen") from exc
+            log.warning("a COMMIT whose connection was lost is in the log: the command's answer stands")
+        if tx.committed and tx._topics and self.on_commit is not None:
+            self.on_commit(tx._topics)
+
+    def connection_lost(self) -> None:
+        """A pooled connection broke (a server restart, a failover): have the pool check its idle
+        connections now, so that the next commands do not meet the other dead ones one by one."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.create_task(self._check_pool(), name="leasehold-pool-check")
+
+    async def _check_pool(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception as exc:  # the pool was closed meanwhile: nothing to check
+            log.debug("pool check failed", extra={"error": str(exc)})
+
+    async def resolve_commit(self, tx: Transaction) -> bool | None:
+        """Whether ``tx``, whose connection was lost after its COMMIT was queued, committed: its
+        last appended event looked up on a writable server (waiting for one, a failover say, up
+        to ``resolve_seconds``). True for a transaction that only read (nothing to lose); None
+        when it wrote without appending an event, or no server answered in time.
+
+        Synchronous replication makes the answer final: a COMMIT that did not reach the
+        synchronous standby was never acknowledged by the old primary, and a promoted standby
+        does not have it (the old primary's copy is rewound when it rejoins)."""
+        if tx.last_event is None:
+            return True if tx.wrote_nothing else None
+        originator_id, version, chain_hash = tx.last_event
+        params = {"originator_id": originator_id, "originator_version": version, "hash": chain_hash}
+        deadline = time.monotonic() + self.resolve_seconds
+        delay = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                async with self.pool.connection(timeout=remaining) as conn:
+                    cur = await execute_named(conn, QUERIES["event_committed"], params)
+                    found = await cur.fetchone()
+                    return bool(found is not None and found.committed)
+            except (psycopg.Error, PoolTimeout, OSError):
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 1.0)
+
+    async def run(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
         """Run ``body`` in a transaction and commit it; ``body``'s result.
 
-        ``body`` reads and queues writes on the transaction it is given and must not commit: with
-        a group committer (:class:`persistence.group_commit.GroupCommit`, set as ``group``),
-        bodies that arrive together share one transaction and one COMMIT, and each gets its
-        answer only once that COMMIT is done. ``key`` keeps the bodies that would contend for the
-        same rows (one worker's, say) in one lane. A body may run more than once (a shared
-        transaction that failed is retried body by body), so it must do nothing but read and
-        queue writes.
+        ``body`` reads and queues writes on the transaction it is given and must not commit.
         """
-        if self.group is not None:
-            return await self.group.submit(body, key)
-        async with self.transaction() as tx:
-            result = await body(tx)
-            await tx.commit()
-        return result
+        deadline = time.monotonic() + self.resolve_seconds
+        delay = 0.05
+        while True:
+            try:
+                async with self.transaction() as tx:
+                    result = await body(tx)
+                    await tx.commit()
+                return result
+            except ConnectionLost:
+                # Nothing of it committed: run it again on a fresh connection, while a failover
+                # may still be promoting the standby.
+                if time.monotonic() + delay >= deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Reader]:
@@ -341,10 +429,12 @@ class Database:
             await reader.one("ping", {})
 
 
-class GroupRunner(Protocol):
-    """What :meth:`Database.run` hands its bodies to when transactions are shared."""
+class ConnectionLost(Unavailable):
+    """The connection broke and nothing of the transaction committed: safe to run again."""
 
-    async def submit(self, body: Callable[[Transaction], Awaitable[T]], key: object) -> T: ...
+
+class CommitOutcomeUnknown(Unavailable):
+    """The connection broke during COMMIT and whether it happened could not be found out."""
 
 
 async def abandon(conn: AsyncConnection[Any]) -> None:

@@ -160,7 +160,8 @@ class _Statement:
         ctes += [query for _, query, _ in self.parts]
         notifies = len(self.notifies) // 2
         if len(ctes) == 1 and not notifies:
-            return ctes[0]
+            (only,) = ctes
+            return only
         select = sql.SQL("SELECT {}").format(
             sql.SQL(", ").join([sql.SQL("pg_notify(%s, %s)")] * notifies) if notifies else sql.SQL("1"))
         if not ctes:
@@ -196,7 +197,7 @@ class WriteBuffer:
     def _current(self) -> _Statement:
         if not self._statements:
             self._statements.append(_Statement())
-        return self._statements[-1]
+        return self._statements[-1]  # not a row: the statement being built
 
     def _for(self, table: str) -> _Statement:
         statement = self._current()

@@ -27,10 +27,9 @@ import time
 import uuid
 from uuid import UUID
 
+from leasehold.protocol.wire import AcquireResponse, CancelNotice
 from leasehold.worker.backoff import Backoff, sleep_unless
 from leasehold.worker.client import (
-    AcquireAnswer,
-    CancelNotice,
     GatewayClient,
     InvalidAnswer,
     Rejected,
@@ -199,7 +198,7 @@ class Agent:
 
             task.add_done_callback(finished)
 
-    async def _acquire(self, client: GatewayClient) -> tuple[AcquireAnswer, AcquireTiming, int]:
+    async def _acquire(self, client: GatewayClient) -> tuple[AcquireResponse, AcquireTiming, int]:
         """One acquire (long-poll), retried with one request id until answered."""
         assert self._stopping is not None
         wait = self.settings.wait_seconds

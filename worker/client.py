@@ -24,15 +24,29 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
 import aiohttp
 import orjson
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import SecretStr, ValidationError
 
+from leasehold.protocol.wire import (
+    AcquireRequest,
+    AcquireResponse,
+    Answer,
+    BatchAck,
+    CompleteRequest,
+    FailRequest,
+    FinalBatch,
+    RenewResponse,
+    Request,
+    ResultBatchRequest,
+    ScopePageRequest,
+    ScopePageView,
+    WorkerWriteRequest,
+)
 from leasehold.worker.backoff import Backoff, sleep_unless
 from leasehold.worker.batcher import Batch
 from leasehold.worker.settings import WorkerSettings
@@ -40,20 +54,13 @@ from leasehold.worker.settings import WorkerSettings
 log = logging.getLogger("leasehold.worker.client")
 
 __all__ = [
-    "AcquireAnswer",
     "AttemptRef",
-    "BatchAck",
-    "CancelNotice",
     "GatewayClient",
     "GatewayError",
     "GatewayUnavailable",
     "InvalidAnswer",
-    "LeaseInfo",
     "LeaseLost",
     "Rejected",
-    "RenewAnswer",
-    "ScopePageAnswer",
-    "ScopeRefInfo",
     "Stopped",
     "TaskWasCancelled",
     "client_ssl_context",
@@ -99,87 +106,10 @@ class TaskWasCancelled(Rejected):
 
 
 # --------------------------------------------------------------------------------------------
-# Answers (only the fields the worker uses; the Gateway may send more)
+# Messages: protocol.wire, one definition shared with the Gateway (answers ignore unknown fields)
 # --------------------------------------------------------------------------------------------
 
-
-class _Answer(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-_A = TypeVar("_A", bound=_Answer)
-
-
-class ScopeRefInfo(_Answer):
-    """The task's whole scope, of which ``TaskInfo.scope`` is the first page (see :mod:`domain.scopes`)."""
-
-    sha256: str
-    bytes: int
-    assets: int | None
-    pages: int
-
-
-class TaskInfo(_Answer):
-    id: UUID
-    task_type: str
-    state: str
-    scope: dict[str, Any]
-    #: None: ``scope`` is the whole scope (and from a Gateway before scopes were paged).
-    scope_ref: ScopeRefInfo | None = None
-    parameters: dict[str, Any]
-    attempt_count: int
-    max_attempts: int
-    lease_seconds: int
-    execution_timeout_seconds: int
-
-
-class AttemptInfo(_Answer):
-    id: UUID
-    attempt_number: int
-    status: str
-    leased_at: datetime
-    lease_expires_at: datetime
-    deadline_at: datetime
-
-
-class LeaseInfo(_Answer):
-    task: TaskInfo
-    attempt: AttemptInfo
-    attempt_id: UUID
-    lease_token: SecretStr
-    lease_expires_at: datetime
-    deadline_at: datetime
-    #: The organisation's target policy (``{"allow": [...], "deny": [...]}``); absent: the default.
-    target_policy: dict[str, Any] | None = None
-
-
-class ScopePageAnswer(_Answer):
-    page: int
-    pages: int
-    assets: list[Any]
-
-
-class CancelNotice(_Answer):
-    task_id: UUID
-    attempt_id: UUID
-
-
-class AcquireAnswer(_Answer):
-    lease: LeaseInfo | None
-    cancel_requested: list[CancelNotice]
-
-
-class RenewAnswer(_Answer):
-    lease_expires_at: datetime
-    cancel_requested: bool
-
-
-class BatchAck(_Answer):
-    sequence_number: int
-    idempotency_key: str
-    record_count: int
-    final: bool
-    duplicate: bool
+_A = TypeVar("_A", bound=Answer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,13 +208,13 @@ class GatewayClient:
 
     async def acquire(self, request_id: str, *, wait_seconds: int, stop: asyncio.Event | None = None,
                       on_retry: Callable[[str, float], None] | None = None,
-                      known_cancels: Iterable[UUID] = ()) -> AcquireAnswer:
+                      known_cancels: Iterable[UUID] = ()) -> AcquireResponse:
         """Long-poll for one lease. Retried (same ``request_id``) until it succeeds or ``stop``.
 
         A ``204`` (nothing to do) is an answer with no lease and no cancellations.
         """
-        body = {"wait_seconds": wait_seconds, "request_id": request_id,
-                "known_cancels": [str(a) for a in list(known_cancels)[:1000]]}
+        body = _body(AcquireRequest(wait_seconds=wait_seconds, request_id=request_id,
+                                    known_cancels=list(known_cancels)[:1000]))
         reply = await self.post("/v1/tasks/acquire", body,
                                 seconds=self.settings.request_timeout_seconds + wait_seconds,
                                 stop=stop, on_retry=on_retry, attempt_write=False)
@@ -293,23 +223,28 @@ class GatewayClient:
             if reply.warning:
                 log.warning("the Gateway says this worker can get no work", extra={"warning": reply.warning})
         if reply.status == 204 or reply.body is None:
-            return AcquireAnswer(lease=None, cancel_requested=[])
-        return _parse(AcquireAnswer, reply.body, "acquire")
+            return AcquireResponse(lease=None, cancel_requested=[])
+        return _parse(AcquireResponse, reply.body, "acquire")
 
     async def renew(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
-                    stop: asyncio.Event | None = None) -> RenewAnswer:
-        reply = await self._write(attempt, "renew", {}, retry_while, stop)
-        return _parse(RenewAnswer, reply.body, "renew")
+                    stop: asyncio.Event | None = None) -> RenewResponse:
+        reply = await self._write(attempt, "renew", _body(WorkerWriteRequest(lease_token=_token(attempt))),
+                                  retry_while, stop)
+        return _parse(RenewResponse, reply.body, "renew")
 
     async def progress(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
                        stop: asyncio.Event | None = None) -> None:
-        await self._write(attempt, "progress", {}, retry_while, stop)
+        await self._write(attempt, "progress", _body(WorkerWriteRequest(lease_token=_token(attempt))),
+                          retry_while, stop)
 
     async def submit(self, attempt: AttemptRef, *, sequence_number: int, idempotency_key: str,
                      payload_sha256: str, payload: list[dict[str, Any]], final: bool,
                      retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> BatchAck:
-        body = {"sequence_number": sequence_number, "idempotency_key": idempotency_key,
-                "payload_sha256": payload_sha256, "payload": payload, "final": final}
+        # The records (up to 100,000) are neither validated nor converted again here: the Gateway
+        # validates them, with the same model.
+        body = _body(ResultBatchRequest.model_construct(
+            lease_token=_token(attempt), sequence_number=sequence_number, idempotency_key=idempotency_key,
+            payload_sha256=payload_sha256, payload=payload, final=final), payload=payload)
         reply = await self._write(attempt, "results", body, retry_while, stop)
         return _parse(BatchAck, reply.body, "results")
 
@@ -317,32 +252,33 @@ class GatewayClient:
                        retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:
         """Complete the attempt; with ``final_batch``, its last batch travels in the same request
         (and the Gateway accepts both in one transaction)."""
-        body: dict[str, Any] = {}
-        if final_batch is not None:
-            body["final_batch"] = {"sequence_number": final_batch.sequence_number,
-                                   "idempotency_key": final_batch.idempotency_key,
-                                   "payload_sha256": final_batch.payload_sha256, "payload": final_batch.payload}
+        final = None if final_batch is None else _body(FinalBatch.model_construct(
+            sequence_number=final_batch.sequence_number, idempotency_key=final_batch.idempotency_key,
+            payload_sha256=final_batch.payload_sha256, payload=final_batch.payload), payload=final_batch.payload)
+        body = _body(CompleteRequest.model_construct(lease_token=_token(attempt), final_batch=None), final_batch=final)
         await self._write(attempt, "complete", body, retry_while, stop)
 
     async def scope_page(self, attempt: AttemptRef, page: int, *, retry_while: Callable[[], bool] = _always,
-                         stop: asyncio.Event | None = None) -> ScopePageAnswer:
+                         stop: asyncio.Event | None = None) -> ScopePageView:
         """Page ``page`` of the attempt's task's scope (fenced like a write: a lost lease or a
         cancelled task raises :class:`LeaseLost` or :class:`TaskWasCancelled`)."""
-        reply = await self._write(attempt, "scope", {"page": page}, retry_while, stop)
-        return _parse(ScopePageAnswer, reply.body, "scope")
+        reply = await self._write(attempt, "scope", _body(ScopePageRequest(lease_token=_token(attempt), page=page)),
+                                  retry_while, stop)
+        return _parse(ScopePageView, reply.body, "scope")
 
     async def fail(self, attempt: AttemptRef, *, error: str, retryable: bool,
                    retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:
-        await self._write(attempt, "fail", {"error": error[:20_000], "retryable": retryable}, retry_while, stop)
+        await self._write(attempt, "fail", _body(FailRequest(lease_token=_token(attempt), error=error[:20_000],
+                                                             retryable=retryable)), retry_while, stop)
 
     async def cancel_ack(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
                          stop: asyncio.Event | None = None) -> None:
-        await self._write(attempt, "cancel-ack", {}, retry_while, stop)
+        await self._write(attempt, "cancel-ack", _body(WorkerWriteRequest(lease_token=_token(attempt))),
+                          retry_while, stop)
 
     async def _write(self, attempt: AttemptRef, action: str, body: dict[str, Any],
                      retry_while: Callable[[], bool], stop: asyncio.Event | None) -> Reply:
-        return await self.post(f"{attempt.path}/{action}",
-                               {"lease_token": attempt.lease_token.get_secret_value(), **body},
+        return await self.post(f"{attempt.path}/{action}", body,
                                seconds=self.settings.request_timeout_seconds, retry_while=retry_while,
                                stop=stop, attempt_write=True)
 
@@ -406,6 +342,16 @@ class GatewayClient:
                                                 "http_request_id": request_id,
                                                 "ms": round((time.monotonic() - started) * 1000, 1)})
             return response.status, orjson.loads(raw) if raw else None, response.headers
+
+
+def _token(attempt: AttemptRef) -> str:
+    return attempt.lease_token.get_secret_value()
+
+
+def _body(request: Request, **raw: Any) -> dict[str, Any]:
+    """A request model as the JSON object it travels as; the fields in ``raw`` go as they are
+    given (JSON already), not converted by pydantic."""
+    return {**request.model_dump(mode="json", exclude=set(raw)), **raw}
 
 
 def _parse(model: type[_A], body: Any, route: str) -> _A:

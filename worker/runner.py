@@ -49,16 +49,15 @@ import orjson
 
 from leasehold.domain.scopes import ScopeAssembler, ScopeMismatch, ScopeRef
 from leasehold.protocol.targets import refused_target
+from leasehold.protocol.wire import Lease, ScopeRefView
 from leasehold.worker.batcher import Batcher
 from leasehold.worker.client import (
     AttemptRef,
     GatewayClient,
     GatewayError,
     GatewayUnavailable,
-    LeaseInfo,
     LeaseLost,
     Rejected,
-    ScopeRefInfo,
     TaskWasCancelled,
 )
 from leasehold.worker.plugin import (
@@ -109,7 +108,7 @@ class AcquireTiming:
 class TaskRunner:
     """Runs one lease to its end; :meth:`run` returns the outcome (completed, failed, timeout, cancelled, lost)."""
 
-    def __init__(self, lease: LeaseInfo, timing: AcquireTiming, *, client: GatewayClient,
+    def __init__(self, lease: Lease, timing: AcquireTiming, *, client: GatewayClient,
                  settings: WorkerSettings, resolver: PluginResolver, status: Status) -> None:
         self.lease, self.client, self.settings, self.resolver, self.status = lease, client, settings, resolver, status
         self.task = lease.task
@@ -196,7 +195,7 @@ class TaskRunner:
             return await self._fail(str(exc), retryable=True)
         # The target policy, again here, with the names resolved by this host: what the Gateway
         # checked at creation may resolve elsewhere now (or from here). No plugin runs then.
-        refused = await refused_target(self.task.scope, self.lease.target_policy)
+        refused = await refused_target(self.task.scope, self.lease.target_policy.model_dump())
         if refused is not None:
             log.warning("target refused by the target policy",
                         extra={**self.log_fields, "reason": refused.message})
@@ -255,7 +254,7 @@ class TaskRunner:
             task.cancel()  # nothing more is submitted for this attempt
         return await self._stop_and_report(plugin, ending)
 
-    async def _read_scope(self, ref: ScopeRefInfo, path: Path) -> None:
+    async def _read_scope(self, ref: ScopeRefView, path: Path) -> None:
         """Write the plugin's input document to ``path``, the scope's pages read from the Gateway
         one by one and appended as they arrive (memory holds one page), then check that every
         asset of the scope arrived. A refusal, or a scope that is not whole, ends the attempt."""

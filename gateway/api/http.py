@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,10 +18,10 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from leasehold.domain.errors import InvalidRequest, LeaseholdError
-from leasehold.domain.limits import check_body, check_field
+from leasehold.domain.limits import check_body
 from leasehold.gateway.keys import (
     LISTENER_PORTS,
     METRICS,
@@ -32,6 +33,8 @@ from leasehold.gateway.keys import (
     WORKER_FINGERPRINT,
 )
 from leasehold.protocol.logs import LOG_CONTEXT
+from leasehold.protocol.wire import INTEGRAL as INTEGRAL  # re-exported: the operator models' integers
+from leasehold.protocol.wire import json_limits as json_limits  # re-exported: their JSON fields
 
 log = logging.getLogger("leasehold.gateway")
 
@@ -82,34 +85,21 @@ class RouteTable(list[Route]):
               statuses: tuple[int, ...] = (), tags: tuple[str, ...] = (),
               query: type[BaseModel] | None = None,
               links: dict[str, dict[str, Any]] | None = None,
-              listeners: tuple[Listener, ...] = ()) -> Callable[[Handler], Handler]:
+              listeners: tuple[Listener, ...] = (), idempotent: bool = False) -> Callable[[Handler], Handler]:
         """``links``: OpenAPI links of the success response (name -> link object, naming its target
-        by ``operationId``: the handler's name, ``_``, the lower-case method)."""
+        by ``operationId``: the handler's name, ``_``, the lower-case method). ``idempotent``: the
+        route takes an ``Idempotency-Key`` header (:func:`idempotency_key`)."""
+        extra: dict[str, Any] = {}
+        if links:
+            extra["links"] = links
+        if idempotent:
+            extra["headers"] = [IDEMPOTENCY_HEADER]
+
         def register(handler: Handler) -> Handler:
             self.append(Route(method, path, handler, summary, auth, request, response, statuses, tags, query,
-                              {"links": links} if links else {}, listeners))
+                              extra, listeners))
             return handler
         return register
-
-
-def _integral(value: Any) -> Any:
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-#: Put last in ``Annotated[StrictInt, Field(ge=…, le=…), INTEGRAL]``: an integer as JSON (and JSON
-#: Schema) knows it, so ``5`` and ``5.0`` are the same number while ``5.5``, ``"5"`` and ``true`` are
-#: not integers. (Placed before the bounds, pydantic would publish them as ``ge``/``le``.)
-INTEGRAL = BeforeValidator(_integral)
-
-
-def json_limits(field: str) -> AfterValidator:
-    """Put in ``Annotated[dict[str, Any], json_limits("scope")]``: the field's depth and size
-    limits (:data:`domain.limits.FIELD_LIMITS`), refused as 422 (too deep) or 413 (too large)
-    naming the field. The error is raised past pydantic (not a ValueError) so it keeps its status."""
-    def check(value: Any) -> Any:
-        check_field(field, value)
-        return value
-    return AfterValidator(check)
 
 
 def ok(body: BaseModel | dict[str, Any] | list[Any], status: int = 200) -> web.Response:
@@ -173,6 +163,28 @@ class RequestTimeout(LeaseholdError):
     """The request did not arrive in time."""
     status = 408
     code = "request-timeout"
+
+
+#: The ``Idempotency-Key`` header of the creating routes, as the OpenAPI document gives it.
+IDEMPOTENCY_HEADER: dict[str, Any] = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+    "description": "makes the request safe to retry: the same key with the same request answers as the first "
+                   "request did (the resource it created, as it is now; nothing created again), the same key with "
+                   "another request 409 `idempotency-key-reused`. Per organisation (or administrator), kept 24 hours.",
+}
+_KEY_CHARACTERS = re.compile(r"[!-~]{1,255}")
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` (visible ASCII, 1 to 255 characters), or ``None``;
+    a malformed one is a 400."""
+    value = request.headers.get("Idempotency-Key")
+    if value is None:
+        return None
+    if _KEY_CHARACTERS.fullmatch(value) is None:
+        raise BadRequest("the Idempotency-Key header must be 1 to 255 visible ASCII characters")
+    return value
 
 
 class BadRequest(Exception):
@@ -249,7 +261,7 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
     allowed = request.app.get(ROUTE_LISTENERS, {}).get(id(request.match_info.route))
     if ports and allowed is not None:
         local = request.transport.get_extra_info("sockname") if request.transport is not None else None
-        listener = ports.get(local[1]) if local else None
+        listener = ports.get(local[1]) if local else None  # not a row: a socket address (host, port, ...)
         if listener is not None and listener not in allowed:
             raise web.HTTPNotFound(text=f"not served on the {listener} port")
     return await handler(request)

@@ -52,7 +52,8 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
         schema = dict(properties[name])
         options = [s for s in schema.pop("anyOf", []) if s.get("type") != "null"]
         if len(options) == 1:
-            schema |= options[0]
+            (only,) = options
+            schema |= only
         elif options:
             schema["anyOf"] = options
         schema.pop("title", None)
@@ -77,6 +78,7 @@ def build_openapi(routes: list[Route]) -> dict[str, Any]:
                   for n in _PATH_VARIABLE.findall(r.path)]
         if r.query is not None:
             params += _query_parameters(r.query)
+        params += r.extra.get("headers", [])
         if params:
             op["parameters"] = params
         if r.request is not None:

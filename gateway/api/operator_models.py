@@ -24,7 +24,6 @@ from pydantic import (
     model_validator,
 )
 
-# The finding-work answers are the client's own models: one definition, which the Gateway answers with.
 from leasehold.client.models import Counts as Counts
 from leasehold.client.models import Job as Job
 from leasehold.client.models import LiveLease as LiveLease
@@ -34,9 +33,21 @@ from leasehold.client.models import TaskPage as TaskPage
 from leasehold.client.models import TaskSummary as TaskSummary
 from leasehold.domain.events import ScanStatus, TaskStateName
 from leasehold.domain.task import TaskState
-from leasehold.gateway.api.http import INTEGRAL, json_limits
-from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView
+from leasehold.gateway.api.worker_models import AttemptView, ScopeRefView, scope_ref_view
+from leasehold.persistence.rows import (
+    AssetRow,
+    AssignmentRow,
+    AttemptRow,
+    LiveLeaseRow,
+    OrganizationRow,
+    ScanRow,
+    TaskSummaryRow,
+    ThreatRow,
+    WorkerRow,
+    field_names,
+)
 from leasehold.protocol.clipping import CLIPPED, CLIPPED_NUMBER, MAX_DISPLAY_DEPTH, clip
+from leasehold.protocol.wire import INTEGRAL, json_limits
 
 #: White space as Python's ``str.strip`` knows it (names, reasons and labels are checked stripped),
 #: spelled out because ``\s`` means something else in each regex dialect (ECMA, Rust, Python).
@@ -137,9 +148,9 @@ class Organization(Body):
         "off: legacy-executed"))
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> Organization:
-        return cls(id=row[0], name=row[1], created_at=row[2], updated_at=row[3],
-                   **({"gateway_execution": row[4]} if len(row) > 4 else {}))
+    def of(cls, row: OrganizationRow) -> Organization:
+        return cls(id=row.id, name=row.name, created_at=row.created_at, updated_at=row.updated_at,
+                   gateway_execution=row.gateway_execution)
 
 
 class OrganizationPage(Body):
@@ -205,9 +216,10 @@ class ApiKeyView(Body):
     replaced_by: UUID | None = Field(description="the key a rotation replaced it with")
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> ApiKeyView:
-        return cls(id=row[0], name=row[1], organization_id=row[2], created_at=row[3], expires_at=row[4],
-                   revoked_at=row[5], last_used_at=row[6], bootstrap=row[7], replaced_by=row[8])
+    def of(cls, row: Any) -> ApiKeyView:
+        return cls(id=row.id, name=row.name, organization_id=row.organization_id, created_at=row.created_at,
+                   expires_at=row.expires_at, revoked_at=row.revoked_at, last_used_at=row.last_used_at,
+                   bootstrap=row.bootstrap, replaced_by=row.replaced_by)
 
 
 class ApiKeyPage(Body):
@@ -288,9 +300,10 @@ class AssignmentView(Body):
     updated_at: datetime
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> AssignmentView:
-        """From ``assignments_of_workers`` (worker_id, organization_id, enabled, revoked_at, …)."""
-        _, org, enabled, revoked_at, created_at, updated_at = row
+    def of(cls, row: AssignmentRow) -> AssignmentView:
+        """From ``assignments_of_workers`` rows."""
+        org, enabled, revoked_at, created_at, updated_at = (row.organization_id, row.enabled, row.revoked_at,
+                                                             row.created_at, row.updated_at)
         state: Literal["active", "removed", "revoked"] = (
             "revoked" if revoked_at is not None else "active" if enabled else "removed")
         return cls(organization_id=org, state=state, revoked_at=revoked_at, created_at=created_at,
@@ -343,14 +356,15 @@ class Worker(Body):
         "organisation key"))
 
     @classmethod
-    def of(cls, row: Sequence[Any], assignments: Sequence[AssignmentView], *, last_seen_at: datetime | None = None,
+    def of(cls, row: WorkerRow, assignments: Sequence[AssignmentView], *, last_seen_at: datetime | None = None,
            live_leases: Sequence[LiveLease] = (), presence: WorkerPresence | None = None) -> Worker:
         """From ``worker_get``/``workers_page`` rows."""
         seen = presence or WorkerPresence()
-        return cls(id=row[0], name=row[1], fingerprint=row[2], enabled=row[3], revoked_at=row[4],
-                   capabilities=list(row[5]), task_types=list(row[6]), max_concurrent_tasks=row[7],
-                   created_at=row[8], updated_at=row[9], assignments=list(assignments),
-                   last_seen_at=last_seen_at, live_leases=list(live_leases), warnings=worker_warnings(row[6]),
+        return cls(id=row.id, name=row.name, fingerprint=row.fingerprint, enabled=row.enabled,
+                   revoked_at=row.revoked_at, capabilities=list(row.capabilities), task_types=list(row.task_types),
+                   max_concurrent_tasks=row.max_concurrent_tasks, created_at=row.created_at,
+                   updated_at=row.updated_at, assignments=list(assignments), last_seen_at=last_seen_at,
+                   live_leases=list(live_leases), warnings=worker_warnings(row.task_types),
                    liveness=seen.liveness, last_poll_at=seen.last_poll_at, last_renew_at=seen.last_renew_at,
                    last_write_at=seen.last_write_at)
 
@@ -428,9 +442,9 @@ class Asset(ShowsStoredJson):
     last_seen_at: datetime
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> Asset:
-        return cls(id=row[0], kind=row[1], value=row[2], attributes=row[3], first_seen_at=row[4],
-                   last_seen_at=row[5])
+    def of(cls, row: AssetRow) -> Asset:
+        return cls(id=row.id, kind=row.kind, value=row.value, attributes=row.attributes,
+                   first_seen_at=row.first_seen_at, last_seen_at=row.last_seen_at)
 
 
 class AssetList(Body):
@@ -450,9 +464,9 @@ class Threat(ShowsStoredJson):
     last_seen_at: datetime
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> Threat:
-        return cls(id=row[0], external_id=row[1], title=row[2], severity=row[3], data=row[4],
-                   first_seen_at=row[5], last_seen_at=row[6])
+    def of(cls, row: ThreatRow) -> Threat:
+        return cls(id=row.id, external_id=row.external_id, title=row.title, severity=row.severity, data=row.data,
+                   first_seen_at=row.first_seen_at, last_seen_at=row.last_seen_at)
 
 
 class ThreatList(Body):
@@ -483,10 +497,12 @@ class Scan(ShowsStoredJson):
         None, description="a legacy record moved to Gateway execution: the Gateway scan that runs it")
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> Scan:
-        extra = dict(zip(("profile", "stored_profile_id", "legacy_scan_id", "handed_over_to"), row[8:], strict=False))
-        return cls(id=row[0], organization_id=row[1], status=row[2], execution_mode=row[3], targets=row[4],
-                   created_at=row[5], updated_at=row[6], finished_at=row[7], **extra)
+    def of(cls, row: ScanRow) -> Scan:
+        return cls(id=row.id, organization_id=row.organization_id, status=row.status,
+                   execution_mode=row.execution_mode, targets=row.targets, created_at=row.created_at,
+                   updated_at=row.updated_at, finished_at=row.finished_at, profile=row.profile,
+                   stored_profile_id=row.stored_profile_id, legacy_scan_id=row.legacy_scan_id,
+                   handed_over_to=row.handed_over_to)
 
 
 class CreateTask(Body):
@@ -515,14 +531,17 @@ class RetryTask(Body):
 class Attempt(AttemptView):
     """An attempt as operators see it: what the worker sees, and which worker holds it."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)  # an operator answer, not the worker's
+
     worker_id: UUID
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Attempt:
+    def from_row(cls, row: AttemptRow) -> Attempt:
         """From ``attempts_of_task`` (which never selects the lease token hash)."""
-        return cls(id=row[0], worker_id=row[1], attempt_number=row[2], status=row[3], leased_at=row[4],
-                   lease_expires_at=row[5], deadline_at=row[6], started_at=row[7], finished_at=row[8],
-                   batch_count=row[9], final_batch_accepted=row[10], error=row[11])
+        return cls(id=row.id, worker_id=row.worker_id, attempt_number=row.attempt_number, status=row.status,
+                   leased_at=row.leased_at, lease_expires_at=row.lease_expires_at, deadline_at=row.deadline_at,
+                   started_at=row.started_at, finished_at=row.finished_at, batch_count=row.batch_count,
+                   final_batch_accepted=row.final_batch_accepted, error=row.error)
 
 
 class Task(ShowsStoredJson):
@@ -566,7 +585,7 @@ class Task(ShowsStoredJson):
         return cls(id=t.id, organization_id=t.organization_id, scan_id=t.scan_id, scan_job_id=t.scan_job_id,
                    task_type=t.task_type, required_capabilities=list(t.required_capabilities),
                    priority=t.priority, scope=t.scope,
-                   scope_ref=None if t.scope_ref is None else ScopeRefView.of(t.scope_ref),
+                   scope_ref=None if t.scope_ref is None else scope_ref_view(t.scope_ref),
                    parameters=t.parameters, state=t.state,
                    available_at=t.available_at, attempt_count=t.attempt_count, max_attempts=t.max_attempts,
                    lease_seconds=t.lease_seconds, execution_timeout_seconds=t.execution_timeout_seconds,
@@ -816,22 +835,21 @@ class ScanDetail(Body):
     job_count: int = Field(description="how many jobs the scan has")
 
 
-def live_lease(row: Sequence[Any]) -> LiveLease:
-    """From ``workers_live_leases`` (worker_id first)."""
-    return LiveLease(task_id=row[1], attempt_id=row[2], organization_id=row[3], status=row[4], leased_at=row[5],
-                     lease_expires_at=row[6], deadline_at=row[7])
+def live_lease(row: LiveLeaseRow) -> LiveLease:
+    """From ``workers_live_leases`` rows."""
+    return LiveLease(task_id=row.task_id, attempt_id=row.id, organization_id=row.organization_id, status=row.status,
+                     leased_at=row.leased_at, lease_expires_at=row.lease_expires_at, deadline_at=row.deadline_at)
 
 
-def task_summary(r: Sequence[Any]) -> TaskSummary:
-    """From ``tasks_page`` rows (16 columns; also the tail of ``scan_jobs_with_tasks``)."""
-    return TaskSummary(id=r[0], organization_id=r[1], scan_id=r[2], scan_job_id=r[3], task_type=r[4], state=r[5],
-                       priority=r[6], attempt_count=r[7], max_attempts=r[8], available_at=r[9], created_at=r[10],
-                       updated_at=r[11], finished_at=r[12], last_error=r[13], current_attempt_id=r[14],
-                       worker_id=r[15])
+def task_summary(row: Any, prefix: str = "") -> TaskSummary:
+    """From ``tasks_page`` rows (:class:`persistence.rows.TaskSummaryRow`); with ``prefix="task_"``,
+    from a ``scan_jobs_with_tasks`` row's task (the same columns, named ``task_*``)."""
+    return TaskSummary(**{name: getattr(row, prefix + name) for name in field_names(TaskSummaryRow)})
 
 
-def job(r: Sequence[Any]) -> Job:
-    """From ``scan_jobs_with_tasks`` rows: the job, then its task's columns (NULL: no task)."""
-    return Job(id=r[0], position=r[1], plugin=r[2], status=r[3], execution_mode=r[4], created_at=r[5],
-               updated_at=r[6], started_at=r[7], finished_at=r[8],
-               task=task_summary(r[9:]) if r[9] is not None else None)
+def job(row: Any) -> Job:
+    """From ``scan_jobs_with_tasks`` rows: the job, and its task's columns (``task_*``, NULL: no task)."""
+    return Job(id=row.id, position=row.position, plugin=row.plugin, status=row.status,
+               execution_mode=row.execution_mode, created_at=row.created_at, updated_at=row.updated_at,
+               started_at=row.started_at, finished_at=row.finished_at,
+               task=task_summary(row, "task_") if row.task_id is not None else None)

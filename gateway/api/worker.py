@@ -21,24 +21,22 @@ from leasehold.gateway.api.http import RouteTable, ok, read_json
 from leasehold.gateway.api.worker_models import (
     AcquireRequest,
     AcquireResponse,
-    AttemptView,
     BatchAck,
     CancelNotice,
     CompleteRequest,
     FailRequest,
-    Lease,
     RenewResponse,
     ResultBatchRequest,
     ScopePageRequest,
     ScopePageView,
-    TargetPolicyView,
     TaskStatus,
-    TaskView,
     WorkerWriteRequest,
+    lease,
+    task_status,
 )
 from leasehold.gateway.auth import worker_identity
 from leasehold.gateway.background.waitroom import Waiter
-from leasehold.gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
+from leasehold.gateway.commands.lifecycle import Poll, ResultBatch, no_such_attempt
 from leasehold.gateway.identity import WorkerIdentity
 from leasehold.gateway.keys import HINTS, NOTIFIER, PRESENCE, SERVICES, SETTINGS
 from leasehold.gateway.presence import Seen
@@ -56,12 +54,6 @@ def _ids(request: web.Request) -> tuple[UUID, UUID]:
         raise no_such_attempt(task_id, attempt_id) from exc
 
 
-def _lease(a: Acquired) -> Lease:
-    return Lease(task=TaskView.of(a.task), attempt=AttemptView.of(a.attempt), attempt_id=a.attempt.id,
-                 lease_token=a.lease_token, lease_expires_at=a.attempt.lease_expires_at,
-                 deadline_at=a.attempt.deadline_at, target_policy=TargetPolicyView(**(a.target_policy or {})))
-
-
 #: What a lease lets the worker do next: the attempt's ids and its token come from the answer.
 LEASE_LINKS = {
     action: {"operationId": f"{action}_post", "description": f"{action} the leased attempt",
@@ -69,6 +61,17 @@ LEASE_LINKS = {
                             "attempt_id": "$response.body#/lease/attempt_id"},
              "requestBody": {"lease_token": "$response.body#/lease/lease_token"}}
     for action in ("renew", "progress", "results", "complete", "fail", "cancel_ack")}
+
+
+def encode_acquire_answer(polled: Poll, known: set[UUID]) -> bytes | None:
+    """The acquire answer to ``polled`` (None: nothing to tell the worker yet), encoded after the
+    poll's transaction committed; cancellations in ``known`` are not repeated."""
+    news = [(t, a) for t, a in polled.cancel_requested if a not in known]
+    if polled.acquired is None and not news:
+        return None
+    cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
+    answer = AcquireResponse(lease=lease(polled.acquired) if polled.acquired else None, cancel_requested=cancels)
+    return orjson.dumps(answer.model_dump(mode="json"))
 
 
 #: Set on an acquire answer when the worker can get no work at all (e.g. no task types); the
@@ -96,17 +99,6 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
     lifecycle, settings = request.app[SERVICES].lifecycle, request.app[SETTINGS]
     deadline = time.monotonic() + min(body.wait_seconds, settings.max_wait_seconds)
     known = set(body.known_cancels)
-
-    def render(polled: Poll) -> bytes | None:
-        """The answer, built inside the acquire transaction (a lease never commits unanswerable)."""
-        news = [(t, a) for t, a in polled.cancel_requested if a not in known]
-        if polled.acquired is None and not news:
-            return None
-        cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-        answer = AcquireResponse(lease=_lease(polled.acquired) if polled.acquired else None,
-                                 cancel_requested=cancels)
-        return orjson.dumps(answer.model_dump(mode="json"))
-
     notifier = request.app[NOTIFIER]
     room = notifier.room
     hints = request.app.get(HINTS)
@@ -118,9 +110,11 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
         if profile is None:
             seq = room.seq
             polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
-                                          fingerprint=worker.fingerprint, render=render)
+                                          fingerprint=worker.fingerprint)
             warning = {WARNING_HEADER: polled.warning} if polled.warning else None
-            if polled.answer is not None:
+            # Encoded here, after the poll's transaction committed: no row lock is held meanwhile.
+            answer = encode_acquire_answer(polled, known)
+            if answer is not None:
                 room.forget(worker.id)  # what it cached no longer holds (the answer may be lost: it asks again)
                 if polled.acquired is not None:
                     room.leased(waiter, polled.acquired.task.organization_id)
@@ -129,7 +123,7 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
                     worker.id, [(t, a) for t, a in polled.cancel_requested
                                 if a not in known and a in polled.undelivered],
                     channel="long-poll", actor=worker.actor)
-                return web.Response(body=polled.answer, content_type="application/json", headers=warning)
+                return web.Response(body=answer, content_type="application/json", headers=warning)
             profile = room.remember(worker.id, organizations=polled.organizations, task_types=polled.task_types,
                                     cancelling=[a for _, a in polled.cancel_requested], seq=seq,
                                     warning=polled.warning)
@@ -188,7 +182,7 @@ async def _attempt_write(request: web.Request, model: type[B], seen: Seen = Seen
 async def renew(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest, Seen.RENEW)
     renewed = await request.app[SERVICES].lifecycle.renew(*w.args(), **w.caller())
-    status = TaskStatus.of(renewed.task)
+    status = task_status(renewed.task)
     assert renewed.task.current_attempt is not None
     return ok(RenewResponse(task=status.task, attempt=status.attempt,
                             lease_expires_at=renewed.task.current_attempt.lease_expires_at,
@@ -199,7 +193,7 @@ async def renew(request: web.Request) -> web.StreamResponse:
               auth="worker", request=WorkerWriteRequest, response=TaskStatus, tags=("worker",))
 async def progress(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.mark_running(*w.args(), **w.caller())))
+    return ok(task_status(await request.app[SERVICES].lifecycle.mark_running(*w.args(), **w.caller())))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/results", summary="Submit a result batch (idempotent by key)",
@@ -210,7 +204,7 @@ async def results(request: web.Request) -> web.StreamResponse:
     ack = await request.app[SERVICES].lifecycle.submit_batch(
         *w.args(), sequence_number=body.sequence_number, idempotency_key=body.idempotency_key,
         payload_sha256=body.payload_sha256, records=body.payload, final=body.final, **w.caller())
-    status = TaskStatus.of(ack.task)
+    status = task_status(ack.task)
     b = ack.batch
     return ok(BatchAck(task=status.task, attempt=status.attempt, batch_id=b.batch_id,
                        sequence_number=b.sequence_number, idempotency_key=b.idempotency_key,
@@ -228,7 +222,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
     batch = w.body.final_batch
     final = None if batch is None else ResultBatch(batch.sequence_number, batch.idempotency_key,
                                                    batch.payload_sha256, batch.payload)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
+    return ok(task_status(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
                                                                            **w.caller())))
 
 
@@ -251,7 +245,7 @@ async def fail(request: web.Request) -> web.StreamResponse:
     request.app[NOTIFIER].room.forget(w.worker.id)
     task = await request.app[SERVICES].lifecycle.fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
                                              **w.caller())
-    return ok(TaskStatus.of(task))
+    return ok(task_status(task))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/cancel-ack", summary="Acknowledge a cancellation (cancelling -> cancelled)",
@@ -259,4 +253,4 @@ async def fail(request: web.Request) -> web.StreamResponse:
 async def cancel_ack(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, WorkerWriteRequest)
     request.app[NOTIFIER].room.forget(w.worker.id)
-    return ok(TaskStatus.of(await request.app[SERVICES].lifecycle.acknowledge_cancel(*w.args(), **w.caller())))
+    return ok(task_status(await request.app[SERVICES].lifecycle.acknowledge_cancel(*w.args(), **w.caller())))

@@ -31,8 +31,8 @@ async def sample(db: Database, metrics: Metrics) -> None:
         queue = await reader.all("queue_depth_sample", {})
         row = await reader.one("attempts_live_count", {})
         reach = await reader.one("event_partitions_reach_sample", {})
-    metrics.live_leases.set(row[0] if row else 0)
-    metrics.set_queue(queue)
+    metrics.live_leases.set(row.count if row else 0)
+    metrics.set_queue([(q.organization_id, q.state, q.tasks, q.oldest_pending_seconds) for q in queue])
     # No time partition at all: everything goes to the default partition, as if reach were 0.
-    metrics.sampled(database_latency=latency,
-                    partitions_ahead=float(reach[0]) if reach and reach[0] is not None else 0.0)
+    metrics.sampled(database_latency=latency, partitions_ahead=float(reach.seconds_ahead)
+                    if reach and reach.seconds_ahead is not None else 0.0)

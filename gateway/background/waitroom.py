@@ -96,10 +96,8 @@ class WaitRoom:
         self._work_seq: dict[tuple[str, str], int] = {}
         self._reset_seq = 0
         self._profiles: dict[str, Profile] = {}
-        #: Counters (tests, metrics): waiters woken, sweeps run, polls skipped.
-        self.woken = 0
+        #: Sweeps run (tests wait on it).
         self.sweeps = 0
-        self.skipped_polls = 0
 
     # --- what the acquire does ---------------------------------------------------------------
 
@@ -138,7 +136,6 @@ class WaitRoom:
         if (self.clock() - profile.polled_at > self.profile_seconds or self.missed(worker_id, profile)
                 or not profile.cancelling <= {str(a) for a in known_cancels}):
             return None
-        self.skipped_polls += 1
         return profile
 
     def park(self, worker_id: UUID, profile: Profile, known_cancels: Iterable[object]) -> Waiter:
@@ -192,7 +189,6 @@ class WaitRoom:
             return False
         waiter.woken_for = org
         waiter.event.set()
-        self.woken += 1
         return True
 
     def _wake_org(self, org: str, limit: int, task_types: frozenset[str] | None = None) -> int:
@@ -282,7 +278,8 @@ async def sweep(room: WaitRoom, db: Database, now: datetime | None = None) -> in
         work = await reader.all("waiting_organizations_with_work",
                                 {"organization_ids": organizations, "now": now})
         cancels = await reader.all("waiting_workers_cancelling", {"worker_ids": workers})
-    return room.swept({str(org): frozenset(types) for org, types in work}, cancels)
+    return room.swept({str(w.organization_id): frozenset(w.task_types) for w in work},
+                      [(c.worker_id, c.id) for c in cancels])
 
 
 async def run_sweep(room: WaitRoom, db: Database, every: float, clock: Callable[[], datetime | None]) -> None:

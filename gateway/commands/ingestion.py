@@ -49,8 +49,8 @@ async def ingest_batch(tx: Transaction, task: TaskState, batch_id: UUID, records
             external_id = str(record.get("external_id") or "")
             threat = {**base, "record_index": index, "data": record, "id": uuid4(), "external_id": external_id,
                       "title": str(record.get("title") or ""), "severity": str(record.get("severity") or "")}
-            (threat_id,) = await tx.value(
-                "ingest_threat_external" if external_id else "ingest_threat_anonymous", threat)
+            threat_id = (await tx.value(
+                "ingest_threat_external" if external_id else "ingest_threat_anonymous", threat)).id
             await tx.execute("ingest_detection", {**base, "threat_id": threat_id})
         elif (statement := _KEYED.get(str(kind))) is not None:
             indexes, data = kept.setdefault(statement, ([], []))

@@ -67,12 +67,12 @@ class LegacyScans:
                             actor: str = "system") -> None:
         """The legacy side says how its scan is doing (``running``, then its outcome)."""
         async with self.db.transaction() as tx:
-            row, (now,) = await tx.read(one("scan_lock", {"scan_id": scan_id}), one("clock_now", {"now": self.clock()}))
-            if row is None or (organization_id is not None and row[3] != organization_id):
+            row, clock = await tx.read(one("scan_lock", {"scan_id": scan_id}), one("clock_now", {"now": self.clock()}))
+            if row is None or (organization_id is not None and row.organization_id != organization_id):
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, _, current, mode, *_ = row
-            events = scan_rules.record_legacy_status(scan_id, version, mode, current, status, now=now, actor=actor)
-            tx.append(StreamHead(scan_id, version, bytes(head_hash)), events)
+            events = scan_rules.record_legacy_status(scan_id, row.version, row.execution_mode, row.status, status,
+                                                     now=clock.now, actor=actor)
+            tx.append(StreamHead(scan_id, row.version, bytes(row.head_hash)), events)
             await tx.commit()
 
     async def convert(self, message: LegacyMessage, *, recovering: bool = False, dry_run: bool = False,
@@ -95,11 +95,12 @@ class LegacyScans:
 
     async def _convert(self, m: LegacyMessage, recovering: bool, dry_run: bool, actor: str) -> Conversion:
         async with self.db.transaction() as tx:
-            found = {row[1]: row for row in await tx.all("scans_lock_by_legacy_id",
+            found = {row.execution_mode: row for row in await tx.all("scans_lock_by_legacy_id",
                                                          {"legacy_scan_id": m.legacy_scan_id,
                                                           "organization_id": m.organization_id})}
             if "gateway" in found:
-                scan_id, _, status, sha256, *_ = found["gateway"]
+                mine = found["gateway"]
+                scan_id, status, sha256 = mine.id, mine.status, mine.legacy_message_sha256
                 if sha256 == m.sha256 and (recovering or status == "pending"):
                     return Conversion("already_converted", f"already converted to Gateway scan {scan_id}", scan_id)
                 if status == "pending":
@@ -107,16 +108,16 @@ class LegacyScans:
                                                  "message or request)", scan_id)
                 return Conversion("refused", _started(status, "Gateway", scan_id), scan_id)
             legacy = found.get("legacy")
-            if legacy is not None and legacy[2] != "pending":
-                return Conversion("refused", _started(legacy[2], "legacy", legacy[0]))
+            if legacy is not None and legacy.status != "pending":
+                return Conversion("refused", _started(legacy.status, "legacy", legacy.id))
             opened = await open_scan(
                 tx, self.new_id(), m.organization_id, m.targets, clock=self.clock(), actor=actor,
                 new_id=self.new_id, execution_mode_wanted="gateway", steps=m.steps, profile_name=m.profile_name,
                 legacy_scan_id=m.legacy_scan_id, legacy_message_sha256=m.sha256)
             handed_over = None
             if legacy is not None:
-                handed_over, _, status, _, version, head_hash = legacy
-                job_ids = [job_id for (job_id,) in await tx.all("scan_job_ids", {"scan_id": handed_over})]
+                handed_over, status, version, head_hash = legacy.id, legacy.status, legacy.version, legacy.head_hash
+                job_ids = [job.id for job in await tx.all("scan_job_ids", {"scan_id": handed_over})]
                 event = scan_rules.hand_over(handed_over, version, "legacy", status, gateway_scan_id=opened.id,
                                              job_ids=job_ids, now=opened.now, actor=actor)
                 tx.append(StreamHead(handed_over, version, bytes(head_hash)), [event])

@@ -40,13 +40,13 @@ class Profiles:
         try:
             async with self.db.transaction() as tx:
                 if organization_id is None:
-                    (now,) = await tx.value("clock_now", {"now": self.clock()})
+                    now = (await tx.value("clock_now", {"now": self.clock()})).now
                 else:
                     found = await tx.one("organization_exists", {"organization_id": organization_id,
                                                                  "now": self.clock()})
                     if found is None:
                         raise NotFound("no such organisation", organization_id=str(organization_id))
-                    now = found[1]
+                    now = found.now
                 event = rules.store(profile_id, organization_id, name=name, steps=steps,
                                     gateway_execution=gateway_execution, now=now, actor=actor)
                 tx.append(StreamHead(profile_id), [event])
@@ -60,9 +60,9 @@ class Profiles:
     async def get(self, profile_id: UUID, *, visible_to: UUID | None = None) -> dict[str, Any]:
         async with self.db.read() as reader:
             found = await reader.dicts("stored_profile_get", {"profile_id": profile_id, "visible_to": visible_to})
-        if not found:
-            raise NotFound("no such profile", profile_id=str(profile_id))
-        return found[0]
+        for profile in found:
+            return profile
+        raise NotFound("no such profile", profile_id=str(profile_id))
 
     async def list(self, *, visible_to: UUID | None = None, limit: int = 500) -> list[dict[str, Any]]:
         async with self.db.read() as reader:
@@ -87,8 +87,8 @@ class Profiles:
             row = await tx.one("stored_profile_lock", {"profile_id": profile_id, "owner": owner, "now": self.clock()})
             if row is None:
                 raise NotFound("no such profile", profile_id=str(profile_id))
-            id_, version, head_hash, org, name, profile, gateway_execution, now = row
-            state = StoredProfileState(id=id_, version=version, organization_id=org, name=name,
-                                       steps=tuple(profile_steps(profile)), gateway_execution=gateway_execution)
-            tx.append(StreamHead(id_, version, bytes(head_hash)), decide(state, now))
+            state = StoredProfileState(id=row.id, version=row.version, organization_id=row.organization_id,
+                                       name=row.name, steps=tuple(profile_steps(row.profile)),
+                                       gateway_execution=row.gateway_execution)
+            tx.append(StreamHead(row.id, row.version, bytes(row.head_hash)), decide(state, row.now))
             await tx.commit()

@@ -86,7 +86,7 @@ class Registry:
     async def create_organization(self, name: str, *, actor: str = "system") -> UUID:
         org_id = self.new_id()
         async with self.db.transaction() as tx:
-            (now,) = await tx.value("clock_now", {"now": self.clock()})
+            now = (await tx.value("clock_now", {"now": self.clock()})).now
             tx.append(StreamHead(org_id), [rules.create_organization(org_id, name, now=now, actor=actor)])
             await tx.commit()
         return org_id
@@ -125,7 +125,7 @@ class Registry:
         key_hash = hash_api_key(key)
         async with self.db.transaction() as tx:
             found = await tx.one("api_key_bootstrap_lookup", {"key_hash": key_hash})
-            if found is not None and found[1] is not None:
+            if found is not None and found.revoked_at is not None:
                 return False
             await tx.execute("api_keys_revoke_other_bootstrap", {"key_hash": key_hash, "now": self.clock()})
             tx.write("api_keys", "api_key_insert", {"id": self.new_id(), "name": "bootstrap administrator",
@@ -143,25 +143,26 @@ class Registry:
             row = await reader.one("api_key_by_hash", {"key_hash": hash_api_key(key), "now": now})
         if row is None:
             return None
-        found = ApiKey(row[0], row[1], row[2])
-        if row[3]:
+        found = ApiKey(row.id, row.name, row.organization_id)
+        if row.touch_due:
             async with self.db.transaction() as tx:
                 tx.write("api_keys", "api_key_touch", {"id": found.id, "now": now})
                 await tx.commit()
         return found
 
-    async def api_keys(self, *, organization_id: UUID | None, after: UUID | None, limit: int) -> list[tuple[Any, ...]]:
+    async def api_keys(self, *, organization_id: UUID | None, after: UUID | None, limit: int) -> list[Any]:
         """Stored keys (never the keys themselves), by id."""
         async with self.db.read() as reader:
             return await reader.all("api_keys_page", {"organization_id": organization_id, "after": after,
                                                       "limit": limit})
 
-    async def api_key_row(self, key_id: UUID) -> tuple[Any, ...]:
+    async def api_key_row(self, key_id: UUID) -> Any:
+        """The key's ``api_key_by_id`` row (read by name)."""
         async with self.db.read() as reader:
             row = await reader.one("api_key_by_id", {"id": key_id})
         if row is None:
             raise NotFound("no such API key", key_id=str(key_id))
-        return tuple(row)
+        return row
 
     async def revoke_api_key(self, key_id: UUID) -> None:
         """Revoke the key (its next request answers 401); revoking a revoked key changes nothing."""
@@ -177,17 +178,12 @@ class Registry:
             old = await tx.one("api_key_lock", {"id": key_id})
             if old is None:
                 raise NotFound("no such API key", key_id=str(key_id))
-            if old[3] is not None:
+            if old.revoked_at is not None:
                 raise Conflict("the API key is revoked; create a new one instead", key_id=str(key_id))
-            issued = self._insert_key(tx, old[1], old[2], expires_at)
+            issued = self._insert_key(tx, old.name, old.organization_id, expires_at)
             tx.write("api_keys", "api_key_revoke", {"id": key_id, "now": self.clock(), "replaced_by": issued.id})
             await tx.commit()
         return issued
-
-    async def worker_organizations(self, worker_id: UUID) -> list[UUID]:
-        """The organisations the worker is actively assigned to."""
-        async with self.db.read() as reader:
-            return [org for (org,) in await reader.all("worker_organizations", {"worker_id": worker_id})]
 
     async def worker_by_certificate(self, fingerprint: str) -> tuple[UUID, str]:
         """(worker id, name) of the worker the certificate belongs to; Forbidden when it belongs
@@ -202,7 +198,7 @@ class Registry:
                               actor: str = "system") -> UUID:
         worker_id = self.new_id()
         async with self.db.transaction() as tx:
-            (now,) = await tx.value("clock_now", {"now": self.clock()})
+            now = (await tx.value("clock_now", {"now": self.clock()})).now
             event = rules.register_worker(worker_id, name=name, fingerprint=fingerprint,
                                           capabilities=capabilities, task_types=task_types,
                                           max_concurrent_tasks=max_concurrent_tasks, now=now, actor=actor)
@@ -265,9 +261,8 @@ class Registry:
             row = await tx.one("organization_lock", {"organization_id": organization_id, "now": self.clock()})
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
-            _, version, head_hash, _, now = row
-            tx.append(StreamHead(organization_id, version, bytes(head_hash)),
-                      target_rules.set_target_policy(organization_id, version, policy, now=now, actor=actor))
+            tx.append(StreamHead(organization_id, row.version, bytes(row.head_hash)),
+                      target_rules.set_target_policy(organization_id, row.version, policy, now=row.now, actor=actor))
             await tx.commit()
 
     async def target_policy(self, organization_id: UUID) -> TargetPolicy:
@@ -275,7 +270,7 @@ class Registry:
             row = await reader.one("organization_target_policy", {"organization_id": organization_id})
         if row is None:
             raise NotFound("no such organisation", organization_id=str(organization_id))
-        return policy_from_json(row[0])
+        return policy_from_json(row.target_policy)
 
     # --- execution mode ------------------------------------------------------------------
 
@@ -286,10 +281,10 @@ class Registry:
             row = await tx.one("organization_lock", {"organization_id": organization_id, "now": self.clock()})
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
-            _, version, head_hash, current, now = row
-            events = profile_rules.set_organization_gateway_execution(organization_id, version, current, enabled,
-                                                                      now=now, actor=actor)
-            tx.append(StreamHead(organization_id, version, bytes(head_hash)), events)
+            events = profile_rules.set_organization_gateway_execution(organization_id, row.version,
+                                                                      row.gateway_execution, enabled,
+                                                                      now=row.now, actor=actor)
+            tx.append(StreamHead(organization_id, row.version, bytes(row.head_hash)), events)
             await tx.commit()
 
 
@@ -306,10 +301,9 @@ class Registry:
                                {"organization_id": organization_id, "now": self.clock()})
             if row is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
-            _, version, head_hash, current_weight, current_cap, now = row
-            events = fairness.set_fair_share(organization_id, version, (current_weight, current_cap), weight,
-                                             max_live_attempts, now=now, actor=actor)
-            tx.append(StreamHead(organization_id, version, bytes(head_hash)), events)
+            events = fairness.set_fair_share(organization_id, row.version, (row.fair_weight, row.max_live_attempts),
+                                             weight, max_live_attempts, now=row.now, actor=actor)
+            tx.append(StreamHead(organization_id, row.version, bytes(row.head_hash)), events)
             await tx.commit()
         state = await self.fair_share(organization_id)
         assert state is not None
@@ -319,7 +313,11 @@ class Registry:
         """The organisation's fair-share settings and state, or None when there is no such organisation."""
         async with self.db.read() as reader:
             row = await reader.one("fair_share_get", {"organization_id": organization_id})
-        return None if row is None else FairShareState(*row)
+        if row is None:
+            return None
+        return FairShareState(organization_id=row.id, weight=row.fair_weight, max_live_attempts=row.max_live_attempts,
+                              virtual_time=row.virtual_time, served=row.served, live=row.live,
+                              waited_seconds=row.waited_seconds, updated_at=row.updated_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,15 +343,14 @@ async def _lock_worker_and_read(tx: Transaction, worker_id: UUID, now: datetime 
     if organization_id is not None:
         reads.append(one("organization_exists", params))
     locked, row, assignments, *named = await tx.read(*reads)
-    org = named[0] if named else ()
     if locked is None or row is None:
         raise NotFound("no such worker", worker_id=str(worker_id))
-    if org is None:
+    if any(org is None for org in named):
         raise NotFound("no such organisation", organization_id=str(organization_id))
-    (wid, version, head_hash, name, fingerprint, enabled, revoked, capabilities, task_types, capacity,
-     at) = row
     worker = WorkerState(
-        id=wid, version=version, name=name, fingerprint=fingerprint, enabled=enabled, revoked=revoked,
-        capabilities=tuple(capabilities), task_types=tuple(task_types), max_concurrent_tasks=capacity,
-        assignments=MappingProxyType({org_id: Assignment(org_id, on, off) for org_id, on, off in assignments}))
-    return worker, StreamHead(wid, version, bytes(head_hash)), at
+        id=row.id, version=row.version, name=row.name, fingerprint=row.fingerprint, enabled=row.enabled,
+        revoked=row.revoked, capabilities=tuple(row.capabilities), task_types=tuple(row.task_types),
+        max_concurrent_tasks=row.max_concurrent_tasks,
+        assignments=MappingProxyType({a.organization_id: Assignment(a.organization_id, a.enabled, a.revoked)
+                                      for a in assignments}))
+    return worker, StreamHead(row.id, row.version, bytes(row.head_hash)), row.now

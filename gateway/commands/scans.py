@@ -37,6 +37,7 @@ from leasehold.domain.scopes import PagedScope
 from leasehold.domain.targets import check_scope, policy_from_json
 from leasehold.domain.task import CreateTask, TaskState, decide
 from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.idempotency import IdempotencyKey, claim, created
 from leasehold.gateway.commands.scopes import next_step_scope, paged
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
@@ -103,15 +104,15 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
     row = await tx.one("organization_mode_for_scan", {"organization_id": organization_id, "now": clock})
     if row is None:
         raise NotFound("no such organisation", organization_id=str(organization_id))
-    organization_gateway, now, target_policy = row
+    organization_gateway, now, target_policy = row.gateway_execution, row.now, row.target_policy
     stored_profile_id: UUID | None = None
     profile_gateway: bool | None = None
     if profile_name is not None:
         found = await tx.one("stored_profile_for_scan", {"name": profile_name, "organization_id": organization_id})
         if found is None:
             raise NotFound(f"no such profile {profile_name!r}")
-        stored_profile_id, stored, profile_gateway = found
-        steps = profile_steps(stored)
+        stored_profile_id, profile_gateway = found.id, found.gateway_execution
+        steps = profile_steps(found.profile)
     mode = execution_mode(organization_gateway, profile_gateway)
     if execution_mode_wanted == "legacy":
         mode = "legacy"
@@ -138,7 +139,8 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
                 position=position, plugin=step.task_type, execution_mode="legacy", now=now, actor=actor))
     head = tx.append(StreamHead(scan_id), events)
     if mode == "gateway" and steps:
-        queue_step(tx, head, organization_id, 0, steps[0], dict(targets), now=now, actor=actor, new_id=new_id)
+        queue_step(tx, head, organization_id, 0, next(iter(steps)), dict(targets), now=now, actor=actor,
+                   new_id=new_id)
     return OpenedScan(scan_id, mode, now)
 
 
@@ -169,8 +171,10 @@ async def settle_scan(tx: Transaction, scan_id: UUID, now: datetime, *,
     scan_row, summary = await tx.read(one("scan_lock_for_orchestration", {"scan_id": scan_id}),
                                       one("scan_jobs_summary", {"scan_id": scan_id}))
     assert scan_row is not None, "the foreign key guarantees the scan"
-    statuses, job_count, last_status, last_job = summary
-    _, version, head_hash, scan_status, cancel_requested, org_id, profile, targets = scan_row
+    statuses, job_count, last_status = summary.statuses, summary.jobs, summary.last_status
+    version, head_hash, scan_status = scan_row.version, scan_row.head_hash, scan_row.status
+    cancel_requested, org_id, profile, targets = (scan_row.cancel_requested, scan_row.organization_id,
+                                                  scan_row.profile, scan_row.targets)
     if scan_status in scan_rules.TERMINAL_SCAN_STATUSES:
         return []
     head = StreamHead(scan_id, version, bytes(head_hash))
@@ -206,7 +210,7 @@ class Scans:
     async def create_scan(self, organization_id: UUID, targets: dict[str, Any], *,
                           execution_mode: ExecutionMode | None = None, profile: Sequence[ProfileStep] = (),
                           profile_name: str | None = None, legacy_scan_id: str | None = None,
-                          actor: str = "system") -> UUID:
+                          actor: str = "system", idempotency: IdempotencyKey | None = None) -> UUID:
         """A scan, with an inline ``profile`` (ordered plugin steps) or the steps of the stored
         profile ``profile_name`` (copied: later edits of the stored profile do not change it).
 
@@ -215,10 +219,15 @@ class Scans:
         Gateway-executed scan gets its first step's job and task in the same transaction, scoped
         to ``targets``; later steps are created as earlier ones end (:func:`settle_scan`). A
         legacy-executed one gets a ``legacy`` job per step and no task.
+
+        With ``idempotency``, a request already made with that key creates nothing and raises
+        :class:`~gateway.commands.idempotency.AlreadyCreated` with its scan's id.
         """
         scan_id = self.new_id()
         resolved = await resolve_names(targets)  # before the transaction: no lock waits on DNS
         async with self.db.transaction() as tx:
+            await claim(tx, idempotency, self.clock())
+            created(tx, idempotency, scan_id)
             await open_scan(tx, scan_id, organization_id, targets, clock=self.clock(), actor=actor,
                             new_id=self.new_id, execution_mode_wanted=execution_mode, steps=profile,
                             profile_name=profile_name, legacy_scan_id=legacy_scan_id, resolved=resolved)
@@ -234,11 +243,12 @@ class Scans:
         Safe to repeat. The tasks' states after the call.
         """
         async with self.db.transaction() as tx:
-            row, (now,) = await tx.read(one("scan_lock_for_orchestration", {"scan_id": scan_id}),
-                                        one("clock_now", {"now": self.clock()}))
-            if row is None or (organization_id is not None and row[5] != organization_id):
+            row, clock = await tx.read(one("scan_lock_for_orchestration", {"scan_id": scan_id}),
+                                       one("clock_now", {"now": self.clock()}))
+            if row is None or (organization_id is not None and row.organization_id != organization_id):
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, status, cancel_requested, *_ = row
+            version, head_hash, status, cancel_requested, now = (row.version, row.head_hash, row.status,
+                                                                 row.cancel_requested, clock.now)
             events: list[DomainEvent] = [*scan_rules.request_cancel(
                 scan_id, version, status, cancel_requested, reason=reason, now=now, actor=actor)]
             head = tx.append(StreamHead(scan_id, version, bytes(head_hash)), events)
@@ -250,5 +260,5 @@ class Scans:
             await tx.commit()
         self.observe(events)
         async with self.db.read() as reader:
-            task_ids = [task_id for (task_id,) in await reader.all("scan_open_tasks", {"scan_id": scan_id})]
+            task_ids = [task.id for task in await reader.all("scan_open_tasks", {"scan_id": scan_id})]
         return [await self.tasks.request_cancel(task_id, reason=reason, actor=actor) for task_id in task_ids]

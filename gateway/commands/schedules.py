@@ -35,6 +35,7 @@ from leasehold.domain.schedule import ScheduleState, Timing
 from leasehold.domain.targets import check_scope, policy_from_json
 from leasehold.gateway.commands.scans import open_scheduled_scan
 from leasehold.persistence.event_log import StreamHead
+from leasehold.persistence.rows import ScheduleRow
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
 from leasehold.protocol.targets import resolve_names
 
@@ -63,7 +64,8 @@ class FailureBackoff:
 
     def failed(self, schedule_id: UUID) -> tuple[int, float]:
         """Record a failure; returns (consecutive failures, seconds until the next try)."""
-        count = self._failures.get(schedule_id, (0, 0.0))[0] + 1
+        before, _ = self._failures.get(schedule_id, (0, 0.0))
+        count = before + 1
         delay = min(self.max, self.initial * 2 ** (count - 1))
         self._failures[schedule_id] = (count, self.clock() + delay)
         return count, delay
@@ -95,10 +97,10 @@ class Schedules:
                 one("organization_target_policy", {"organization_id": organization_id}))
             if row is None or policy is None:
                 raise NotFound("no such organisation", organization_id=str(organization_id))
-            check_scope(policy_from_json(policy[0]), targets, resolved)
-            scan_rules.set_profile(schedule_id, 1, tuple(profile), now=row[1], actor=actor)  # validates steps
+            check_scope(policy_from_json(policy.target_policy), targets, resolved)
+            scan_rules.set_profile(schedule_id, 1, tuple(profile), now=row.now, actor=actor)  # validates steps
             event = rules.create(schedule_id, organization_id, name=name, timing=timing, targets=dict(targets),
-                                 profile=tuple(profile), misfire_policy=misfire_policy, now=row[1], actor=actor)
+                                 profile=tuple(profile), misfire_policy=misfire_policy, now=row.now, actor=actor)
             tx.append(StreamHead(schedule_id), [event])
             await tx.commit()
         return schedule_id
@@ -107,9 +109,9 @@ class Schedules:
         async with self.db.read() as reader:
             found = await reader.dicts("schedule_get", {"schedule_id": schedule_id,
                                                         "organization_id": organization_id})
-        if not found:
-            raise NotFound("no such schedule", schedule_id=str(schedule_id))
-        return found[0]
+        for schedule in found:
+            return schedule
+        raise NotFound("no such schedule", schedule_id=str(schedule_id))
 
     async def list(self, *, organization_id: UUID | None = None, limit: int = 500) -> list[dict[str, Any]]:
         async with self.db.read() as reader:
@@ -151,9 +153,9 @@ class Schedules:
                                                          "skip": self.backoff.skipped()})
             if not locked:
                 return 0
-            now = locked[0][1]
-            ids = [r[0] for r in locked]
-            rows = {r[0]: r for r in await tx.all("schedule_read_many", {"ids": ids})}
+            now = next(iter(locked)).now
+            ids = [r.id for r in locked]
+            rows = {r.id: r for r in await tx.all("schedule_read_many", {"ids": ids})}
             handled = 0
             for sid in ids:
                 try:
@@ -171,7 +173,7 @@ class Schedules:
             await tx.commit()
         return handled
 
-    async def _handle_due(self, tx: Transaction, row: tuple[Any, ...], now: datetime) -> int:
+    async def _handle_due(self, tx: Transaction, row: Any, now: datetime) -> int:
         s, head = _state(row)
         scan_id = self.new_id()
         event = rules.on_due(s, scan_id=scan_id, now=now, actor=SCHEDULER_ACTOR)
@@ -182,8 +184,8 @@ class Schedules:
         tx.append(head, [event])
         return 1
 
-    def _failed(self, row: tuple[Any, ...], exc: Exception) -> None:
-        schedule_id, organization_id = row[0], row[2]
+    def _failed(self, row: Any, exc: Exception) -> None:
+        schedule_id, organization_id = row.id, row.organization_id
         failures, delay = self.backoff.failed(schedule_id)
         if isinstance(exc, LegacyExecuted):
             log.info("scheduled scan waits: its organisation is legacy-executed",
@@ -202,7 +204,7 @@ class Schedules:
                                                     "now": self.clock()})
             if locked is None:
                 raise NotFound("no such schedule", schedule_id=str(schedule_id))
-            now = locked[1]
+            now = locked.now
             ((s, head),) = await _read(tx, [schedule_id])
             tx.append(head, await decide(s, now, tx))
             await tx.commit()
@@ -214,19 +216,18 @@ async def _const(events: list[DomainEvent]) -> list[DomainEvent]:
 
 async def _read(tx: Transaction, ids: list[UUID]) -> list[tuple[ScheduleState, StreamHead]]:
     """The locked schedules, read by a statement of their own after the lock, in lock order."""
-    rows = {r[0]: r for r in await tx.all("schedule_read_many", {"ids": ids})}
+    rows = {r.id: r for r in await tx.all("schedule_read_many", {"ids": ids})}
     return [_state(rows[sid]) for sid in ids]
 
 
-def _state(row: tuple[Any, ...]) -> tuple[ScheduleState, StreamHead]:
+def _state(row: ScheduleRow) -> tuple[ScheduleState, StreamHead]:
     """A ``schedule_read_many`` row as the domain's state and the stream's head."""
-    (id_, version, org, name, cron, interval, tz, targets, profile, enabled, policy, next_run_at, deleted,
-     head_hash) = row
     state = ScheduleState(
-        id=id_, version=version, organization_id=org, name=name, timing=Timing(cron, interval, tz),
-        targets=targets, profile=tuple(ProfileStep(**step) for step in profile["steps"]), enabled=enabled,
-        misfire_policy=policy, next_run_at=next_run_at, deleted=deleted)
-    return state, StreamHead(id_, version, bytes(head_hash))
+        id=row.id, version=row.version, organization_id=row.organization_id, name=row.name,
+        timing=Timing(row.cron, row.interval_seconds, row.timezone), targets=row.targets,
+        profile=tuple(ProfileStep(**step) for step in row.profile["steps"]), enabled=row.enabled,
+        misfire_policy=row.misfire_policy, next_run_at=row.next_run_at, deleted=row.deleted)
+    return state, StreamHead(row.id, row.version, bytes(row.head_hash))
 
 
 def describe_error(exc: BaseException, limit: int = 300) -> str:

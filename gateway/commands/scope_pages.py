@@ -24,10 +24,8 @@ from leasehold.domain.scopes import ASSETS, canonical
 from leasehold.domain.task import TaskState, read_refusal
 from leasehold.gateway.commands.lifecycle import hash_token, no_such_attempt, refuse_after_revocation
 from leasehold.persistence.task_rows import (
-    ATTEMPT_COLUMNS,
-    TASK_COLUMNS,
-    attempt_from_row,
     caller_standing,
+    named_attempt,
     task_from_row,
 )
 from leasehold.persistence.transaction import Clock, Database, one, system_clock
@@ -85,19 +83,18 @@ class ScopePages:
         if row is None:
             raise no_such_attempt(task_id, attempt_id)
         task, _ = task_from_row(row)
-        at = TASK_COLUMNS + ATTEMPT_COLUMNS
-        attempt = attempt_from_row(row[at:at + ATTEMPT_COLUMNS], task.id)
+        attempt = named_attempt(row)
         if attempt is None or attempt.worker_id != worker_id:
             raise no_such_attempt(task_id, attempt_id)
         refuse_after_revocation(standing, "scope", task)
-        refused = read_refusal(task, attempt, hash_token(lease_token), now=row[-1])
+        refused = read_refusal(task, attempt, hash_token(lease_token), now=row.now)
         if refused is not None:
             raise refused
         pages = page_count(task)
         if not 0 <= page < pages:
             raise InvalidRequest(f"the task's scope has pages 0 to {pages - 1}" if pages else
                                  "the task's scope has no asset list", page=page, pages=pages)
-        inline_assets, sha256, body = found
+        inline_assets, sha256, body = found.inline_assets, found.sha256, found.body
         if page == 0:
             return ScopePage(task.id, 0, pages, canonical(inline_assets))
         if body is None or hashlib.sha256(body).hexdigest() != sha256:

@@ -174,22 +174,23 @@ async def last_hour(request: web.Request, operator: Operator) -> LastHour:
     org = operator.organization_id
     async with api.reads(request).snapshot() as reader:
         await reader.one("console_plans", {})
-        (now,) = await reader.one("snapshot_now", {"now": None}) or (None,)
+        now: datetime = (await reader.value("snapshot_now", {"now": None})).now
         since = now - BUCKET * BUCKETS
         ended = await reader.all("console_attempts_ended", {"since": since, "organization_id": org})
-        (position,) = await reader.one("events_position_at", {"at": since}) or (None,)
+        position = (await reader.value("events_position_at", {"at": since})).position
         rejected, capped = 0, False
         if position is not None:
-            rejected, capped = await reader.one("console_rejections_since", {
-                "position": position, "since": since, "organization_id": org, "cap": REJECTION_SCAN_CAP}) or (0, False)
+            counted = await reader.value("console_rejections_since", {
+                "position": position, "since": since, "organization_id": org, "cap": REJECTION_SCAN_CAP})
+            rejected, capped = counted.rejections, counted.capped
     hour = LastHour(since, [0] * BUCKETS, [0] * BUCKETS, 0, rejected, capped)
-    for status, bucket, count in ended:
-        if status == "succeeded":
-            hour.completed[bucket] += count
-        elif status == "expired":
-            hour.expired += count
+    for e in ended:
+        if e.status == "succeeded":
+            hour.completed[e.bucket] += e.count
+        elif e.status == "expired":
+            hour.expired += e.count
         else:
-            hour.failed[bucket] += count
+            hour.failed[e.bucket] += e.count
     return hour
 
 
@@ -277,7 +278,8 @@ async def cancel_scan(request: web.Request, operator: Operator, csrf: str) -> we
 def _words(name: str) -> str:
     """``TaskLeaseExpired`` -> ``Task lease expired``."""
     words = re.findall(r"[A-Z][a-z0-9]*|[a-z0-9]+", name)
-    return " ".join([words[0], *(w.lower() for w in words[1:])]) if words else name
+    first, *rest = words or [name]
+    return " ".join([first, *(w.lower() for w in rest)])
 
 
 #: Facts of an event worth a clause in its sentence, in this order.
@@ -308,7 +310,7 @@ async def task(request: web.Request, operator: Operator, csrf: str) -> web.Strea
                        a.finished_at, a.batch_count, a.error] for a in t.attempts])
     more = (fmt("<p>The first {} events; the rest through the API.</p>", len(events.items))
             if events.next_after_version is not None else Html(""))
-    links = await _chain_links(request, task_id, events.items[-1].version if events.items else 0)
+    links = await _chain_links(request, task_id, max((e.version for e in events.items), default=0))
     timeline = fmt('<section aria-labelledby="timeline"><h2 id="timeline">Timeline</h2>'
                    "<p>Each event's link in the task's hash chain is checked as the page is drawn.</p>"
                    '<ol class="timeline">{}</ol>{}</section>',
@@ -340,9 +342,11 @@ async def _chain_links(request: web.Request, task_id: UUID, through: int) -> dic
         rows = await reader.all("console_chain_links", {"originator_id": task_id, "through": through})
     found: dict[int, str | None] = {}
     prev: tuple[int, bytes] | None = None
-    for version, topic, state, prev_hash, stored_hash in rows:
-        found[version] = check_link(prev, task_id, version, topic, bytes(state), bytes(prev_hash), bytes(stored_hash))
-        prev = (version, bytes(stored_hash))
+    for stored in rows:
+        version = stored.originator_version
+        found[version] = check_link(prev, task_id, version, stored.topic, bytes(stored.state), bytes(stored.prev_hash),
+                                    bytes(stored.hash))
+        prev = (version, bytes(stored.hash))
     return found
 
 

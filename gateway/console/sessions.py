@@ -72,8 +72,7 @@ async def session_operator(request: web.Request) -> tuple[Operator, str] | None:
         row = await reader.one("console_session_operator", {"token_hash": _hash(token), "now": None})
     if row is None:
         return None
-    key_id, name, organization_id = row
-    return Operator(key_id=UUID(str(key_id)), name=name, organization_id=organization_id), token
+    return Operator(key_id=UUID(str(row.id)), name=row.name, organization_id=row.organization_id), token
 
 
 async def close_session(request: web.Request, token: str) -> None:

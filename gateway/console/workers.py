@@ -104,7 +104,7 @@ async def worker(request: web.Request, operator: Operator, csrf: str) -> web.Str
     params = {"worker_ids": [w.id], "worker_id": w.id, "organization_id": operator.organization_id,
               "limit": LEASES_SHOWN}
     async with api.reads(request).read() as reader:
-        ((_, live),) = await reader.all("console_live_lease_counts", params) or [(w.id, 0)]
+        live = sum(r.live for r in await reader.all("console_live_lease_counts", params))  # one row, or none: 0
         shown = [live_lease(r) for r in await reader.all("console_live_leases", params)]
     facts = fmt('<table id="worker"><caption>The worker</caption><thead><tr><th scope="col">Name</th>'
                 '<th scope="col">Standing</th><th scope="col">Liveness</th><th scope="col">Last poll</th>'
@@ -149,7 +149,7 @@ async def _live(request: web.Request, operator: Operator, worker_id: UUID) -> in
     async with api.reads(request).read() as reader:
         found = await reader.all("console_live_lease_counts", {"worker_ids": [worker_id],
                                                                "organization_id": operator.organization_id})
-    return int(found[0][1]) if found else 0
+    return int(sum(r.live for r in found))  # one row, or none: 0
 
 
 @console("GET", WORKER + "/disable", "Console: confirm disabling a worker")

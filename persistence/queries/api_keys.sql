@@ -3,6 +3,7 @@
 -- The last column: whether last_used_at is due for a refresh (unset, or over a minute old).
 SELECT k.id, k.name, k.organization_id,
        k.last_used_at IS NULL OR k.last_used_at < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
+           AS touch_due
 FROM api_keys k
 WHERE k.key_hash = %(key_hash)s AND k.revoked_at IS NULL
   AND (k.expires_at IS NULL OR k.expires_at > coalesce(%(now)s::timestamptz, now()))

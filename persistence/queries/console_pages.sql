@@ -43,7 +43,7 @@ WITH RECURSIVE bisect(lo, hi) AS (
                 ORDER BY e.notification_id LIMIT 1) AS at) m
     WHERE b.lo < b.hi
 )
-SELECT max(b.lo) FROM bisect b
+SELECT max(b.lo) AS position FROM bisect b
 
 -- name: console_rejections_since
 -- The console's overview: rejected worker writes (WriteRejected) among the newest %(cap)s events
@@ -54,8 +54,9 @@ SELECT max(b.lo) FROM bisect b
 SELECT count(*) FILTER (WHERE x.topic = 'domain.events:WriteRejected'
                           AND (%(organization_id)s::uuid IS NULL OR EXISTS (
                                 SELECT 1 FROM worker_tasks t
-                                WHERE t.id = x.originator_id AND t.organization_id = %(organization_id)s::uuid))),
-       count(*) >= %(cap)s
+                                WHERE t.id = x.originator_id AND t.organization_id = %(organization_id)s::uuid)))
+           AS rejections,
+       count(*) >= %(cap)s AS capped
 FROM (SELECT e.topic, e.originator_id
       FROM events e
       WHERE e.notification_id >= %(position)s AND e.recorded_at >= %(since)s::timestamptz
@@ -66,7 +67,8 @@ FROM (SELECT e.topic, e.originator_id
 -- For the rest of the console's read-only snapshot: plans for the actual parameters (see
 -- custom_plans), and no JIT compilation, whose start-up (measured near a second when a plan's
 -- estimated cost crossed jit_above_cost) would dwarf these index-bound reads.
-SELECT set_config('plan_cache_mode', 'force_custom_plan', true), set_config('jit', 'off', true)
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
+       set_config('jit', 'off', true) AS jit
 
 -- name: console_chain_links
 -- The console's task page: what each of a stream's first events needs to check its hash-chain
@@ -79,7 +81,7 @@ ORDER BY e.originator_version
 -- name: console_live_lease_counts
 -- The console's workers: how many live attempts (leased or running) each worker holds, of one
 -- organisation's tasks when organization_id is set (the filter of workers_live_leases).
-SELECT a.worker_id, count(*)
+SELECT a.worker_id, count(*) AS live
 FROM worker_task_attempts a
 WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
   AND a.status IN ('leased', 'running')

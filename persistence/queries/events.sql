@@ -7,9 +7,16 @@ WHERE e.originator_id = %(originator_id)s
 ORDER BY e.originator_version
 LIMIT %(limit)s
 
+-- name: event_committed
+-- Whether one event, by its stream position and chain hash, is in the log: how a transaction
+-- whose connection was lost during its COMMIT learns that the COMMIT happened.
+SELECT EXISTS (SELECT 1 FROM events e
+               WHERE e.originator_id = %(originator_id)s AND e.originator_version = %(originator_version)s
+                 AND e.hash = %(hash)s) AS committed
+
 -- name: ping
 -- Readiness: the database answers.
-SELECT 1
+SELECT 1 AS ok
 
 -- name: stored_events_of_stream
 -- Every stored column of one stream's events, in version order (audits: timelines, as-of,
@@ -50,7 +57,7 @@ ORDER BY e.originator_id, e.originator_version
 
 -- name: events_log_end
 -- Where the log ends for the reading transaction: its snapshot's time and last event.
-SELECT now(), max(e.notification_id) FROM events e
+SELECT now() AS now, max(e.notification_id) AS position FROM events e
 
 -- name: snapshot_time
 -- The reading transaction's time (now(): its start, the moment its snapshot shows).
@@ -59,8 +66,8 @@ SELECT now()
 -- name: events_against_sealed_heads
 -- Each sealed head (stream, version, hash) the log no longer holds as sealed: whether the event
 -- at that version is there at all, and the stream's last version (NULL: no event of it left).
-SELECT h.oid, h.v, e.hash IS NOT NULL,
-       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.oid)
+SELECT h.oid, h.v, e.hash IS NOT NULL AS present,
+       (SELECT max(x.originator_version) FROM events x WHERE x.originator_id = h.oid) AS last_version
 FROM unnest(%(oids)s::uuid[], %(versions)s::int8[], %(hashes)s::bytea[]) AS h(oid, v, hash)
 LEFT JOIN events e ON e.originator_id = h.oid AND e.originator_version = h.v
 WHERE e.hash IS DISTINCT FROM h.hash
@@ -69,8 +76,8 @@ ORDER BY h.oid
 -- name: events_not_sealed
 -- Events above their stream's sealed head (or of a stream never sealed): whether the stream was
 -- never sealed, and whether the event's transaction was over before the newest seal was taken.
-SELECT e.originator_id, e.originator_version, e.recorded_at, h.v IS NULL,
-       e.transaction_id < %(xmin)s::xid8
+SELECT e.originator_id, e.originator_version, e.recorded_at, h.v IS NULL AS unsealed_stream,
+       e.transaction_id < %(xmin)s::xid8 AS committed_before
 FROM events e
 LEFT JOIN unnest(%(oids)s::uuid[], %(versions)s::int8[]) AS h(oid, v) ON h.oid = e.originator_id
 WHERE h.v IS NULL OR e.originator_version > h.v
@@ -131,6 +138,6 @@ SELECT count(*) FROM events
 -- name: event_partitions_reach_sample
 -- How far past now the event log's time partitions reach, in seconds (negative: events already
 -- land in the default partition; NULL: no time partition at all). A sampled gauge, not a hot path.
-SELECT extract(epoch FROM max(upper_bound) - now())
+SELECT extract(epoch FROM max(upper_bound) - now()) AS seconds_ahead
 FROM event_partitions
 WHERE NOT is_default

@@ -9,8 +9,8 @@
 -- worker_tasks_org_acquirable_idx, stopping at its first eligible task, so the cost grows with
 -- the worker's organisations that have queued work, never with queued tasks or history. No lock:
 -- domain.fairness orders the organisations, task_lock_for_organization then locks a task.
-SELECT ow.organization_id, p.priority, p.created_at, coalesce(s.virtual_time, 0), o.fair_weight,
-       coalesce(s.live, 0), o.max_live_attempts
+SELECT ow.organization_id, p.priority, p.created_at, coalesce(s.virtual_time, 0) AS virtual_time, o.fair_weight AS weight,
+       coalesce(s.live, 0) AS live, o.max_live_attempts
 FROM workers w
 CROSS JOIN LATERAL (
     SELECT q.organization_id FROM org_queued_work q WHERE q.task_type = ANY(w.task_types) AND q.queued
@@ -79,9 +79,9 @@ WITH task AS (
     RETURNING s.virtual_time, s.live, s.waited_seconds
 )
 SELECT task.*, taken.virtual_time, taken.live,
-       greatest(extract(epoch FROM %(now)s::timestamptz - task.available_at)::float8, 0),
+       greatest(extract(epoch FROM %(now)s::timestamptz - task.available_at)::float8, 0) AS waited_seconds,
        -- The organisation's target policy, for the lease answer.
-       (SELECT o.target_policy FROM organizations o WHERE o.id = task.organization_id)
+       (SELECT o.target_policy FROM organizations o WHERE o.id = task.organization_id) AS target_policy
 FROM task LEFT JOIN taken ON true
 
 -- name: org_service_release
@@ -94,8 +94,9 @@ WHERE organization_id = %(organization_id)s
 
 -- name: fair_share_get
 -- Operator API: an organisation's fair-share settings and state.
-SELECT o.id, o.fair_weight, o.max_live_attempts, coalesce(s.virtual_time, 0), coalesce(s.served, 0),
-       coalesce(s.live, 0), coalesce(s.waited_seconds, 0), s.updated_at
+SELECT o.id, o.fair_weight, o.max_live_attempts, coalesce(s.virtual_time, 0) AS virtual_time,
+       coalesce(s.served, 0) AS served, coalesce(s.live, 0) AS live,
+       coalesce(s.waited_seconds, 0) AS waited_seconds, s.updated_at
 FROM organizations o
 LEFT JOIN org_service s ON s.organization_id = o.id
 WHERE o.id = %(organization_id)s
@@ -103,7 +104,7 @@ WHERE o.id = %(organization_id)s
 -- name: organization_lock_fair_share
 -- The organisation's stream head and fair-share settings, for the command that changes them.
 SELECT o.id, o.version, o.head_hash, o.fair_weight, o.max_live_attempts,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM organizations o
 WHERE o.id = %(organization_id)s
 FOR UPDATE
@@ -117,7 +118,7 @@ ORDER BY s.organization_id
 -- name: org_queued_work_try_lock
 -- The sweeper keeps the queued-work flags (migration 0021) one process at a time: false, another
 -- process is at it (never waited for).
-SELECT pg_try_advisory_xact_lock(hashtext('org_queued_work'))
+SELECT pg_try_advisory_xact_lock(hashtext('org_queued_work')) AS mine
 
 -- name: org_queued_work_lock_flagged
 -- After org_queued_work_take_raises, it locks the flagged rows it can lock at once (a row a
@@ -162,4 +163,4 @@ WITH taken AS (
     ON CONFLICT (organization_id, task_type) DO NOTHING
     RETURNING organization_id
 )
-SELECT (SELECT count(*) FROM raised), (SELECT count(*) FROM lowered) + (SELECT count(*) FROM added)
+SELECT (SELECT count(*) FROM raised) AS raised, (SELECT count(*) FROM lowered) + (SELECT count(*) FROM added) AS queued

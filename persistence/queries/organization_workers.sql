@@ -1,6 +1,6 @@
 -- name: worker_assignments
 -- After worker_lock, as its own statement: every organisation assignment of the worker.
-SELECT ow.organization_id, ow.enabled, ow.revoked_at IS NOT NULL
+SELECT ow.organization_id, ow.enabled, ow.revoked_at IS NOT NULL AS revoked
 FROM organization_workers ow
 WHERE ow.worker_id = %(worker_id)s
 

@@ -1,8 +1,8 @@
 -- name: organization_exists
-SELECT o.id, coalesce(%(now)s::timestamptz, clock_timestamp()) FROM organizations o WHERE o.id = %(organization_id)s
+SELECT o.id, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now FROM organizations o WHERE o.id = %(organization_id)s
 
 -- name: clock_now
-SELECT coalesce(%(now)s::timestamptz, clock_timestamp())
+SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 
 -- name: organization_get
 SELECT o.id, o.name, o.created_at, o.updated_at, o.gateway_execution
@@ -21,7 +21,7 @@ LIMIT %(limit)s
 -- name: organization_lock
 -- The organisation's own stream head and flag, for its commands (the flag is a column of the
 -- locked row itself, so the locking statement sees the latest committed value).
-SELECT o.id, o.version, o.head_hash, o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp())
+SELECT o.id, o.version, o.head_hash, o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM organizations o
 WHERE o.id = %(organization_id)s
 FOR UPDATE
@@ -29,7 +29,7 @@ FOR UPDATE
 -- name: organization_mode_for_scan
 -- Creating a scan shares the organisation's row lock: a flag change waits for scans being
 -- created, and every scan created after it commits sees the new flag.
-SELECT o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp()), o.target_policy
+SELECT o.gateway_execution, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now, o.target_policy
 FROM organizations o
 WHERE o.id = %(organization_id)s
 FOR SHARE

@@ -1,13 +1,13 @@
 -- name: scan_lock
 SELECT s.id, s.version, s.head_hash, s.organization_id, s.status, s.execution_mode,
-       s.cancel_requested_at IS NOT NULL, s.profile IS NOT NULL
+       s.cancel_requested_at IS NOT NULL AS cancel_requested, s.profile IS NOT NULL AS has_profile
 FROM scans s
 WHERE s.id = %(scan_id)s
 FOR UPDATE
 
 -- name: scan_next_job_position
 -- Its own statement after scan_lock, so it sees jobs queued by the previous lock holder.
-SELECT coalesce(max(j.position) + 1, 0), coalesce(%(now)s::timestamptz, clock_timestamp())
+SELECT coalesce(max(j.position) + 1, 0) AS next_position, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM scan_jobs j WHERE j.scan_id = %(scan_id)s
 
 -- name: scan_get
@@ -18,8 +18,8 @@ WHERE s.id = %(scan_id)s
 
 -- name: scan_lock_for_orchestration
 -- Like scan_lock_for_outcome, with what creating the next profile step needs.
-SELECT s.id, s.version, s.head_hash, s.status, s.cancel_requested_at IS NOT NULL, s.organization_id,
-       s.profile, s.targets
+SELECT s.id, s.version, s.head_hash, s.status, s.cancel_requested_at IS NOT NULL AS cancel_requested,
+       s.organization_id, s.profile, s.targets
 FROM scans s
 WHERE s.id = %(scan_id)s
 FOR UPDATE
@@ -31,9 +31,9 @@ FOR UPDATE
 -- the last job (job i runs profile step i: all that next_step needs). No job's task is read:
 -- settling runs on every task that ends, and must not read a large scan's every task each time.
 -- (status::text: an array of a domain comes back as text to the driver, which knows the base type only)
-SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]), count(*),
-       (SELECT l.status FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1),
-       (SELECT l.id FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1)
+SELECT coalesce(array_agg(DISTINCT j.status::text), '{}'::text[]) AS statuses, count(*) AS jobs,
+       (SELECT l.status FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1) AS last_status,
+       (SELECT l.id FROM scan_jobs l WHERE l.scan_id = %(scan_id)s ORDER BY l.position DESC LIMIT 1) AS last_id
 FROM scan_jobs j
 WHERE j.scan_id = %(scan_id)s
 
@@ -60,7 +60,7 @@ ORDER BY f.first_seen_at, f.kind COLLATE "C", f.value COLLATE "C"
 -- For the rest of the transaction that builds a profile step's scope: no JIT compilation (for a
 -- scan of 100,000 assets, the planner's estimate of scan_found_assets passes jit_above_cost, and
 -- compiling took longer than the query), and memory to sort its rows in (not on disk).
-SELECT set_config('jit', 'off', true), set_config('work_mem', '64MB', true)
+SELECT set_config('jit', 'off', true) AS jit, set_config('work_mem', '64MB', true) AS work_mem
 
 -- name: scan_open_tasks
 SELECT t.id FROM worker_tasks t
@@ -100,9 +100,12 @@ LIMIT %(limit)s
 -- Operator API: a scan's jobs in position order, each with its task (a legacy job has none).
 SELECT j.id, j.position, j.plugin, j.status, j.execution_mode, j.created_at, j.updated_at, j.started_at,
        j.finished_at,
-       t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, t.priority, t.attempt_count,
-       t.max_attempts, t.available_at, t.created_at, t.updated_at, t.finished_at, t.last_error,
-       t.current_attempt_id, cur.worker_id
+       t.id AS task_id, t.organization_id AS task_organization_id, t.scan_id AS task_scan_id,
+       t.scan_job_id AS task_scan_job_id, t.task_type AS task_task_type, t.state AS task_state,
+       t.priority AS task_priority, t.attempt_count AS task_attempt_count, t.max_attempts AS task_max_attempts,
+       t.available_at AS task_available_at, t.created_at AS task_created_at, t.updated_at AS task_updated_at,
+       t.finished_at AS task_finished_at, t.last_error AS task_last_error,
+       t.current_attempt_id AS task_current_attempt_id, cur.worker_id AS task_worker_id
 FROM scan_jobs j
 LEFT JOIN worker_tasks t ON t.scan_job_id = j.id
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id

@@ -16,8 +16,8 @@ ON CONFLICT (sha256) DO NOTHING
 -- One page of a task's scope, for the worker that holds its attempt (checked by the caller, from
 -- task_read_for_write in the same round trip): page 0 is the assets of the row's own scope, page
 -- n (from 1) the n-th stored page (NULL when the row lists no such page, or it is missing).
-SELECT CASE WHEN %(page)s::int = 0 THEN t.scope -> 'assets' END,
-       t.scope_pages[%(page)s::int], p.body
+SELECT CASE WHEN %(page)s::int = 0 THEN t.scope -> 'assets' END AS inline_assets,
+       t.scope_pages[%(page)s::int] AS sha256, p.body
 FROM worker_tasks t
 LEFT JOIN scope_pages p ON %(page)s::int >= 1 AND p.sha256 = t.scope_pages[%(page)s::int]
 WHERE t.id = %(task_id)s
@@ -26,7 +26,7 @@ WHERE t.id = %(task_id)s
 -- replay verify: every stored page that tasks refer to and that is missing (NULL), or whose bytes
 -- no longer hash to its key (their hash), of the listed tasks (every task when task_ids is NULL).
 -- The hash is computed in the database: no page body travels.
-SELECT u.sha256, encode(sha256(p.body), 'hex')
+SELECT u.sha256, encode(sha256(p.body), 'hex') AS computed
 FROM (SELECT DISTINCT x.sha256
       FROM worker_tasks t CROSS JOIN LATERAL unnest(t.scope_pages) AS x (sha256)
       WHERE %(task_ids)s::uuid[] IS NULL OR t.id = ANY(%(task_ids)s::uuid[])) u

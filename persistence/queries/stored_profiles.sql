@@ -2,7 +2,7 @@
 -- A live profile's row, locked for one of its commands; ``owner`` NULL: any (administrator),
 -- else only a profile of that organisation (a global profile is the administrators').
 SELECT p.id, p.version, p.head_hash, p.organization_id, p.name, p.profile, p.gateway_execution,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM stored_profiles p
 WHERE p.id = %(profile_id)s AND p.deleted_at IS NULL
   AND (%(owner)s::uuid IS NULL OR p.organization_id = %(owner)s::uuid)

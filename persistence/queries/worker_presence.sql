@@ -25,6 +25,6 @@ SET last_poll_at = greatest(p.last_poll_at, excluded.last_poll_at),
 -- name: workers_presence
 -- Operator API: each worker's published presence, and the time to judge it against (the
 -- database's clock, or the test's).
-SELECT u.id, p.last_poll_at, p.last_renew_at, p.last_write_at, coalesce(%(now)s::timestamptz, clock_timestamp())
+SELECT u.id, p.last_poll_at, p.last_renew_at, p.last_write_at, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM unnest(%(worker_ids)s::uuid[]) AS u(id)
 LEFT JOIN worker_presence p ON p.worker_id = u.id

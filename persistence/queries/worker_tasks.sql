@@ -16,15 +16,20 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
        t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
        t.cancel_delivery_channel, t.scope_ref,
-       cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
-       cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
-       cur.final_batch_accepted, cur.error,
-       ref.id, ref.worker_id, ref.attempt_number, ref.lease_token_hash, ref.status, ref.leased_at,
-       ref.lease_expires_at, ref.deadline_at, ref.started_at, ref.finished_at, ref.batch_count,
-       ref.final_batch_accepted, ref.error,
-       b.id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256, b.record_count,
-       b.final, b.accepted_at,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       cur.id AS current_id, cur.worker_id AS current_worker_id, cur.attempt_number AS current_attempt_number,
+       cur.lease_token_hash AS current_lease_token_hash, cur.status AS current_status, cur.leased_at AS current_leased_at,
+       cur.lease_expires_at AS current_lease_expires_at, cur.deadline_at AS current_deadline_at, cur.started_at AS current_started_at,
+       cur.finished_at AS current_finished_at, cur.batch_count AS current_batch_count, cur.final_batch_accepted AS current_final_batch_accepted,
+       cur.error AS current_error,
+       ref.id AS named_id, ref.worker_id AS named_worker_id, ref.attempt_number AS named_attempt_number,
+       ref.lease_token_hash AS named_lease_token_hash, ref.status AS named_status, ref.leased_at AS named_leased_at,
+       ref.lease_expires_at AS named_lease_expires_at, ref.deadline_at AS named_deadline_at, ref.started_at AS named_started_at,
+       ref.finished_at AS named_finished_at, ref.batch_count AS named_batch_count, ref.final_batch_accepted AS named_final_batch_accepted,
+       ref.error AS named_error,
+       b.id AS batch_id, b.attempt_id AS batch_attempt_id, b.sequence_number AS batch_sequence_number,
+       b.idempotency_key AS batch_idempotency_key, b.payload_sha256 AS batch_payload_sha256, b.record_count AS batch_record_count,
+       b.final AS batch_final, b.accepted_at AS batch_accepted_at,
+       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 LEFT JOIN worker_task_attempts ref ON ref.id = %(attempt_id)s AND ref.task_id = t.id
@@ -38,10 +43,12 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
        t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
        t.cancel_delivery_channel, t.scope_ref,
-       cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
-       cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
-       cur.final_batch_accepted, cur.error,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       cur.id AS current_id, cur.worker_id AS current_worker_id, cur.attempt_number AS current_attempt_number,
+       cur.lease_token_hash AS current_lease_token_hash, cur.status AS current_status, cur.leased_at AS current_leased_at,
+       cur.lease_expires_at AS current_lease_expires_at, cur.deadline_at AS current_deadline_at, cur.started_at AS current_started_at,
+       cur.finished_at AS current_finished_at, cur.batch_count AS current_batch_count, cur.final_batch_accepted AS current_final_batch_accepted,
+       cur.error AS current_error,
+       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE t.id = %(task_id)s
@@ -84,9 +91,11 @@ SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id
        t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
        t.cancel_requested_at, t.last_error, t.created_at, t.updated_at, t.finished_at, t.cancel_delivered_at,
        t.cancel_delivery_channel, t.scope_ref,
-       cur.id, cur.worker_id, cur.attempt_number, cur.lease_token_hash, cur.status, cur.leased_at,
-       cur.lease_expires_at, cur.deadline_at, cur.started_at, cur.finished_at, cur.batch_count,
-       cur.final_batch_accepted, cur.error
+       cur.id AS current_id, cur.worker_id AS current_worker_id, cur.attempt_number AS current_attempt_number,
+       cur.lease_token_hash AS current_lease_token_hash, cur.status AS current_status, cur.leased_at AS current_leased_at,
+       cur.lease_expires_at AS current_lease_expires_at, cur.deadline_at AS current_deadline_at, cur.started_at AS current_started_at,
+       cur.finished_at AS current_finished_at, cur.batch_count AS current_batch_count, cur.final_batch_accepted AS current_final_batch_accepted,
+       cur.error AS current_error
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE t.id = %(task_id)s
@@ -162,9 +171,9 @@ WHERE c.n > 0
 -- Operator API: the queue of each organisation (tasks waiting for a lease: pending or
 -- retry_wait), how many of them are ready (available now), and since when the oldest ready one
 -- has been waiting. Reads only the acquirable partial index's rows.
-SELECT t.organization_id, count(*),
-       count(*) FILTER (WHERE t.available_at <= q.now),
-       min(t.available_at) FILTER (WHERE t.available_at <= q.now),
+SELECT t.organization_id, count(*) AS queued,
+       count(*) FILTER (WHERE t.available_at <= q.now) AS available,
+       min(t.available_at) FILTER (WHERE t.available_at <= q.now) AS oldest_available_at,
        q.now
 FROM worker_tasks t
 CROSS JOIN (SELECT coalesce(%(now)s::timestamptz, now()) AS now) q
@@ -174,7 +183,7 @@ GROUP BY t.organization_id, q.now
 
 -- name: snapshot_now
 -- The time a read-only snapshot is taken at (now(): its transaction's start), as task_queues uses.
-SELECT coalesce(%(now)s::timestamptz, now())
+SELECT coalesce(%(now)s::timestamptz, now()) AS now
 
 -- name: queue_depth_sample
 -- Unfinished tasks by organisation and state, with the age of the oldest pending one (a sampled
@@ -190,7 +199,7 @@ GROUP BY organization_id, state
 -- wake_sweep_seconds while long-polls wait: of the organisations its waiters serve, those with a
 -- task that can be leased now, and that work's task types. Read through
 -- worker_tasks_org_acquirable_idx (queued tasks only), never the history.
-SELECT t.organization_id, array_agg(DISTINCT t.task_type)
+SELECT t.organization_id, array_agg(DISTINCT t.task_type) AS task_types
 FROM worker_tasks t
 WHERE t.organization_id = ANY(%(organization_ids)s::uuid[])
   AND t.state IN ('pending', 'retry_wait')

@@ -1,7 +1,7 @@
 -- name: worker_lock_for_acquire
 -- RFC: lock and validate the worker in the acquire transaction. The row lock serialises one
 -- worker's concurrent acquires, so capacity cannot be overrun.
-SELECT w.id, w.enabled, w.revoked_at IS NOT NULL, w.max_concurrent_tasks, w.capabilities, w.task_types
+SELECT w.id, w.enabled, w.revoked_at IS NOT NULL AS revoked, w.max_concurrent_tasks, w.capabilities, w.task_types
 FROM workers w
 WHERE w.id = %(worker_id)s
 FOR UPDATE
@@ -20,8 +20,9 @@ FOR UPDATE
 -- queued tasks, 10.5 ms per acquire against 0.13 ms for the walk. With sorting and bitmap
 -- scans disabled for the rest of this short transaction, the walk is the plan whatever the
 -- statistics say; no other statement of an acquire sorts.
-SELECT count(*), coalesce(%(now)s::timestamptz, clock_timestamp()),
-       set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)
+SELECT count(*) AS live, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
+       set_config('enable_sort', 'off', true) AS enable_sort,
+       set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan
 FROM worker_task_attempts a
 WHERE a.worker_id = %(worker_id)s
   AND a.status IN ('leased', 'running')
@@ -40,14 +41,14 @@ WHERE a.worker_id = %(worker_id)s AND a.acquire_request_id = %(request_id)s
 
 -- name: worker_by_fingerprint
 -- Identity check on every worker request (revocation must bite on an open connection).
-SELECT w.id, w.name, w.enabled, w.revoked_at IS NOT NULL
+SELECT w.id, w.name, w.enabled, w.revoked_at IS NOT NULL AS revoked
 FROM workers w
 WHERE w.fingerprint = %(fingerprint)s
 
 -- name: worker_cancelling_attempts
 -- The worker's live attempts whose task is being cancelled: told on every acquire answer (and
 -- whether that cancellation was already handed to the worker once).
-SELECT t.id, a.id, t.cancel_delivered_at IS NOT NULL
+SELECT t.id AS task_id, a.id AS attempt_id, t.cancel_delivered_at IS NOT NULL AS delivered
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = %(worker_id)s
@@ -61,9 +62,9 @@ WHERE ow.worker_id = %(worker_id)s AND ow.enabled AND ow.revoked_at IS NULL
 -- name: worker_read
 -- After worker_lock, as its own statement (see task_lock): the worker a registry command decides
 -- on, and the command's time.
-SELECT w.id, w.version, w.head_hash, w.name, w.fingerprint, w.enabled, w.revoked_at IS NOT NULL,
+SELECT w.id, w.version, w.head_hash, w.name, w.fingerprint, w.enabled, w.revoked_at IS NOT NULL AS revoked,
        w.capabilities, w.task_types, w.max_concurrent_tasks,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 FROM workers w
 WHERE w.id = %(worker_id)s
 
@@ -117,7 +118,7 @@ SELECT w.id FROM workers w WHERE w.id = %(worker_id)s FOR SHARE
 -- name: worker_standing_for_write
 -- After worker_lock_for_write and task_lock: is the worker, or its assignment to the task's
 -- organisation, revoked? (No assignment at all counts as revoked.)
-SELECT w.revoked_at IS NOT NULL, coalesce(ow.revoked_at IS NOT NULL, true)
+SELECT w.revoked_at IS NOT NULL AS worker_revoked, coalesce(ow.revoked_at IS NOT NULL, true) AS assignment_revoked
 FROM workers w
 JOIN worker_tasks t ON t.id = %(task_id)s
 LEFT JOIN organization_workers ow ON ow.worker_id = w.id AND ow.organization_id = t.organization_id
@@ -128,7 +129,7 @@ WHERE w.id = %(worker_id)s
 -- or all) whose task is still leased or running (or, with include_cancelling, already being
 -- cancelled). Each is then ended in its own transaction, which re-checks under the task lock
 -- that this attempt is still the task's live one.
-SELECT t.id, a.id
+SELECT t.id AS task_id, a.id AS attempt_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = %(worker_id)s
@@ -146,7 +147,7 @@ SELECT w.id,
         WHERE a.worker_id = w.id
           AND (%(organization_id)s::uuid IS NULL OR EXISTS (
                 SELECT 1 FROM worker_tasks t
-                WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid)))
+                WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))) AS last_seen_at
 FROM unnest(%(worker_ids)s::uuid[]) AS w(id)
 
 -- name: workers_live_leases

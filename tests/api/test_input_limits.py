@@ -1,6 +1,7 @@
 """JSON depth and size limits where JSON enters (domain.limits): too deep or too large answers a
 4xx problem naming the field and commits nothing; a task that could not be delivered is refused
-at creation; an acquire never commits a lease whose answer it cannot build."""
+at creation; the acquire answer is encoded after the lease commits (migration 0022 ended the tasks
+stored before the limits whose answer might not encode)."""
 
 from __future__ import annotations
 
@@ -131,22 +132,28 @@ async def test_fields_larger_than_their_limit_answer_413_and_commit_nothing(
     assert await committed(gateway) == before
 
 
-async def test_a_stored_task_that_cannot_be_encoded_is_cancelled_not_leased(gateway: RunningGateway) -> None:
-    """A task stored before the limits existed (written here past them, straight into its row):
-    the acquire that picks it commits no lease and cancels it as undeliverable, and the worker
-    leases the ordinary task behind it."""
-    poison = await gateway.task(priority=10)
-    ordinary = await gateway.task()
-    async with gateway.pool.connection() as conn:
-        await conn.execute("UPDATE worker_tasks SET scope = %s::jsonb WHERE id = %s",
-                           ('{"a": ' * 300 + "1" + "}" * 300, poison))
+async def test_the_acquire_answer_is_encoded_after_the_lease_commits(
+        gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder runs once the acquire's transaction committed: an answer that cannot be
+    encoded fails the request (500) but leaves the lease on the record, where an encoder inside
+    the transaction would have rolled it back. The worker's retry, with the same request id, gets
+    the same attempt (a fresh token) once encoding works."""
+    task = await gateway.task()
+
+    def unencodable(*args: object, **kwargs: object) -> bytes:
+        raise ValueError("cannot encode this answer")
+
+    monkeypatch.setattr("leasehold.gateway.api.worker.encode_acquire_answer", unencodable)
     worker = await gateway.worker()
-    first = await worker.acquire()
-    assert first.status in (200, 204), first.body
-    assert await gateway.count("SELECT count(*) FROM worker_task_attempts WHERE task_id = %s", poison) == 0
-    assert await gateway.count("SELECT state FROM worker_tasks WHERE id = %s", poison) == "cancelled"
-    lease = first.body["lease"] if first.status == 200 else (await worker.acquire()).body["lease"]
-    assert lease["task"]["id"] == str(ordinary)
+    failed = await worker.acquire(request_id="one-acquire")
+    assert failed.status == 500, failed.body
+    assert await gateway.count("SELECT count(*) FROM worker_task_attempts WHERE task_id = %s", task) == 1
+    assert await gateway.count("SELECT state FROM worker_tasks WHERE id = %s", task) == "leased"
+    monkeypatch.undo()
+    retried = await worker.acquire(request_id="one-acquire")
+    assert retried.status == 200, retried.body
+    assert retried.body["lease"]["task"]["id"] == str(task)
+    assert await gateway.count("SELECT count(*) FROM worker_task_attempts WHERE task_id = %s", task) == 1
 
 
 async def test_the_history_of_a_task_stored_before_the_limits_still_reads(

@@ -18,11 +18,9 @@ from test_finding_work import rebuilt_equals_live
 from test_operator_api import assert_problem, make_tenant
 
 from leasehold.gateway.keys import METRICS
-from leasehold.gateway.services import Services, build_services
+from leasehold.gateway.services import Services
 from leasehold.gateway.tls import PkiPaths
-from leasehold.persistence.connection import create_pool
 from leasehold.persistence.presence import publish
-from leasehold.persistence.transaction import Database
 from support.console import signed_in
 from support.gateway import GatewayProcess, RunningGateway, WorkerClient, running_gateway
 from support.waits import wait_until
@@ -226,26 +224,16 @@ async def test_no_write_per_poll_and_a_stopping_gateway_publishes_what_it_held(d
         assert datetime.fromisoformat(body["last_poll_at"]) <= stopped_after
 
 
-@pytest.fixture
-async def services(database_url: str) -> AsyncIterator[Services]:
-    pool = create_pool(database_url, min_size=1, max_size=4)
-    await pool.open()
-    try:
-        yield build_services(Database(pool))
-    finally:
-        await pool.close()
-
-
 async def test_a_killed_gateway_loses_at_most_about_one_interval_and_its_successor_carries_on(
-        database_url: str, pki: PkiPaths, services: Services, tmp_path: Path) -> None:
+        database_url: str, pki: PkiPaths, live_services: Services, tmp_path: Path) -> None:
     interval = 1.0
     gateway = GatewayProcess(database_url, pki, tmp_path / "gateway.log", {"presence_publish_seconds": interval})
     await gateway.start()
     view: RunningGateway | None = None
     try:
-        org = await services.registry.create_organization(f"org-{uuid4().hex[:12]}")
-        scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
-        view = gateway.client(services, org, scan)
+        org = await live_services.registry.create_organization(f"org-{uuid4().hex[:12]}")
+        scan = await live_services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
+        view = gateway.client(live_services, org, scan)
         worker = await view.worker()
         polls: list[float] = []
         polling = asyncio.create_task(keep_polling(worker, polls))

@@ -21,7 +21,7 @@ async def test_profiles_by_name_and_edits_that_never_reach_existing_scans(gatewa
     assert [(s["task_type"], s["lease_seconds"]) for s in profile["steps"]] == [("discover", 300), ("portscan", 60)]
     assert_problem(await gateway.operator("POST", "/v1/profiles", {"name": "weekly", "steps": STEPS}, key=key), 409)
 
-    r = await gateway.operator("POST", "/v1/scans", {"targets": {"hosts": ["a"]}, "profile": "weekly"}, key=key)
+    r = await gateway.operator("POST", "/v1/scans", {"targets": {"targets": ["192.0.2.10"]}, "profile": "weekly"}, key=key)
     assert r.status == 201, r.body
     scan = r.body
     assert (scan["execution_mode"], scan["stored_profile_id"]) == ("gateway", profile["id"])
@@ -137,7 +137,7 @@ async def test_flags_over_http_and_a_legacy_scan_no_idle_worker_gets(gateway: Ru
     assert r.status == 200 and r.body["gateway_execution"] is False, r.body
     assert (await gateway.operator("GET", f"/v1/organizations/{org}", key=key)).body["gateway_execution"] is False
 
-    r = await gateway.operator("POST", "/v1/scans", {"targets": {"hosts": ["a"]}, "profile": STEPS}, key=key)
+    r = await gateway.operator("POST", "/v1/scans", {"targets": {"targets": ["192.0.2.10"]}, "profile": STEPS}, key=key)
     assert r.status == 201 and r.body["execution_mode"] == "legacy", r.body
     scan = r.body["id"]
     assert await gateway.count("SELECT count(*) FROM scan_jobs WHERE scan_id = %s AND execution_mode = 'legacy'",

@@ -15,7 +15,7 @@ async def test_profile_scan_findings_and_cancel(gateway: RunningGateway) -> None
     worker = await gateway.worker(task_types=("discover", "vulnscan"), org=gateway.org)
     await gateway.registry.assign_worker(worker.id, org)
 
-    r = await gateway.operator("POST", "/v1/scans", {"targets": {"hosts": ["a"]}, "profile": [
+    r = await gateway.operator("POST", "/v1/scans", {"targets": {"targets": ["192.0.2.10"]}, "profile": [
         {"task_type": "discover"}, {"task_type": "vulnscan", "stop_on_failure": False}]}, key=key)
     assert r.status == 201 and r.body["status"] == "pending", r.body
     scan = r.body["id"]
@@ -48,3 +48,28 @@ async def test_profile_scan_findings_and_cancel(gateway: RunningGateway) -> None
     assert r.status == 200 and [t["state"] for t in r.body["tasks"]] == ["cancelling"], r.body
     assert (await worker.write(lease, "cancel-ack")).body["task"]["state"] == "cancelled"
     assert (await gateway.operator("GET", f"/v1/scans/{scan}", key=key)).body["status"] == "cancelled"
+
+
+async def test_steps_over_targets_that_select_nothing_are_refused_naming_the_keys(gateway: RunningGateway) -> None:
+    from test_operator_api import assert_problem, changes
+
+    before = await changes(gateway)
+    steps = [{"task_type": "probe"}]
+    for path, body in (("/v1/scans", {"organization_id": str(gateway.org), "targets": {"hosts": ["192.0.2.10"]},
+                                      "profile": steps}),
+                       ("/v1/schedules", {"organization_id": str(gateway.org), "name": "nightly",
+                                          "interval_seconds": 3600, "targets": {"hosts": ["192.0.2.10"]},
+                                          "profile": steps}),
+                       ("/v1/scans", {"organization_id": str(gateway.org), "targets": {"ports": "80", "targets": []},
+                                      "profile": steps})):
+        reply = await gateway.operator("POST", path, body)
+        assert_problem(reply, 422)
+        assert "select nothing" in reply.body["detail"] and "(they have " in reply.body["detail"], reply.body
+    assert "hosts" in reply.body["detail"] or "ports" in reply.body["detail"]
+    assert await changes(gateway) == before
+    # What stays allowed: targets that select something, empty targets, and a scan without steps.
+    for body in ({"targets": {"targets": ["192.0.2.10"]}, "profile": steps}, {"targets": {}, "profile": steps},
+                 {"targets": {"hosts": ["192.0.2.10"]}}, {"targets": {"assets": [{"kind": "host", "value": "h"}]},
+                                                          "profile": steps}):
+        reply = await gateway.operator("POST", "/v1/scans", {"organization_id": str(gateway.org), **body})
+        assert reply.status == 201, (body, reply.body)

@@ -12,7 +12,7 @@ async def test_schedule_lifecycle_and_the_scheduler_loop(gateway: RunningGateway
     org = r.body["id"]
     key = (await gateway.operator("POST", f"/v1/organizations/{org}/api-keys", {"name": "k"})).body["key"]
     r = await gateway.operator("POST", "/v1/schedules", {
-        "name": "every second", "interval_seconds": 1, "targets": {"hosts": ["a"]},
+        "name": "every second", "interval_seconds": 1, "targets": {"targets": ["192.0.2.10"]},
         "profile": [{"task_type": "probe"}]}, key=key)
     assert r.status == 201 and r.body["enabled"] and r.body["organization_id"] == org, r.body
     sid = r.body["id"]
@@ -28,7 +28,7 @@ async def test_schedule_lifecycle_and_the_scheduler_loop(gateway: RunningGateway
     r = await gateway.operator("POST", f"/v1/schedules/{sid}/run-now", key=key)
     assert r.status == 201, r.body
     scan = (await gateway.operator("GET", f"/v1/scans/{r.body['scan_id']}", key=key)).body
-    assert scan["organization_id"] == org and scan["targets"] == {"hosts": ["a"]}
+    assert scan["organization_id"] == org and scan["targets"] == {"targets": ["192.0.2.10"]}
     assert (await gateway.operator("POST", f"/v1/schedules/{sid}/resume", key=key)).body["enabled"]
     assert [s["id"] for s in (await gateway.operator("GET", "/v1/schedules", key=key)).body["items"]] == [sid]
 

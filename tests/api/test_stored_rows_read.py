@@ -127,7 +127,7 @@ async def test_scans_and_their_lists_read_with_unencodable_targets(gateway: Runn
 async def test_schedules_read_with_unencodable_targets(gateway: RunningGateway, kind: str) -> None:
     created = await gateway.operator("POST", "/v1/schedules", {
         "organization_id": str(gateway.org), "name": "nightly", "interval_seconds": 3600,
-        "targets": {"hosts": ["a"]}, "profile": [{"task_type": "probe"}]})
+        "targets": {"targets": ["192.0.2.10"]}, "profile": [{"task_type": "probe"}]})
     assert created.status == 201, created.body
     schedule = UUID(created.body["id"])
     await set_column(gateway, "scheduled_scans", "targets", schedule, STORED[kind])

@@ -33,6 +33,7 @@ from leasehold.gateway.api.operator import (
     TASK_PATH,
     WORKER_PATH,
 )
+from leasehold.gateway.api.operator.bulk import OPERATION_PATH as BULK_PATH
 from leasehold.gateway.api.service import routes as service_routes
 from leasehold.gateway.api.worker import ATTEMPT_PATH
 from support.gateway import RunningGateway, WorkerClient, service_get
@@ -208,6 +209,13 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("POST", "/v1/api-keys/{key_id}/revoke"): (FORBIDDEN, None),
     ("POST", "/v1/api-keys/{key_id}/rotate"): (FORBIDDEN, {}),
     ("POST", "/v1/seals"): (FORBIDDEN, None),
+    ("POST", "/v1/bulk-previews"): (NOT_FOUND, {"action": "cancel", "filter": {"organization_id": "{organization_id}"}}),
+    ("POST", "/v1/bulk-operations"): (NOT_FOUND, {"action": "cancel",
+                                                  "filter": {"organization_id": "{organization_id}"}}),
+    ("GET", "/v1/bulk-operations"): (OWN_ONLY, None),
+    ("GET", BULK_PATH): (NOT_FOUND, None),
+    ("GET", BULK_PATH + "/tasks"): (NOT_FOUND, None),
+    ("POST", BULK_PATH + "/stop"): (NOT_FOUND, None),
     ("GET", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, None),
     ("PUT", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, {"deny": ["10.0.0.0/8"]}),
 }
@@ -242,6 +250,7 @@ async def test_service_routes_show_no_organisation(gateway: RunningGateway, meth
 #: Each tenant's scheduled scan and stored profile (made for those routes' cases), by organisation.
 SCHEDULES: dict[UUID, UUID] = {}
 PROFILES: dict[UUID, UUID] = {}
+BULKS: dict[UUID, UUID] = {}
 
 
 async def add_schedule(gateway: RunningGateway, t: Tenant) -> None:
@@ -258,10 +267,18 @@ async def add_profile(gateway: RunningGateway, t: Tenant) -> None:
     PROFILES[t.org] = UUID(r.body["id"])
 
 
+async def add_bulk(gateway: RunningGateway, t: Tenant) -> None:
+    """An operation of the tenant's own (over its cancelled tasks: none, so it changes nothing)."""
+    r = await gateway.operator("POST", "/v1/bulk-operations", {"action": "cancel", "filter": {"state": "cancelled"}},
+                               key=t.key)
+    assert r.status == 202, r.body
+    BULKS[t.org] = UUID(r.body["id"])
+
+
 def ids_of(t: Tenant) -> dict[str, str]:
     return {"organization_id": str(t.org), "worker_id": str(t.worker_id), "scan_id": str(t.scan),
             "task_id": str(t.task), "schedule_id": str(SCHEDULES.get(t.org, uuid4())),
-            "profile_id": str(PROFILES.get(t.org, uuid4())),
+            "profile_id": str(PROFILES.get(t.org, uuid4())), "operation_id": str(BULKS.get(t.org, uuid4())),
             "key_id": str(uuid4())}  # (key routes are for administrators: refused before the id is read)
 
 
@@ -270,7 +287,10 @@ def fill(template: str, ids: dict[str, str]) -> str:
 
 
 def fill_body(body: dict[str, Any] | None, ids: dict[str, str]) -> dict[str, Any] | None:
-    return None if body is None else {k: fill(v, ids) if isinstance(v, str) else v for k, v in body.items()}
+    if body is None:
+        return None
+    return {k: fill(v, ids) if isinstance(v, str) else fill_body(v, ids) if isinstance(v, dict) else v
+            for k, v in body.items()}
 
 
 def masked(reply: Any) -> bytes:
@@ -296,6 +316,9 @@ async def test_organisation_keys_never_cross_organisations(gateway: RunningGatew
     if "profile" in path:
         for t in (a, b):
             await add_profile(gateway, t)
+    if "bulk" in path:
+        for t in (a, b):
+            await add_bulk(gateway, t)
     for caller, victim in ((a, b), (b, a)):
         before = await changes(gateway)
         foreign = await gateway.operator(method, fill(path, ids_of(victim)), fill_body(body, ids_of(victim)),

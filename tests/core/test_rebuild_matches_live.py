@@ -20,6 +20,7 @@ from leasehold.persistence.chain import verify_chains
 from leasehold.persistence.connection import connect
 from leasehold.persistence.event_log import read_stream
 from leasehold.persistence.queries import QUERIES
+from leasehold.persistence.rows import row_factory
 from leasehold.persistence.snapshot import snapshot
 from leasehold.persistence.tables import load_tables
 from leasehold.persistence.task_rows import task_from_row
@@ -163,7 +164,8 @@ async def test_rebuild_from_the_log_equals_live_projections(pool: Any, database_
         states: set[str] = set()
         # The projected rows also agree with the domain's own fold of each task's stream.
         for (task_id,) in live["worker_tasks"]:
-            cur = await conn.execute(QUERIES["task_get"], {"task_id": task_id})
+            cur = conn.cursor(row_factory=row_factory("task_get"))
+            await cur.execute(QUERIES["task_get"], {"task_id": task_id})
             row_state, _ = task_from_row(await cur.fetchone())
             assert project_task(await read_stream(conn, task_id)) == row_state
             states.add(row_state.state)

@@ -40,7 +40,7 @@ def test_the_readme_runs_a_first_scan_and_stops_what_it_started() -> None:
     readme = docs_examples.examples(ROOT / "README.md")
     runs = "".join(e.code for e in readme if e.marker == "run")
     for step in ("leasehold migrate", "leasehold db create-app-role", "leasehold gateway serve",
-                 "leasehold worker run", '"task_type": "tcp-connect"', "/v1/scans/$SCAN/assets"):
+                 "leasehold worker run", "leasehold scans create", "--step tcp-connect", "leasehold scans assets $SCAN"):
         assert step in runs, step
     assert [e.marker for e in readme].count("cleanup") == 1
 

@@ -21,6 +21,7 @@ PAGES = [
     "docs/guides/operate/scans.md",
     "docs/guides/operate/finding-work.md",
     "docs/guides/operate/cancellation.md",
+    "docs/guides/operate/bulk.md",
 ]
 
 #: What a page's output must show, beyond every block succeeding.
@@ -28,6 +29,7 @@ EXPECT = {
     "docs/guides/operate/index.md": r"success \['127\.0\.0\.1:\d+/tcp'\]",
     "docs/guides/operate/scans.md": r"url https://127\.0\.0\.1:\d+",
     "docs/guides/operate/cancellation.md": r"CancelDelivered",
+    "docs/guides/operate/bulk.md": r"0 tasks would be retried[\s\S]*cancel\s+finished",
     "docs/guides/operate/workers.md": r"False\nTrue",
 }
 

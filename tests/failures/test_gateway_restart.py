@@ -30,12 +30,10 @@ from psycopg_pool import AsyncConnectionPool
 from leasehold.cli.dev_ca import issue_worker_certificate
 from leasehold.gateway.commands.lifecycle import Lifecycle, TaskSpec
 from leasehold.gateway.commands.registry import Registry
-from leasehold.gateway.services import build_services
 from leasehold.gateway.tls import PkiPaths
-from leasehold.persistence.connection import create_pool
-from leasehold.persistence.transaction import Database
 from support.agent import AgentProcess, agent_process, write_plugin
 from support.gateway import GatewayProcess
+from support.services import wall_clock_services
 from support.waits import wait_until
 
 STEADY_LEASE = 21  # renewed every 7 s: outlives the outage below
@@ -75,15 +73,10 @@ class Setup:
 
 @asynccontextmanager
 async def setup(database_url: str) -> AsyncIterator[Setup]:
-    pool = create_pool(database_url, min_size=1, max_size=4)
-    await pool.open()
-    try:
-        services = build_services(Database(pool))
+    async with wall_clock_services(database_url) as services:
         org = await services.registry.create_organization(f"org-{uuid4().hex[:8]}")
         scan = await services.scans.create_scan(org, {"targets": ["192.0.2.10"]})
-        yield Setup(pool, services.registry, services.lifecycle, org, scan)
-    finally:
-        await pool.close()
+        yield Setup(services.db.pool, services.registry, services.lifecycle, org, scan)
 
 
 def renew_failures(agent: AgentProcess) -> int:

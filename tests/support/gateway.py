@@ -142,11 +142,12 @@ class RunningGateway:
         return WorkerClient(name, worker_id, cert.fingerprint, session, self.worker_url)
 
     async def operator(self, method: str, path: str, body: Any = None, *, key: str = ADMIN_KEY,
-                       raw: bytes | None = None) -> Reply:
+                       raw: bytes | None = None, headers: dict[str, str] | None = None) -> Reply:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         data = raw if raw is not None else orjson.dumps(body) if body is not None else None
+        sent = {"Authorization": f"Bearer {key}", **(headers or {})}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, s.request(
-                method, self.operator_url + path, headers={"Authorization": f"Bearer {key}"}, data=data) as r:
+                method, self.operator_url + path, headers=sent, data=data) as r:
             text = await r.read()
             return Reply(r.status, orjson.loads(text) if text else None, dict(r.headers))
 
@@ -154,6 +155,11 @@ class RunningGateway:
         fields = {"task_type": "probe", "lease_seconds": 30, "execution_timeout_seconds": 600, **spec}
         scan = fields.pop("scan", self.scan)
         return (await self.lifecycle.create_task(scan, TaskSpec(**fields))).id
+
+    async def execute(self, statement: str, *params: Any) -> None:
+        """Run a statement of the test's own (on the test's database, as its owner)."""
+        async with self.services.db.pool.connection() as conn:
+            await conn.execute(statement, params)
 
     async def count(self, query: str, *params: Any) -> Any:
         async with self.services.db.pool.connection() as conn:

@@ -22,9 +22,9 @@ from leasehold.cli.dev_ca import issue_self_signed
 from leasehold.cli.main import build_parser
 from leasehold.domain.results import payload_sha256
 from leasehold.protocol.logs import JsonFormatter, TextFormatter
+from leasehold.protocol.wire import Lease
 from leasehold.worker.batcher import Batcher
 from leasehold.worker.cli import add_arguments, settings_from_args
-from leasehold.worker.client import LeaseInfo
 from leasehold.worker.plugin import BUILTIN_PLUGINS, InvalidOutput, PluginResolver, parse_record
 from leasehold.worker.settings import WorkerSettings
 from support.agent import (
@@ -328,13 +328,16 @@ async def test_cli_reports_configuration_errors_with_exit_status_2(tmp_path: Pat
 
 
 def test_lease_tokens_never_reach_the_logs() -> None:
-    lease = LeaseInfo.model_validate({
-        "task": {"id": "00000000-0000-0000-0000-000000000001", "task_type": "x", "state": "leased", "scope": {},
-                 "parameters": {}, "attempt_count": 1, "max_attempts": 3, "lease_seconds": 60,
-                 "execution_timeout_seconds": 600},
+    lease = Lease.model_validate({
+        "task": {"id": "00000000-0000-0000-0000-000000000001", "scan_id": "00000000-0000-0000-0000-000000000003",
+                 "scan_job_id": "00000000-0000-0000-0000-000000000004", "task_type": "x", "state": "leased",
+                 "priority": 0, "scope": {}, "parameters": {}, "attempt_count": 1, "max_attempts": 3,
+                 "lease_seconds": 60, "execution_timeout_seconds": 600, "cancel_requested": False,
+                 "last_error": None},
         "attempt": {"id": "00000000-0000-0000-0000-000000000002", "attempt_number": 1, "status": "leased",
                     "leased_at": "2024-01-01T00:00:00Z", "lease_expires_at": "2024-01-01T00:01:00Z",
-                    "deadline_at": "2024-01-01T00:10:00Z"},
+                    "deadline_at": "2024-01-01T00:10:00Z", "started_at": None, "finished_at": None,
+                    "batch_count": 0, "final_batch_accepted": False, "error": None},
         "attempt_id": "00000000-0000-0000-0000-000000000002", "lease_token": "s3cret-token-value-123456",
         "lease_expires_at": "2024-01-01T00:01:00Z", "deadline_at": "2024-01-01T00:10:00Z"})
     record = logging.LogRecord("leasehold.worker", logging.INFO, "", 0, "lease %s", (lease,), None)

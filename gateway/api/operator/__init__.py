@@ -40,6 +40,7 @@ from leasehold.gateway.api.operator.assignments import (
     unassign_worker,
 )
 from leasehold.gateway.api.operator.assignments import routes as _assignments
+from leasehold.gateway.api.operator.bulk import routes as _bulk
 from leasehold.gateway.api.operator.common import (
     ASSIGNMENT_PATH,
     TAGS,
@@ -142,6 +143,7 @@ routes = RouteTable([
     *_schedules,
     *_profiles,
     *_finding_work,
+    *_bulk,
     *_seals,
 ])
 

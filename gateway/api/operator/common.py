@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -96,10 +95,10 @@ async def _seen_organization(request: web.Request) -> tuple[Operator, UUID]:
     return operator, org_id
 
 
-def _presence(row: Sequence[Any], operator: Operator, settings: GatewaySettings) -> WorkerPresence:
+def _presence(row: Any, operator: Operator, settings: GatewaySettings) -> WorkerPresence:
     """A ``workers_presence`` row, judged; an organisation key is not shown the renewals and writes,
     which may be for other organisations' tasks (the liveness judged from them, it is)."""
-    _, poll, renew, write, now = row
+    poll, renew, write, now = row.last_poll_at, row.last_renew_at, row.last_write_at, row.now
     state = liveness(latest(poll, renew, write), now, live=timedelta(seconds=settings.worker_live_seconds),
                      idle=timedelta(seconds=settings.worker_idle_seconds))
     if not operator.is_admin:
@@ -111,17 +110,17 @@ async def _workers(reader: Reader, operator: Operator, rows: list[Any], settings
                    with_leases: bool = True) -> list[Worker]:
     """The workers of ``rows`` with their assignments, last seen, presence and (``with_leases``)
     live leases."""
-    params = {"worker_ids": [r[0] for r in rows], "organization_id": operator.organization_id, "now": None}
+    params = {"worker_ids": [r.id for r in rows], "organization_id": operator.organization_id, "now": None}
     assignments: dict[UUID, list[AssignmentView]] = {}
     for a in await reader.all("assignments_of_workers", params):
-        assignments.setdefault(a[0], []).append(AssignmentView.of(a))
-    seen: dict[UUID, datetime | None] = {r[0]: r[1] for r in await reader.all("workers_last_seen", params)}
-    presence = {r[0]: _presence(r, operator, settings) for r in await reader.all("workers_presence", params)}
+        assignments.setdefault(a.worker_id, []).append(AssignmentView.of(a))
+    seen: dict[UUID, datetime | None] = {r.id: r.last_seen_at for r in await reader.all("workers_last_seen", params)}
+    presence = {r.id: _presence(r, operator, settings) for r in await reader.all("workers_presence", params)}
     leases: dict[UUID, list[LiveLease]] = {}
     for lease in await reader.all("workers_live_leases", params) if with_leases else []:
-        leases.setdefault(lease[0], []).append(live_lease(lease))
-    return [Worker.of(r, assignments.get(r[0], []), last_seen_at=seen.get(r[0]), live_leases=leases.get(r[0], []),
-                      presence=presence.get(r[0])) for r in rows]
+        leases.setdefault(lease.worker_id, []).append(live_lease(lease))
+    return [Worker.of(r, assignments.get(r.id, []), last_seen_at=seen.get(r.id), live_leases=leases.get(r.id, []),
+                      presence=presence.get(r.id)) for r in rows]
 
 
 async def read_worker(request: web.Request, operator: Operator, worker_id: UUID, *,
@@ -138,7 +137,7 @@ async def read_worker(request: web.Request, operator: Operator, worker_id: UUID,
 async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> Scan:
     async with reads(request).read() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
-    if row is None or not operator.can_see(row[1]):
+    if row is None or not operator.can_see(row.organization_id):
         raise NotFound("no such scan", scan_id=str(scan_id))
     return Scan.of(row)
 
@@ -146,7 +145,7 @@ async def read_scan(request: web.Request, operator: Operator, scan_id: UUID) -> 
 async def see_task(request: web.Request, operator: Operator, task_id: UUID) -> None:
     async with reads(request).read() as reader:
         row = await reader.one("task_organization", {"task_id": task_id})
-    if row is None or not operator.can_see(row[0]):
+    if row is None or not operator.can_see(row.organization_id):
         raise NotFound("no such task", task_id=str(task_id))
 
 
@@ -154,7 +153,7 @@ async def read_task(request: web.Request, operator: Operator, task_id: UUID) -> 
     """The task with every attempt, read in one snapshot."""
     async with reads(request).snapshot() as reader:
         row = await reader.one("task_get", {"task_id": task_id})
-        if row is None or not operator.can_see(row[5]):
+        if row is None or not operator.can_see(row.organization_id):
             raise NotFound("no such task", task_id=str(task_id))
         task, _ = task_from_row(row)
         attempts = [Attempt.from_row(a) for a in await reader.all("attempts_of_task", {"task_id": task_id})]

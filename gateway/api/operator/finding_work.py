@@ -122,11 +122,11 @@ async def scan_detail(request: web.Request, operator: Operator, scan_id: UUID) -
     """The scan with its jobs and their tasks, read in one snapshot (404 when not visible)."""
     async with reads(request).snapshot() as reader:
         row = await reader.one("scan_get", {"scan_id": scan_id})
-        if row is None or not operator.can_see(row[1]):
+        if row is None or not operator.can_see(row.organization_id):
             raise NotFound("no such scan", scan_id=str(scan_id))
         jobs = [job(r) for r in await reader.all("scan_jobs_with_tasks",
                                                     {"scan_id": scan_id, "limit": MAX_DETAIL_JOBS})]
-        (_, job_count, *_) = await reader.one("scan_jobs_summary", {"scan_id": scan_id}) or (None, 0)
+        job_count = (await reader.value("scan_jobs_summary", {"scan_id": scan_id})).jobs
     return ScanDetail(scan=Scan.of(row), jobs=jobs, job_count=job_count)
 
 
@@ -165,7 +165,7 @@ async def counts(request: web.Request, operator: Operator, organization_id: UUID
         tasks = await reader.all("task_counts", params)
         scans = await reader.all("scan_counts", params)
         queues = await reader.all("task_queues", params)
-        (measured_at,) = await reader.one("snapshot_now", {"now": None}) or (None,)
+        measured_at = (await reader.value("snapshot_now", {"now": None})).now
     orgs: dict[UUID, dict[str, Any]] = {}
 
     def entry(org: UUID) -> dict[str, Any]:
@@ -174,17 +174,18 @@ async def counts(request: web.Request, operator: Operator, organization_id: UUID
                                                           oldest_ready_age_seconds=None)})
     if params["organization_id"] is not None:
         entry(params["organization_id"])
-    for org, state, count in tasks:
-        entry(org)["tasks"][state] = count
-    for org, status, count in scans:
-        entry(org)["scans"][status] = count
-    for org, depth, ready, oldest, now in queues:
-        entry(org)["queue"] = QueueCounts(
-            depth=depth, ready=ready, oldest_ready_since=oldest,
-            oldest_ready_age_seconds=round((now - oldest).total_seconds(), 3) if oldest is not None else None)
+    for t in tasks:
+        entry(t.organization_id)["tasks"][t.state] = t.n
+    for s in scans:
+        entry(s.organization_id)["scans"][s.status] = s.count
+    for q in queues:
+        oldest = q.oldest_available_at
+        entry(q.organization_id)["queue"] = QueueCounts(
+            depth=q.queued, ready=q.available, oldest_ready_since=oldest,
+            oldest_ready_age_seconds=round((q.now - oldest).total_seconds(), 3) if oldest is not None else None)
     return Counts(measured_at=measured_at, organizations=[
-        OrganizationCounts(organization_id=org, tasks_by_state=e["tasks"], scans_by_status=e["scans"],
-                           queue=e["queue"]) for org, e in sorted(orgs.items(), key=lambda kv: str(kv[0]))])
+        OrganizationCounts(organization_id=org, tasks_by_state=orgs[org]["tasks"], scans_by_status=orgs[org]["scans"],
+                           queue=orgs[org]["queue"]) for org in sorted(orgs, key=str)])
 
 
 @routes.route("POST", TASK_PATH + "/retry",

@@ -6,10 +6,12 @@ from typing import Any
 from uuid import UUID
 
 from aiohttp import web
+from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from leasehold.domain.errors import InvalidRequest
-from leasehold.gateway.api.http import RouteTable, ok, read_json, read_query
+from leasehold.domain.targets import targets_of
+from leasehold.gateway.api.http import RouteTable, idempotency_key, ok, read_json, read_query
 from leasehold.gateway.api.operator.common import (
     _EVENT_POSITION,
     TAGS,
@@ -44,27 +46,55 @@ from leasehold.gateway.api.operator_models import (
     redact,
 )
 from leasehold.gateway.auth import operator_identity
+from leasehold.gateway.commands.idempotency import AlreadyCreated, IdempotencyKey
 from leasehold.gateway.commands.lifecycle import TaskSpec
+from leasehold.gateway.identity import Operator
 from leasehold.persistence.event_log import decode_event
 
 routes = RouteTable()
 
 
+def require_targets(targets: dict[str, Any], has_steps: bool) -> None:
+    """Targets of a scan (or schedule) with steps that name keys but select nothing to scan are
+    refused: every step would run on nothing and the scan "succeed". A misspelt key (``hosts``
+    for ``targets``) is the usual cause, so the answer names the keys it got. Empty targets stay
+    allowed (plugins that need no target); ``targets`` or ``assets`` select something."""
+    if not has_steps or not targets or targets_of(targets) or targets.get("assets"):
+        return
+    raise InvalidRequest(f"targets select nothing to scan (they have {', '.join(sorted(map(str, targets)))}): "
+                         'give {"targets": ["192.0.2.10", "example.com", …]} or "assets"')
+
+
 @routes.route("POST", "/v1/scans", summary="Create a scan of an organisation (an organisation key: its own)",
-              auth="operator", request=CreateScan, response=Scan, statuses=(201,), tags=TAGS,
+              auth="operator", request=CreateScan, response=Scan, statuses=(201,), tags=TAGS, idempotent=True,
               links=_links("scan_id", "get_scan_get", "create_task_post", "cancel_scan_post", "scan_assets_get"))
 async def create_scan(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
+    key = idempotency_key(request)
     body = await read_json(request, CreateScan)
     org_id = body.organization_id or operator.organization_id
     if org_id is None:
         raise InvalidRequest("organization_id is required with an administrator key")
     _see_organization(operator, org_id)
-    scan_id = await _services(request).scans.create_scan(
-        org_id, body.targets, profile=() if isinstance(body.profile, str) else _steps(body.profile),
-        profile_name=body.profile if isinstance(body.profile, str) else None,
-        legacy_scan_id=body.legacy_scan_id, actor=operator.actor)
+    require_targets(body.targets, has_steps=bool(body.profile))
+    try:
+        scan_id = await _services(request).scans.create_scan(
+            org_id, body.targets, profile=() if isinstance(body.profile, str) else _steps(body.profile),
+            profile_name=body.profile if isinstance(body.profile, str) else None,
+            legacy_scan_id=body.legacy_scan_id, actor=operator.actor,
+            idempotency=_idempotency(request, operator, key, "create_scan", body))
+    except AlreadyCreated as first:
+        scan_id = first.resource_id
     return ok(await read_scan(request, operator, scan_id), status=201)
+
+
+def _idempotency(request: web.Request, operator: Operator, key: str | None, operation: str,
+                 body: BaseModel) -> IdempotencyKey | None:
+    """The request's idempotency key, scoped to the caller's organisation (or the administrators)."""
+    if key is None:
+        return None
+    return IdempotencyKey.of(organization_id=operator.organization_id, key=key, operation=operation,
+                             method=request.method, path=request.path, body=body.model_dump(mode="json"))
 
 
 @routes.route("GET", "/v1/scans/{scan_id}", summary="Read a scan", auth="operator", response=Scan, tags=TAGS)
@@ -74,18 +104,22 @@ async def get_scan(request: web.Request) -> web.StreamResponse:
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/tasks", summary="Queue a job on the scan and create its task",
-              auth="operator", request=CreateTask, response=Task, statuses=(201,), tags=TAGS,
+              auth="operator", request=CreateTask, response=Task, statuses=(201,), tags=TAGS, idempotent=True,
               links=_links("task_id", "get_task_get", "task_events_get", "cancel_task_post"))
 async def create_task(request: web.Request) -> web.StreamResponse:
     operator = await operator_identity(request)
+    key = idempotency_key(request)
     scan_id = _path_id(request, "scan_id", "scan")
     await read_scan(request, operator, scan_id)
     body = await read_json(request, CreateTask)
-    task = await _services(request).lifecycle.create_task(scan_id, TaskSpec(
-        task_type=body.task_type, plugin=body.plugin, required_capabilities=tuple(body.required_capabilities),
-        priority=body.priority, scope=body.scope, parameters=body.parameters, max_attempts=body.max_attempts,
-        lease_seconds=body.lease_seconds, execution_timeout_seconds=body.execution_timeout_seconds),
-        actor=operator.actor)
+    try:
+        task = await _services(request).lifecycle.create_task(scan_id, TaskSpec(
+            task_type=body.task_type, plugin=body.plugin, required_capabilities=tuple(body.required_capabilities),
+            priority=body.priority, scope=body.scope, parameters=body.parameters, max_attempts=body.max_attempts,
+            lease_seconds=body.lease_seconds, execution_timeout_seconds=body.execution_timeout_seconds),
+            actor=operator.actor, idempotency=_idempotency(request, operator, key, "create_task", body))
+    except AlreadyCreated as first:
+        return ok(await read_task(request, operator, first.resource_id), status=201)
     return ok(Task.of(task, []), status=201)
 
 
@@ -172,8 +206,9 @@ async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> 
         rows = await reader.all("events_of_stream", {
             "originator_id": task_id, "after_version": page.after_version, "limit": page.limit + 1})
     items = []
-    for originator_id, version, topic, state, recorded_at in rows[:page.limit]:
-        event = decode_event(originator_id, version, topic, bytes(state))
+    for stored in rows[:page.limit]:
+        version, topic, recorded_at = stored.originator_version, stored.topic, stored.recorded_at
+        event = decode_event(stored.originator_id, version, topic, bytes(stored.state))
         # Clipped before it becomes JSON: a value stored before the input limits may nest deeper
         # than an answer can encode.
         payload, clipped = clip(event.model_dump(exclude=_EVENT_POSITION))
@@ -181,6 +216,6 @@ async def event_page(request: web.Request, task_id: UUID, page: EventsQuery) -> 
                            occurred_at=event.timestamp, actor=event.actor,
                            payload=to_jsonable_python(redact(payload)), payload_clipped=clipped))
     more = len(rows) > page.limit
-    return EventPage(items=items, next_after_version=items[-1].version if more else None)
+    return EventPage(items=items, next_after_version=max(e.version for e in items) if more else None)
 
 

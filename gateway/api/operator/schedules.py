@@ -10,6 +10,7 @@ from leasehold.domain.errors import InvalidRequest
 from leasehold.domain.events import ProfileStep
 from leasehold.gateway.api.http import RouteTable, ok, read_json
 from leasehold.gateway.api.operator.common import TAGS, _links, _path_id, _see_organization, _services
+from leasehold.gateway.api.operator.scans import require_targets
 from leasehold.gateway.api.operator_models import (
     CreateSchedule,
     Schedule,
@@ -42,6 +43,7 @@ async def create_schedule(request: web.Request) -> web.StreamResponse:
     if org_id is None:
         raise InvalidRequest("organization_id is required with an administrator key")
     _see_organization(operator, org_id)
+    require_targets(body.targets, has_steps=bool(body.profile))
     profile = [ProfileStep(task_type=step.task_type, required_capabilities=tuple(step.required_capabilities),
                            execution_timeout_seconds=step.execution_timeout_seconds,
                            max_attempts=step.max_attempts, priority=step.priority,

@@ -13,8 +13,8 @@ A worker write refused by fencing is still committed, as a ``WriteRejected`` eve
 matching error is raised after the commit.
 
 The commands are grouped by who issues them, one module each (:mod:`.acquisition`, :mod:`.writes`,
-:mod:`.commands`, :mod:`.sweeps`, :mod:`.revocation`), over :mod:`.base`, the state and the tail
-they share; :class:`Lifecycle` is all of them."""
+:mod:`.commands`, :mod:`.sweeps`, :mod:`.revocation`, :mod:`.undeliverable`), over :mod:`.base`,
+the state and the tail they share; :class:`Lifecycle` is all of them."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from leasehold.gateway.commands.lifecycle.base import (
     BatchReceipt,
     CancelLegObserver,
     Poll,
-    Render,
     Renewed,
     ResultBatch,
     TaskSpec,
@@ -43,10 +42,11 @@ from leasehold.gateway.commands.lifecycle.base import (
 from leasehold.gateway.commands.lifecycle.commands import TaskCommands
 from leasehold.gateway.commands.lifecycle.revocation import Revocation
 from leasehold.gateway.commands.lifecycle.sweeps import Sweeps
+from leasehold.gateway.commands.lifecycle.undeliverable import Undeliverable
 from leasehold.gateway.commands.lifecycle.writes import WorkerWrites
 
 
-class Lifecycle(Acquisition, WorkerWrites, TaskCommands, Sweeps, Revocation):
+class Lifecycle(Acquisition, WorkerWrites, TaskCommands, Sweeps, Revocation, Undeliverable):
     """Commands on worker tasks. ``clock`` and ``rng`` are injectable for tests."""
 
 
@@ -58,7 +58,6 @@ __all__ = [
     'MAX_RECORDED_REJECTIONS',
     'NO_TASK_TYPES',
     'Poll',
-    'Render',
     'Renewed',
     'ResultBatch',
     'TERMINAL',

@@ -13,7 +13,6 @@ from leasehold.domain.events import DomainEvent
 from leasehold.domain.task import (
     GrantLease,
     ReissueLease,
-    RequestCancel,
     WorkerView,
     decide,
     project_task,
@@ -22,17 +21,14 @@ from leasehold.gateway.commands.lifecycle.base import (
     _MAX_TRIES,
     _TRIES_WITH_CEILINGS,
     NO_TASK_TYPES,
-    UNDELIVERABLE,
     Acquired,
     LifecycleBase,
     Poll,
-    Render,
     _Refused,
-    _Undeliverable,
     hash_token,
 )
+from leasehold.persistence.rows import TaskGrantRow
 from leasehold.persistence.task_rows import (
-    TASK_COLUMNS,
     caller_standing,
     task_from_row,
 )
@@ -53,7 +49,7 @@ class Acquisition(LifecycleBase):
                                 fingerprint=fingerprint)).acquired
 
     async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
-                   notices: bool = True, fingerprint: str | None = None, render: Render | None = None) -> Poll:
+                   notices: bool = True, fingerprint: str | None = None) -> Poll:
         """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
         cancelled — what a long-poll answer must tell the worker.
 
@@ -62,10 +58,11 @@ class Acquisition(LifecycleBase):
         Forbidden, and nothing done, when the certificate is not ``worker_id``'s or the worker
         is revoked or disabled.
 
-        With ``render``, the answer is encoded in the transaction (``Poll.answer``): an answer
-        that cannot be built fails the transaction, so no lease commits without its answer. A
-        pending task whose lease cannot be encoded is cancelled as undeliverable instead, and
-        the worker is answered as if there were no work.
+        The answer is the caller's to encode, after the transaction committed (the worker API
+        does, :mod:`gateway.api.worker`): no encoding work holds the worker's and the task's row
+        locks. Every task's scope and parameters are within the input limits
+        (:mod:`domain.limits`; migration 0022 ended, as undeliverable, the tasks stored before
+        them that were not), so every lease's answer can be encoded.
         """
         actor = actor or f"worker:{worker_id}"
         token = secrets.token_urlsafe(32)
@@ -82,8 +79,7 @@ class Acquisition(LifecycleBase):
         seen: dict[str, Any] = {}
 
         def answered(polled: Poll) -> Poll:
-            polled = replace(polled, organizations=seen["organizations"], task_types=seen["task_types"])
-            return polled if render is None else replace(polled, answer=render(polled))
+            return replace(polled, organizations=seen["organizations"], task_types=seen["task_types"])
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_id": request_id,
@@ -103,72 +99,66 @@ class Acquisition(LifecycleBase):
             reads["organizations"] = rows("worker_organizations", params)
             answers = dict(zip(reads, await tx.read(*reads.values()), strict=True))
             row, earlier = answers["worker"], answers.get("earlier")
-            seen["organizations"] = frozenset(o for (o,) in answers["organizations"])
-            seen["task_types"] = frozenset(row[5]) if row is not None else frozenset()
-            cancelling = [(t, a) for t, a, _ in answers.get("cancelling", ())]
-            undelivered = frozenset(a for _, a, delivered in answers.get("cancelling", ()) if not delivered)
+            seen["organizations"] = frozenset(o.organization_id for o in answers["organizations"])
+            seen["task_types"] = frozenset(row.task_types) if row is not None else frozenset()
+            cancelling = [(c.task_id, c.attempt_id) for c in answers.get("cancelling", ())]
+            undelivered = frozenset(c.attempt_id for c in answers.get("cancelling", ()) if not c.delivered)
             if fingerprint is not None:
                 caller_standing(answers["caller"], worker_id)
             if row is None:
                 raise NotFound("no such worker", worker_id=str(worker_id))
-            live_attempts, now, *_plan_pinned = answers["live"]
+            live_attempts, now = answers["live"].live, answers["live"].now
             if earlier is not None:
-                task, events = await self._decide_locked(tx, earlier[0], ReissueLease(
-                    attempt_id=earlier[1], lease_token_hash=hash_token(token)), actor)
+                task, events = await self._decide_locked(tx, earlier.task_id, ReissueLease(
+                    attempt_id=earlier.id, lease_token_hash=hash_token(token)), actor)
                 assert task.current_attempt is not None
-                (policy,) = await tx.value("organization_target_policy", {"organization_id": task.organization_id})
+                policy = (await tx.value("organization_target_policy",
+                                         {"organization_id": task.organization_id})).target_policy
                 return answered(Poll(Acquired(task=task, attempt=task.current_attempt, lease_token=token,
                                               target_policy=policy), cancelling, undelivered)), events
-            worker = WorkerView(id=row[0], enabled=row[1], revoked=row[2], max_concurrent_tasks=row[3],
-                                capabilities=frozenset(row[4]), task_types=frozenset(row[5]),
+            worker = WorkerView(id=row.id, enabled=row.enabled, revoked=row.revoked,
+                                max_concurrent_tasks=row.max_concurrent_tasks,
+                                capabilities=frozenset(row.capabilities), task_types=frozenset(row.task_types),
                                 live_attempts=live_attempts)
             if not worker.task_types:
                 return answered(Poll(None, cancelling, undelivered, warning=NO_TASK_TYPES)), []
             if not worker.enabled or worker.revoked or worker.live_attempts >= worker.max_concurrent_tasks:
                 return answered(Poll(None, cancelling, undelivered)), []
-            candidates = [fairness.Candidate(*r) for r in answers["candidates"]]
+            candidates = [fairness.Candidate(**r._asdict()) for r in answers["candidates"]]
             lock_params = {"now": now, "task_types": sorted(worker.task_types),
                            "capabilities": sorted(worker.capabilities)}
             if tries >= _MAX_TRIES:
                 return answered(Poll(None, cancelling, undelivered)), []
             for choice in fairness.preference(candidates, fair=self.fair_shares):
                 ceiling = choice.ceiling if tries < _TRIES_WITH_CEILINGS else fairness.NO_CEILING
-                row = await tx.one("task_lock_for_organization", {
+                locked: TaskGrantRow | None = await tx.one("task_lock_for_organization", {
                     **lock_params, "organization_id": choice.candidate.organization_id, "floor": choice.floor,
                     "quantum": choice.quantum, "ceiling": ceiling})
-                if row is None:  # every eligible task of it is being leased by someone else
+                if locked is None:  # every eligible task of it is being leased by someone else
                     continue
-                virtual_time, live, waited, policy = row[TASK_COLUMNS:]
-                if virtual_time is None:  # it reached its cap, or concurrent leases moved it past the next
+                if locked.virtual_time is None:  # it reached its cap, or concurrent leases moved it past the next
                     raise _Refused(choice.candidate.organization_id)
-                task, head = task_from_row(row[:TASK_COLUMNS])
-                grant = fairness.grant_record(choice, candidates, virtual_time=virtual_time, live=live,
-                                              waited_seconds=waited)
+                task, head = task_from_row(locked)
+                policy = locked.target_policy
+                assert locked.live is not None  # set with the virtual time
+                grant = fairness.grant_record(choice, candidates, virtual_time=locked.virtual_time,
+                                              live=locked.live, waited_seconds=locked.waited_seconds)
                 events = decide(task, GrantLease(attempt_id=self.new_id(), worker=worker,
                                                  lease_token_hash=hash_token(token), request_id=request_id,
                                                  fair_share=grant),
                                 now=now, actor=actor)
                 leased = project_task(events, task)
                 assert leased is not None and leased.current_attempt is not None
-                try:  # before the lease is appended: no lease commits whose answer cannot be built
-                    polled = answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
-                                                    target_policy=policy), cancelling, undelivered))
-                except (TypeError, ValueError, RecursionError) as exc:
-                    # Nothing of this transaction commits (the organisation's counters included);
-                    # the task is cancelled on its own, and the acquire goes on.
-                    raise _Undeliverable(task.id) from exc
                 tx.append(head, events)
-                return polled, events
+                return answered(Poll(Acquired(task=leased, attempt=leased.current_attempt, lease_token=token,
+                                              target_policy=policy), cancelling, undelivered)), events
             return answered(Poll(None, cancelling, undelivered)), []
 
         while True:
             try:
-                polled, events = await self.db.run(body, key=worker_id)
+                polled, events = await self.db.run(body)
             except _Refused:
                 tries += 1
-                continue
-            except _Undeliverable as undeliverable:
-                await self._gateway_command(undeliverable.task_id, RequestCancel(reason=UNDELIVERABLE), "gateway")
                 continue
             self.observe(events)
             return polled

@@ -32,6 +32,8 @@ from leasehold.domain.task import (
     project_task,
 )
 from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands.idempotency import IdempotencyKey, claim
+from leasehold.gateway.commands.idempotency import created as created_by
 from leasehold.gateway.commands.scans import settle_scan
 from leasehold.gateway.commands.scopes import paged
 from leasehold.persistence.event_log import StreamHead
@@ -78,21 +80,15 @@ class Poll:
     cancel_requested: list[tuple[UUID, UUID]]
     undelivered: frozenset[UUID] = frozenset()
     warning: str | None = None
-    #: The answer as the caller's ``render`` encoded it, inside the transaction (None: no render,
-    #: or nothing to say).
-    answer: bytes | None = None
     #: The worker's organisations and task types as this poll saw them (what decides which
     #: notifications concern its long-poll while it waits, :mod:`gateway.background.waitroom`).
     organizations: frozenset[UUID] = frozenset()
     task_types: frozenset[str] = frozenset()
 
 
-#: Encodes a poll's answer for the worker (None: nothing to answer yet). Called inside the acquire
-#: transaction, before the lease commits, so a lease whose answer cannot be built never commits.
-Render = Callable[[Poll], bytes | None]
-
-#: Why a task whose lease answer cannot be encoded (stored before the input limits existed) is
-#: cancelled instead of leased: it could never reach a worker, and would jam every acquire.
+#: Why a task stored before the input limits, whose scope or parameters break them, was cancelled
+#: (migration 0022 lists them, :mod:`.undeliverable` ends them): its lease answer might not be
+#: encodable, so it could never be relied on to reach a worker.
 UNDELIVERABLE = "undeliverable: the task's lease answer cannot be encoded"
 
 
@@ -184,26 +180,32 @@ class LifecycleBase:
         #: Called with each cancellation leg a committed command completed (metrics hook).
         self.observe_cancel: CancelLegObserver = lambda leg, channel, seconds: None
 
-    async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system") -> TaskState:
+    async def create_task(self, scan_id: UUID, spec: TaskSpec, *, actor: str = "system",
+                          idempotency: IdempotencyKey | None = None) -> TaskState:
         """Queue a job on the scan and create its task (one transaction, scan row locked). The
-        scope's targets must pass the organisation's target policy (:mod:`domain.targets`)."""
+        scope's targets must pass the organisation's target policy (:mod:`domain.targets`). With
+        ``idempotency``, a request already made with that key creates nothing and raises
+        :class:`~gateway.commands.idempotency.AlreadyCreated` with its task's id."""
         job_id, task_id = self.new_id(), self.new_id()
         resolved = await resolve_names(spec.scope)  # before the transaction: no lock waits on DNS
 
         async def body(tx: Transaction) -> list[DomainEvent]:
+            await claim(tx, idempotency, self.clock())
+            created_by(tx, idempotency, task_id)
             params = {"scan_id": scan_id, "now": self.clock()}
             reads = [one("scan_lock", params), one("scan_next_job_position", params)]
             if targets_of(spec.scope):  # the policy only matters when the scope names targets
                 reads.append(one("scan_organization_target_policy", params))
-            row, (next_position, now), *policy = await tx.read(*reads)
+            row, position, *policy = await tx.read(*reads)
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
-            _, version, head_hash, org_id, status, mode, _, has_profile = row
-            if policy:
-                check_scope(policy_from_json(policy[0][0]), spec.scope, resolved)
-            if mode != "gateway":
+            version, head_hash, org_id, status = row.version, row.head_hash, row.organization_id, row.status
+            next_position, now = position.next_position, position.now
+            for found in policy:
+                check_scope(policy_from_json(found.target_policy), spec.scope, resolved)
+            if row.execution_mode != "gateway":
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
-            if has_profile:
+            if row.has_profile:
                 raise InvalidTransition("a profile scan's tasks are created by its profile")
             queued = scan_rules.queue_job(
                 scan_id, version, status, organization_id=org_id, job_id=job_id, position=next_position,
@@ -219,9 +221,10 @@ class LifecycleBase:
             tx.notify(wakeups.available(org_id))
             return [queued, *created]
 
-        events = await self.db.run(body, key=scan_id)
+        events = await self.db.run(body)
         self.observe(events)
-        task = project_task(events[1:])
+        _queued, *created = events  # the scan's JobQueued, then the task's own
+        task = project_task(created)
         assert task is not None
         return task
 
@@ -242,7 +245,7 @@ class LifecycleBase:
         if row is None:
             raise NotFound("no such task", task_id=str(task_id))
         task, head = task_from_row(row)
-        now: datetime = row[-1]
+        now: datetime = row.now
         events = decide(task, command, now=now, actor=actor, draw=self.rng.random(),
                         retry_policy=self.retry_policy)
         after, settled = await self._commit(tx, task, head, events, now)
@@ -339,14 +342,6 @@ class _Refused(Exception):  # a control-flow signal, not an error anyone sees
     def __init__(self, organization_id: UUID) -> None:
         super().__init__(str(organization_id))
         self.organization_id = organization_id
-
-
-class _Undeliverable(Exception):  # a control-flow signal, not an error anyone sees
-    """The task's lease answer cannot be encoded (a task stored before the input limits)."""
-
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__(str(task_id))
-        self.task_id = task_id
 
 
 def attempts_ended(events: Sequence[DomainEvent]) -> int:

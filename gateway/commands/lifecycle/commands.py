@@ -8,7 +8,7 @@ from functools import partial
 from uuid import UUID
 
 from leasehold.domain import scan as scan_rules
-from leasehold.domain.errors import NotFound
+from leasehold.domain.errors import Conflict, InvalidTransition, NotFound
 from leasehold.domain.events import (
     CancelChannel,
     DomainEvent,
@@ -41,7 +41,7 @@ class TaskCommands(LifecycleBase):
         (``CancelDelivered``, once per cancellation: later deliveries record nothing)."""
         for task_id, attempt_id in attempts:
             delivered = await self.db.run(partial(self._deliver_cancel, task_id=task_id, attempt_id=attempt_id,
-                                                  channel=channel, actor=actor), key=worker_id)
+                                                  channel=channel, actor=actor))
             if delivered is not None:
                 before, events = delivered
                 self.observe(events)
@@ -53,8 +53,8 @@ class TaskCommands(LifecycleBase):
         if row is None:
             return None
         task, head = task_from_row(row)
-        events = decide(task, DeliverCancel(attempt_id, channel), now=row[-1], actor=actor)
-        await self._commit(tx, task, head, events, row[-1])
+        events = decide(task, DeliverCancel(attempt_id, channel), now=row.now, actor=actor)
+        await self._commit(tx, task, head, events, row.now)
         return task, events
 
     async def retry(self, task_id: UUID, *, reason: str = "retried by an operator", attempts: int | None = None,
@@ -65,23 +65,58 @@ class TaskCommands(LifecycleBase):
         scan is reopened (``ScanReopened``) so that it settles again when the task ends; a
         cancelled scan refuses (409), as does a task in any other state.
         """
-        async def body(tx: Transaction) -> tuple[TaskState, list[DomainEvent]]:
-            row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
-            if row is None:
-                raise NotFound("no such task", task_id=str(task_id))
-            task, head = task_from_row(row)
-            now: datetime = row[-1]
-            events = decide(task, RetryTask(reason=reason, attempts=attempts), now=now, actor=actor)
-            scan = await tx.one("scan_lock_for_orchestration", {"scan_id": task.scan_id})
-            assert scan is not None, "the foreign key guarantees the scan"
-            _, version, head_hash, status, cancel_requested, org_id, *_ = scan
-            reopened = scan_rules.reopen_for_retry(task.scan_id, version, status, cancel_requested,
-                                                   task_id=task_id, reason=reason, now=now, actor=actor)
-            after, _ = await self._commit(tx, task, head, events, now)
-            tx.append(StreamHead(task.scan_id, version, bytes(head_hash)), reopened)
-            tx.notify(wakeups.available(org_id))
-            return after, [*events, *reopened]
+        task, events = await self.db.run(partial(self._retry_locked, task_id=task_id, reason=reason,
+                                                 attempts=attempts, actor=actor))
+        self.observe(events)
+        return task
 
+    async def _retry_locked(self, tx: Transaction, *, task_id: UUID, reason: str, attempts: int | None,
+                            actor: str) -> tuple[TaskState, list[DomainEvent]]:
+        row = await _lock_task_and_read(tx, "task_read", {"task_id": task_id, "now": self.clock()})
+        if row is None:
+            raise NotFound("no such task", task_id=str(task_id))
+        task, head = task_from_row(row)
+        now: datetime = row.now
+        events = decide(task, RetryTask(reason=reason, attempts=attempts), now=now, actor=actor)
+        scan = await tx.one("scan_lock_for_orchestration", {"scan_id": task.scan_id})
+        assert scan is not None, "the foreign key guarantees the scan"
+        version, head_hash, org_id = scan.version, scan.head_hash, scan.organization_id
+        reopened = scan_rules.reopen_for_retry(task.scan_id, version, scan.status, scan.cancel_requested,
+                                               task_id=task_id, reason=reason, now=now, actor=actor)
+        after, _ = await self._commit(tx, task, head, events, now)
+        tx.append(StreamHead(task.scan_id, version, bytes(head_hash)), reopened)
+        tx.notify(wakeups.available(org_id))
+        return after, [*events, *reopened]
+
+    async def bulk_step(self, task_id: UUID, *, operation_id: UUID, action: str, reason: str,
+                        attempts: int | None, actor: str) -> str:
+        """One task of a bulk operation: its cancel or retry and the operation's record of it
+        (``bulk_operation_tasks``), in one transaction, so a task is reached once whatever
+        happens to the runner. A task the command refuses (a retry of a task that is not
+        ``failed_terminal``, a cancel of a finished one) is recorded as ``skipped`` with the reason.
+        The outcome: ``done`` or ``skipped``."""
+        async def body(tx: Transaction) -> tuple[str, list[DomainEvent]]:
+            outcome: str = "done"
+            detail: str | None = None
+            events: list[DomainEvent] = []
+            try:
+                if action == "retry":
+                    _, events = await self._retry_locked(tx, task_id=task_id, reason=reason, attempts=attempts,
+                                                         actor=actor)
+                else:
+                    _, events = await self._decide_locked(tx, task_id, RequestCancel(reason=reason), actor)
+                    if not events:
+                        outcome, detail = "skipped", "already ended or cancelling"
+            except (InvalidTransition, Conflict, NotFound) as refused:  # decided before any write
+                outcome, detail = "skipped", refused.message
+            tx.write("bulk_operation_tasks", "bulk_task_outcome", {
+                "operation_id": operation_id, "task_id": task_id, "outcome": outcome, "detail": detail,
+                "now": self.clock()})
+            return outcome, events
+
+        outcome, events = await self.db.run(body)
+        self.observe(events)
+        return outcome
         task, events = await self.db.run(body)
         self.observe(events)
         return task

@@ -38,14 +38,14 @@ class Revocation(LifecycleBase):
         interrupted midway is finished by running it again.
         """
         async with self.db.read() as reader:
-            targets = [(task_id, attempt_id) for task_id, attempt_id in await reader.all(
+            targets = [(r.task_id, r.attempt_id) for r in await reader.all(
                 "worker_attempts_to_cancel", {"worker_id": worker_id, "organization_id": organization_id,
                                               "include_cancelling": at_once})]
         changed: list[UUID] = []
         for task_id, attempt_id in targets:
             command = RevokeAttempt(attempt_id, reason) if at_once else RequestCancel(reason=reason)
             events = await self.db.run(partial(self._end_live_attempt, task_id=task_id, attempt_id=attempt_id,
-                                               command=command, actor=actor), key=worker_id)
+                                               command=command, actor=actor))
             if events:
                 self.observe(events)
                 changed.append(task_id)
@@ -63,8 +63,8 @@ class Revocation(LifecycleBase):
         current = task.current_attempt
         if current is None or current.id != attempt_id or not current.live:
             return []
-        events = decide(task, command, now=row[-1], actor=actor,
+        events = decide(task, command, now=row.now, actor=actor,
                         draw=self.rng.random(), retry_policy=self.retry_policy)
-        _, settled = await self._commit(tx, task, head, events, row[-1])
+        _, settled = await self._commit(tx, task, head, events, row.now)
         return [*events, *settled]
 

@@ -41,13 +41,12 @@ class Sweeps(LifecycleBase):
         of organisations with no task of that type queued any more; how many were lowered.
         Never waits for a lock; one process at a time (another one's pass is skipped)."""
         async with self.db.transaction() as tx:
-            (mine,) = await tx.value("org_queued_work_try_lock", {})
-            if not mine:
+            if not (await tx.value("org_queued_work_try_lock", {})).mine:
                 return 0
             await tx.value("org_queued_work_take_raises", {})
             locked = await tx.all("org_queued_work_lock_flagged", {"limit": limit})
             cleared = await tx.all("org_queued_work_clear", {
-                "organization_ids": [org for org, _ in locked], "task_types": [kind for _, kind in locked]})
+                "organization_ids": [r.organization_id for r in locked], "task_types": [r.task_type for r in locked]})
             await tx.commit()
         return len(cleared)
 
@@ -59,7 +58,7 @@ class Sweeps(LifecycleBase):
         async with self.db.transaction() as tx:
             locked = await tx.all(query, {**params, "limit": limit, "now": self.clock()})
             # Scan order: settling a scan locks it, and every sweeper must lock scans in one order.
-            ids = [task_id for task_id, _ in sorted(locked, key=lambda r: (r[1], r[0]))]
+            ids = [r.id for r in sorted(locked, key=lambda r: (r.scan_id, r.id))]
             for task_id in ids:  # locked above; re-read each in a fresh statement snapshot
                 row = await tx.one("task_read", {"task_id": task_id, "now": self.clock()})
                 assert row is not None
@@ -67,9 +66,9 @@ class Sweeps(LifecycleBase):
                 command = make(task)
                 if command is None:
                     continue
-                events = decide(task, command, now=row[-1], actor="sweeper", draw=self.rng.random(),
+                events = decide(task, command, now=row.now, actor="sweeper", draw=self.rng.random(),
                                 retry_policy=self.retry_policy)
-                _, settled = await self._commit(tx, task, head, events, row[-1], releases)
+                _, settled = await self._commit(tx, task, head, events, row.now, releases)
                 changed += [*events, *settled]
                 swept.update(e.originator_id for e in events)
             release_attempts(tx, releases, None)

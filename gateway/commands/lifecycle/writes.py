@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
@@ -45,13 +45,18 @@ from leasehold.gateway.commands.lifecycle.base import (
     refuse_after_revocation,
 )
 from leasehold.persistence.task_rows import (
-    ATTEMPT_COLUMNS,
-    TASK_COLUMNS,
-    attempt_from_row,
-    batch_from_row,
+    named_attempt,
+    stored_batch,
     task_from_row,
 )
 from leasehold.persistence.transaction import Transaction
+
+
+class Payload(NamedTuple):
+    """A result batch's records as stored: their canonical JSON and its sha256."""
+
+    sha256: str
+    body: bytes
 
 
 class WorkerWrites(LifecycleBase):
@@ -87,7 +92,7 @@ class WorkerWrites(LifecycleBase):
             return BatchReceipt(batch=existing, task=task, duplicate=True)
         return BatchReceipt(batch=BatchRecord(
             batch_id=batch_id, attempt_id=attempt_id, sequence_number=sequence_number,
-            idempotency_key=idempotency_key, payload_sha256=payload[0], record_count=len(records),
+            idempotency_key=idempotency_key, payload_sha256=payload.sha256, record_count=len(records),
             final=final, accepted_at=task.updated_at), task=task, duplicate=False)
 
     async def complete(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str,
@@ -112,7 +117,7 @@ class WorkerWrites(LifecycleBase):
             idempotency_key=final_batch.idempotency_key, payload=payload, fingerprint=fingerprint)
         return task
 
-    def _batch_command(self, batch: ResultBatch) -> tuple[UUID, WriteMaker, tuple[str, bytes]]:
+    def _batch_command(self, batch: ResultBatch) -> tuple[UUID, WriteMaker, Payload]:
         """The id of a new batch, the command that submits ``batch`` (its sha256 recomputed over
         the canonical JSON of the records and compared with the one sent), and the payload."""
         body = canonical_payload(batch.records)
@@ -126,7 +131,7 @@ class WorkerWrites(LifecycleBase):
                                idempotency_key=batch.idempotency_key, payload_sha256=computed,
                                record_count=len(batch.records), final=batch.final, existing=existing)
 
-        return batch_id, command, (computed, body)
+        return batch_id, command, Payload(computed, body)
 
     async def fail(self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, *,
                    error: str, retryable: bool = True, actor: str | None = None,
@@ -148,7 +153,7 @@ class WorkerWrites(LifecycleBase):
     async def _worker_write(
         self, worker_id: UUID, task_id: UUID, attempt_id: UUID, lease_token: str, actor: str | None,
         makers: Sequence[WriteMaker], *,
-        idempotency_key: str | None = None, payload: tuple[str, bytes] | None = None,
+        idempotency_key: str | None = None, payload: Payload | None = None,
         write: str = "write", fingerprint: str | None = None,
     ) -> tuple[TaskState, BatchRecord | None]:
         """One worker write (``write`` names it: renew and cancel-ack have their own standing rule,
@@ -170,13 +175,12 @@ class WorkerWrites(LifecycleBase):
             if row is None:
                 raise no_such_attempt(task_id, attempt_id)
             task, head = task_from_row(row)
-            ref_offset = TASK_COLUMNS + ATTEMPT_COLUMNS
-            attempt = attempt_from_row(row[ref_offset:ref_offset + ATTEMPT_COLUMNS], task.id)
+            attempt = named_attempt(row)
             if attempt is None or attempt.worker_id != worker_id:
                 raise no_such_attempt(task_id, attempt_id)
             refuse_after_revocation(standing, write, task)
-            existing = batch_from_row(row[ref_offset + ATTEMPT_COLUMNS:-1])
-            now: datetime = row[-1]
+            existing = stored_batch(row)
+            now: datetime = row.now
             events: list[DomainEvent] = []
             so_far, token_hash = task, hash_token(lease_token)
             for make in makers:  # in order, each on the state the previous ones left
@@ -186,7 +190,7 @@ class WorkerWrites(LifecycleBase):
                                  actor=actor or f"worker:{worker_id}", draw=self.rng.random(),
                                  retry_policy=self.retry_policy)
                 events += decided
-                if decided and isinstance(decided[0], WriteRejected):
+                if decided and isinstance(next(iter(decided)), WriteRejected):
                     break
                 so_far = project_task(decided, so_far) or so_far
             rejection = next((e for e in events if isinstance(e, WriteRejected)), None)
@@ -194,18 +198,18 @@ class WorkerWrites(LifecycleBase):
             if rejection is not None and not await self._record_rejection(tx, rejection, now):
                 events = [e for e in events if e is not rejection]  # counted only (it is the last)
             if payload is not None and events and not rejected:
-                tx.write("result_payloads", "payload_store", {"sha256": payload[0], "body": payload[1]})
+                tx.write("result_payloads", "payload_store", {"sha256": payload.sha256, "body": payload.body})
 
             async def ingest() -> None:
                 if payload is not None and not rejected:
                     for event in events:  # only a newly accepted batch: a duplicate has no events
                         if isinstance(event, ResultBatchAccepted):
-                            await ingest_batch(tx, task, event.batch_id, orjson.loads(payload[1]), now)
+                            await ingest_batch(tx, task, event.batch_id, orjson.loads(payload.body), now)
 
             after, settled = await self._commit(tx, task, head, events, now, appended=ingest)
             return after, existing, [*events, *settled], rejection, task
 
-        after, existing, events, rejection, before = await self.db.run(body, key=worker_id)
+        after, existing, events, rejection, before = await self.db.run(body)
         self.observe(events)
         self._observe_legs(before, events)
         if rejection is not None:  # recorded (or counted); now refuse the write
@@ -218,7 +222,7 @@ class WorkerWrites(LifecycleBase):
         are only counted (``rejected_write_counts.unrecorded``), so that a worker replaying bad
         writes cannot grow the log without bound. Under the task lock, like the write."""
         seen = await tx.one("rejected_writes_of_attempt", {"attempt_id": rejection.attempt_id})
-        record = (seen[0] if seen is not None else 0) < MAX_RECORDED_REJECTIONS
+        record = (seen.recorded if seen is not None else 0) < MAX_RECORDED_REJECTIONS
         tx.write("rejected_write_counts", "rejected_write_count",
                  {"attempt_id": rejection.attempt_id, "recorded": int(record), "now": now})
         return record

@@ -1,0 +1,107 @@
+-- Bulk operations (migration 0025): a filter's tasks cancelled or retried as a tracked operation.
+-- The filter's parameters: organization_id, state, task_type, scan_id, worker_id, created_from,
+-- created_to (each NULL: any), and started_at (only tasks created by then: the set is fixed when
+-- the operation starts).
+
+-- name: bulk_matching_count
+SELECT count(*) AS matched
+FROM worker_tasks t
+LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
+WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+  AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+  AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
+  AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
+  AND (%(created_from)s::timestamptz IS NULL OR t.created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR t.created_at < %(created_to)s::timestamptz)
+  AND t.created_at <= coalesce(%(started_at)s::timestamptz, now())
+
+-- name: bulk_next_tasks
+-- The operation's next tasks: selected by its filter, created by its start, not reached yet;
+-- oldest first, after the (created_at, id) of the last batch.
+SELECT t.id AS task_id, t.created_at
+FROM worker_tasks t
+LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
+WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+  AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+  AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
+  AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
+  AND (%(created_from)s::timestamptz IS NULL OR t.created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR t.created_at < %(created_to)s::timestamptz)
+  AND t.created_at <= %(started_at)s::timestamptz
+  AND (%(after_at)s::timestamptz IS NULL OR (t.created_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
+  AND NOT EXISTS (SELECT 1 FROM bulk_operation_tasks b
+                   WHERE b.operation_id = %(operation_id)s AND b.task_id = t.id)
+ORDER BY t.created_at, t.id
+LIMIT %(limit)s
+
+-- name: bulk_insert
+INSERT INTO bulk_operations (id, organization_id, action, filter, reason, attempts, actor, status, total,
+                             started_at, updated_at)
+VALUES (%(id)s, %(organization_id)s, %(action)s, %(filter)s, %(reason)s, %(attempts)s, %(actor)s, 'running',
+        %(total)s, %(started_at)s, %(started_at)s)
+
+-- name: bulk_started_at
+SELECT coalesce(%(now)s, now()) AS started_at
+
+-- name: bulk_task_outcome
+-- In the transaction of the task's own command: the task reached, once (the primary key).
+INSERT INTO bulk_operation_tasks (operation_id, task_id, outcome, detail, at)
+VALUES (%(operation_id)s, %(task_id)s, %(outcome)s, %(detail)s, coalesce(%(now)s, now()))
+
+-- name: bulk_claim
+-- One running operation no live runner holds, for this runner until runner_until.
+UPDATE bulk_operations SET runner_until = coalesce(%(now)s, now()) + %(hold)s::interval
+WHERE id = (SELECT id FROM bulk_operations
+             WHERE status = 'running' AND (runner_until IS NULL OR runner_until < coalesce(%(now)s, now()))
+             ORDER BY started_at
+             LIMIT 1
+             FOR UPDATE SKIP LOCKED)
+RETURNING id, organization_id, action, filter, reason, attempts, actor, started_at
+
+-- name: bulk_progress
+-- The operation's counts from its task rows; finished when no task is left, released either way.
+UPDATE bulk_operations o
+   SET done = c.done, skipped = c.skipped, failed = c.failed,
+       updated_at = coalesce(%(now)s, now()),
+       status = CASE WHEN o.status = 'running' AND %(finished)s THEN 'finished' ELSE o.status END,
+       finished_at = CASE WHEN o.status = 'running' AND %(finished)s THEN coalesce(%(now)s, now())
+                          ELSE o.finished_at END,
+       runner_until = CASE WHEN %(release)s THEN NULL ELSE o.runner_until END
+  FROM (SELECT count(*) FILTER (WHERE outcome = 'done') AS done,
+               count(*) FILTER (WHERE outcome = 'skipped') AS skipped,
+               count(*) FILTER (WHERE outcome = 'failed') AS failed
+          FROM bulk_operation_tasks WHERE operation_id = %(operation_id)s) c
+ WHERE o.id = %(operation_id)s
+
+-- name: bulk_status
+SELECT status FROM bulk_operations WHERE id = %(operation_id)s
+
+-- name: bulk_stop
+UPDATE bulk_operations
+   SET status = 'stopped', finished_at = coalesce(%(now)s, now()), updated_at = coalesce(%(now)s, now())
+ WHERE id = %(operation_id)s AND status = 'running'
+
+-- name: bulk_get
+SELECT id, organization_id, action, filter, reason, attempts, actor, status, total, done, skipped, failed,
+       started_at, updated_at, finished_at
+FROM bulk_operations
+WHERE id = %(operation_id)s
+
+-- name: bulk_list
+-- Newest first; an organisation key sees its own (organization_id set), an administrator every one.
+SELECT id, organization_id, action, filter, reason, attempts, actor, status, total, done, skipped, failed,
+       started_at, updated_at, finished_at
+FROM bulk_operations
+WHERE (%(organization_id)s::uuid IS NULL OR organization_id = %(organization_id)s::uuid)
+ORDER BY started_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: bulk_tasks_page
+SELECT task_id, outcome, detail, at
+FROM bulk_operation_tasks
+WHERE operation_id = %(operation_id)s
+  AND (%(after_id)s::uuid IS NULL OR task_id > %(after_id)s::uuid)
+ORDER BY task_id
+LIMIT %(limit)s
