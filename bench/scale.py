@@ -265,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     core.ACQUIRE_WARMUP = args.warmup
-    os.environ.setdefault(core.GROUP_COMMIT_ENV, "0")
     os.environ.setdefault(core.STEP_BY_STEP_ENV, "0")
     out = asyncio.run(run(args))
     if args.json:

@@ -29,11 +29,12 @@ SLOW_POLL = 30.0
 @pytest.fixture
 async def quiet(database_url: str, pki: PkiPaths) -> AsyncIterator[RunningGateway]:
     """A Gateway whose own background loops stay out of the way of the counts (no lease sweep,
-    no sampling, no look for bulk operations during the test), re-polling every second were it to poll, and sweeping for
+    no sampling, no scheduler, no look for bulk operations during the test), re-polling every second were it to poll, and sweeping for
     missed wake-ups every 0.5 s."""
     async with running_gateway(database_url, pki, sweep_interval_seconds=600, metrics_sample_seconds=600,
                                checkpoint_interval_seconds=0, poll_interval_seconds=1.0,
-                               wake_sweep_seconds=0.5, bulk_interval_seconds=600) as gw:
+                               wake_sweep_seconds=0.5, bulk_interval_seconds=600,
+                               schedule_interval_seconds=0) as gw:
         yield gw
 
 
