@@ -108,6 +108,27 @@ async def _every(fetch: Callable[..., Awaitable[_Page[Item]]], page_size: int,
         cursor = page.next_cursor
 
 
+class _AfterPage(Protocol[Item]):
+    @property
+    def items(self) -> Sequence[Item]: ...
+
+    @property
+    def next_after(self) -> UUID | None: ...
+
+
+async def _every_after(fetch: Callable[..., Awaitable[_AfterPage[Item]]], page_size: int,
+                       filters: dict[str, Any]) -> AsyncIterator[Item]:
+    """Every item of an id-paged list: each page's ``next_after`` asks for the next."""
+    after: UUID | None = None
+    while True:
+        page = await fetch(limit=page_size, after=after, **filters)
+        for item in page.items:
+            yield item
+        if page.next_after is None:
+            return
+        after = page.next_after
+
+
 class OperatorClient:
     """An operator API session: ``base_url`` (``https://host:8444``), a bearer ``api_key``, and the CA
     that signed the Gateway's certificate (``ca_file``; default: the system's trust store).
@@ -183,14 +204,8 @@ class OperatorClient:
         return await self._get(Organization, f"/v1/organizations/{organization_id}")
 
     async def iter_organizations(self, *, page_size: int = 100) -> AsyncIterator[Organization]:
-        after: UUID | None = None
-        while True:
-            page = await self.list_organizations(limit=page_size, after=after)
-            for organization in page.items:
-                yield organization
-            if page.next_after is None:
-                return
-            after = page.next_after
+        async for organization in _every_after(self.list_organizations, page_size, {}):
+            yield organization
 
     async def get_target_policy(self, organization_id: Ids) -> TargetPolicy:
         return await self._get(TargetPolicy, f"/v1/organizations/{organization_id}/target-policy")
@@ -221,14 +236,8 @@ class OperatorClient:
         return await self._get(ApiKeyPage, "/v1/api-keys", organization_id=organization_id, limit=limit, after=after)
 
     async def iter_api_keys(self, *, organization_id: Ids | None = None, page_size: int = 100) -> AsyncIterator[ApiKey]:
-        after: UUID | None = None
-        while True:
-            page = await self.list_api_keys(organization_id=organization_id, limit=page_size, after=after)
-            for key in page.items:
-                yield key
-            if page.next_after is None:
-                return
-            after = page.next_after
+        async for key in _every_after(self.list_api_keys, page_size, {"organization_id": organization_id}):
+            yield key
 
     async def get_api_key(self, key_id: Ids) -> ApiKey:
         return await self._get(ApiKey, f"/v1/api-keys/{key_id}")
@@ -257,14 +266,8 @@ class OperatorClient:
         return await self._get(WorkerPage, "/v1/workers", limit=limit, after=after, liveness=liveness)
 
     async def iter_workers(self, *, page_size: int = 100, liveness: str | None = None) -> AsyncIterator[Worker]:
-        after: UUID | None = None
-        while True:
-            page = await self.list_workers(limit=page_size, after=after, liveness=liveness)
-            for worker in page.items:
-                yield worker
-            if page.next_after is None:
-                return
-            after = page.next_after
+        async for worker in _every_after(self.list_workers, page_size, {"liveness": liveness}):
+            yield worker
 
     async def get_worker(self, worker_id: Ids) -> Worker:
         return await self._get(Worker, f"/v1/workers/{worker_id}")
