@@ -6,8 +6,9 @@ exist when it starts: ``total``) and records it; a runner in every Gateway proce
 hold of ``hold`` seconds, so a runner that died is replaced) and reaches its tasks oldest first,
 each with :meth:`~gateway.commands.lifecycle.commands.TaskCommands.bulk_step`: the task's own
 command (its events name the operation in their reason) and the operation's row for that task,
-in one transaction. A task is therefore reached exactly once, across restarts and racing
-runners (the row's primary key), and ``done + skipped + failed`` counts what was reached.
+in one transaction, which also counts its outcome on the operation's row. A task is therefore
+reached exactly once, across restarts and racing runners (the row's primary key), and
+``done + skipped + failed`` counts what was reached, exactly.
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ class BulkOperations:
                                  extra={"operation_id": str(operation_id), "task_id": str(task.task_id)})
                     reached += 1
                     after_at, after_id = task.created_at, task.task_id
-                await self._progress(operation_id, finished=finished, release=False)
         finally:
             await self._progress(operation_id, finished=finished, release=True)
         return reached

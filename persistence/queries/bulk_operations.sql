@@ -60,20 +60,24 @@ WHERE id = (SELECT id FROM bulk_operations
              FOR UPDATE SKIP LOCKED)
 RETURNING id, organization_id, action, filter, reason, attempts, actor, started_at
 
+-- name: bulk_count_outcome
+-- In the same transaction as the task's outcome row: the operation's count of that outcome, so
+-- the counts are exact whatever happens to the runner, and reading them costs one row.
+UPDATE bulk_operations
+   SET done = done + (%(outcome)s = 'done')::int,
+       skipped = skipped + (%(outcome)s = 'skipped')::int,
+       failed = failed + (%(outcome)s = 'failed')::int,
+       updated_at = coalesce(%(now)s, now())
+ WHERE id = %(operation_id)s
+
 -- name: bulk_progress
--- The operation's counts from its task rows; finished when no task is left, released either way.
-UPDATE bulk_operations o
-   SET done = c.done, skipped = c.skipped, failed = c.failed,
-       updated_at = coalesce(%(now)s, now()),
-       status = CASE WHEN o.status = 'running' AND %(finished)s THEN 'finished' ELSE o.status END,
-       finished_at = CASE WHEN o.status = 'running' AND %(finished)s THEN coalesce(%(now)s, now())
-                          ELSE o.finished_at END,
-       runner_until = CASE WHEN %(release)s THEN NULL ELSE o.runner_until END
-  FROM (SELECT count(*) FILTER (WHERE outcome = 'done') AS done,
-               count(*) FILTER (WHERE outcome = 'skipped') AS skipped,
-               count(*) FILTER (WHERE outcome = 'failed') AS failed
-          FROM bulk_operation_tasks WHERE operation_id = %(operation_id)s) c
- WHERE o.id = %(operation_id)s
+-- The runner's pass is over: finished when no task is left; the operation released either way.
+UPDATE bulk_operations
+   SET status = CASE WHEN status = 'running' AND %(finished)s THEN 'finished' ELSE status END,
+       finished_at = CASE WHEN status = 'running' AND %(finished)s THEN coalesce(%(now)s, now())
+                          ELSE finished_at END,
+       runner_until = CASE WHEN %(release)s THEN NULL ELSE runner_until END
+ WHERE id = %(operation_id)s
 
 -- name: bulk_status
 SELECT status FROM bulk_operations WHERE id = %(operation_id)s

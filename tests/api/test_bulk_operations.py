@@ -121,7 +121,8 @@ async def test_refusals_change_nothing(gateway: RunningGateway) -> None:
     assert int(await gateway.count("SELECT count(*) FROM bulk_operations")) == 0
 
 
-async def test_a_stopped_operation_reaches_no_further_task(gateway: RunningGateway) -> None:
+async def test_stop_answers_the_operation_and_repeating_it_changes_nothing(gateway: RunningGateway) -> None:
+    """(That a stopped operation reaches no further task: tests/core/test_bulk_runner.py.)"""
     started = await gateway.operator("POST", "/v1/bulk-operations", {
         "action": "cancel", "filter": {"scan_id": str(gateway.scan)}})
     stopped = await gateway.operator("POST", f"/v1/bulk-operations/{started.body['id']}/stop")

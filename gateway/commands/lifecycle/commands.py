@@ -109,9 +109,10 @@ class TaskCommands(LifecycleBase):
                         outcome, detail = "skipped", "already ended or cancelling"
             except (InvalidTransition, Conflict, NotFound) as refused:  # decided before any write
                 outcome, detail = "skipped", refused.message
-            tx.write("bulk_operation_tasks", "bulk_task_outcome", {
-                "operation_id": operation_id, "task_id": task_id, "outcome": outcome, "detail": detail,
-                "now": self.clock()})
+            reached = {"operation_id": operation_id, "task_id": task_id, "outcome": outcome, "detail": detail,
+                       "now": self.clock()}
+            tx.write("bulk_operation_tasks", "bulk_task_outcome", reached)
+            tx.write("bulk_operations", "bulk_count_outcome", reached)
             return outcome, events
 
         outcome, events = await self.db.run(body)
