@@ -47,6 +47,7 @@ from leasehold.client.models import (
     Worker,
     WorkerPage,
 )
+from leasehold.protocol import tracing
 
 M = TypeVar("M", bound=BaseModel)
 Item = TypeVar("Item", covariant=True)
@@ -166,7 +167,17 @@ class OperatorClient:
 
     async def request(self, method: str, path: str, *, json: Any = None,
                       params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> Any:
-        """The decoded JSON answer of one request; :class:`ApiError` for any answer of 400 or more."""
+        """The decoded JSON answer of one request; :class:`ApiError` for any answer of 400 or more.
+
+        With tracing on in this process (:mod:`leasehold.protocol.tracing`), the request is a
+        client span and carries its ``traceparent``: the Gateway's spans join the caller's trace."""
+        if tracing.enabled():
+            with tracing.span(method, kind="client", attributes={"http.request.method": method, "url.path": path}):
+                return await self._request(method, path, json, params, tracing.inject({**(headers or {})}))
+        return await self._request(method, path, json, params, headers)
+
+    async def _request(self, method: str, path: str, json: Any, params: Mapping[str, str] | None,
+                       headers: Mapping[str, str] | None) -> Any:
         async with self._open().request(method, self.base_url + path, json=json, params=params,
                                         headers={**self._headers, **(headers or {})}) as r:
             text = await r.text()

@@ -38,6 +38,10 @@ class DomainEvent(BaseModel):
     #: their default (``persistence.codec``), so an event that does not use them is stored exactly
     #: as before, and both forms read back alike.
     sparse_fields: ClassVar[tuple[str, ...]] = ()
+    #: The field a traced request stamps when it records the event (``persistence.transaction``:
+    #: only while tracing is on and the request's trace is sampled): ``traceparent`` (the
+    #: recording span's W3C context, which later work continues) or ``trace_id``.
+    traced: ClassVar[str | None] = None
 
     originator_id: UUID
     originator_version: int
@@ -220,7 +224,8 @@ class TaskCreated(DomainEvent):
     """
 
     sparse_fields: ClassVar[tuple[str, ...]] = (
-        "scope_sha256", "scope_bytes", "scope_assets", "scope_pages", "scope_assets_omitted")
+        "scope_sha256", "scope_bytes", "scope_assets", "scope_pages", "scope_assets_omitted", "traceparent")
+    traced: ClassVar[str | None] = "traceparent"
 
     scan_id: UUID
     scan_job_id: UUID
@@ -239,6 +244,9 @@ class TaskCreated(DomainEvent):
     scope_assets: int | None = None
     scope_pages: tuple[str, ...] = ()
     scope_assets_omitted: int = 0
+    #: The W3C trace context of the request that created the task, when it was traced: the
+    #: worker's run of each attempt continues that trace (``leasehold.protocol.tracing``).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -270,6 +278,9 @@ class FairShareGrant:
 
 
 class TaskLeased(DomainEvent):
+    sparse_fields: ClassVar[tuple[str, ...]] = ("trace_id",)
+    traced: ClassVar[str | None] = "trace_id"
+
     scan_id: UUID
     scan_job_id: UUID
     attempt_id: UUID
@@ -280,6 +291,7 @@ class TaskLeased(DomainEvent):
     deadline_at: datetime
     request_id: str | None = None  # the worker's acquire request id, when it sent one
     fair_share: FairShareGrant | None = None  # leases granted before fair shares have none
+    trace_id: str | None = None  # the trace of the request that recorded it, when traced
 
 
 class LeaseReissued(DomainEvent):
@@ -302,6 +314,9 @@ class LeaseRenewed(DomainEvent):
 
 
 class ResultBatchAccepted(DomainEvent):
+    sparse_fields: ClassVar[tuple[str, ...]] = ("trace_id",)
+    traced: ClassVar[str | None] = "trace_id"
+
     attempt_id: UUID
     batch_id: UUID
     sequence_number: int
@@ -309,11 +324,16 @@ class ResultBatchAccepted(DomainEvent):
     payload_sha256: str
     record_count: int
     final: bool
+    trace_id: str | None = None  # the trace of the request that recorded it, when traced
 
 
 class TaskCompleted(DomainEvent):
+    sparse_fields: ClassVar[tuple[str, ...]] = ("trace_id",)
+    traced: ClassVar[str | None] = "trace_id"
+
     scan_job_id: UUID
     attempt_id: UUID
+    trace_id: str | None = None  # the trace of the request that recorded it, when traced
 
 
 class AttemptFailed(DomainEvent):
@@ -324,6 +344,9 @@ class AttemptFailed(DomainEvent):
     existed (they replay as they were recorded: a failed attempt).
     """
 
+    sparse_fields: ClassVar[tuple[str, ...]] = ("trace_id",)
+    traced: ClassVar[str | None] = "trace_id"
+
     scan_job_id: UUID
     attempt_id: UUID
     error: str
@@ -332,6 +355,7 @@ class AttemptFailed(DomainEvent):
     outcome: Literal["retry_wait", "failed_terminal"]
     available_at: datetime | None
     job_status: JobStatus | None
+    trace_id: str | None = None  # the trace of the request that recorded it, when traced
 
 
 class LeaseExpired(DomainEvent):

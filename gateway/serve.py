@@ -43,6 +43,7 @@ from leasehold.gateway.logs import configure_logging
 from leasehold.gateway.metrics import MULTIPROCESS_ENV
 from leasehold.gateway.settings import GatewaySettings
 from leasehold.gateway.startup import Listeners, StartupError, bind, check_databases, tls_contexts, tls_paths
+from leasehold.protocol import tracing
 
 __all__ = ["EXIT_STARTUP", "StartupError", "serve", "start", "tls_paths"]
 
@@ -138,12 +139,18 @@ async def _serve_forever(settings: GatewaySettings, reuse_port: bool) -> None:
 
 
 def _run(settings: GatewaySettings, reuse_port: bool) -> int:
-    """One serving process: its exit code (1 when it could not start, after one line on stderr)."""
+    """One serving process: its exit code (1 when it could not start, after one line on stderr).
+
+    Tracing (``OTEL_*``, :mod:`leasehold.protocol.tracing`) is set up here, in each serving
+    process (its exporter's thread would not survive a fork), and flushed on the way out."""
+    tracing.configure("leasehold-gateway")
     try:
         asyncio.run(_serve_forever(settings, reuse_port))
     except StartupError as exc:
         print(f"leasehold: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_STARTUP
+    finally:
+        tracing.reset()
     return 0
 
 

@@ -56,6 +56,7 @@ from leasehold.persistence.snapshot import snapshot
 from leasehold.persistence.writes import WriteBuffer
 from leasehold.projections.projector import project
 from leasehold.projections.rows import RowOp
+from leasehold.protocol import tracing
 
 T = TypeVar("T")
 log = logging.getLogger("leasehold.persistence")
@@ -163,6 +164,8 @@ class Transaction:
         """
         if not events:
             return head
+        if tracing.enabled():
+            events = stamped(events)
         recorded, new_head = record(head, events)
         last = recorded[-1]  # not a row: the records just made
         self.last_event = (last.stored.originator_id, last.stored.originator_version, last.hash)
@@ -312,7 +315,7 @@ class Database:
         that cannot be told; a lost COMMIT found in the log ends the block as if it had answered."""
         tx: Transaction | None = None
         try:
-            with translated_errors():
+            with tracing.span("transaction", child_only=True), translated_errors():
                 async with self.pool.connection() as conn:
                     tx = Transaction(conn)
                     try:
@@ -427,6 +430,16 @@ class Database:
         """Raise :class:`domain.errors.Unavailable` unless the database answers."""
         async with self.read() as reader:
             await reader.one("ping", {})
+
+
+def stamped(events: Sequence[DomainEvent]) -> Sequence[DomainEvent]:
+    """``events`` with the current trace stamped on those that record it (``DomainEvent.traced``),
+    when the current span is sampled; as they are otherwise."""
+    trace_id = tracing.trace_id()
+    if trace_id is None:
+        return events
+    return [e if e.traced is None else e.model_copy(
+        update={e.traced: tracing.traceparent() if e.traced == "traceparent" else trace_id}) for e in events]
 
 
 class ConnectionLost(Unavailable):

@@ -263,6 +263,10 @@ class Lease(Answer):
         default_factory=TargetPolicyView,
         description="the task's organisation's target policy: the agent checks the scope's targets against it "
                     "(after resolving their names) before the plugin runs")
+    traceparent: str | None = Field(
+        default=None, max_length=55,
+        description="W3C trace context of the request that created the task, when it was traced (tracing on "
+                    "at the Gateway): the agent's run of the attempt continues that trace")
 
 
 class AcquireResponse(Answer):

@@ -24,6 +24,7 @@ from leasehold.persistence.event_log import StoredRow, rows_of_streams, stream_r
 from leasehold.projections.memory import MemoryTables
 from leasehold.projections.projector import project
 from leasehold.protocol.clipping import clip
+from leasehold.protocol.tracing import trace_id_of
 from leasehold.replay.archive import archived_rows
 from leasehold.replay.log import NotFound, require_stream, scan_task_ids
 
@@ -215,7 +216,16 @@ def _fair_share(share: ev.FairShareGrant | None) -> str:
 
 
 def summarize(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
-    """One human line about the event's own facts."""
+    """One human line about the event's own facts; ``trace=<id>`` ends it when the event was
+    recorded by a traced request (the trace to open in the tracing backend)."""
+    line = _summary(event, attempts)
+    if event.traced is None:
+        return line
+    trace = getattr(event, "trace_id", None) or trace_id_of(getattr(event, "traceparent", None))
+    return f"{line} trace={trace}" if trace else line
+
+
+def _summary(event: ev.DomainEvent, attempts: dict[UUID, int]) -> str:
     def attempt(aid: UUID) -> str:
         number = attempts.get(aid)
         return f"attempt #{number}" if number is not None else f"unknown attempt {_short(aid)}"

@@ -27,6 +27,7 @@ import time
 import uuid
 from uuid import UUID
 
+from leasehold.protocol import tracing
 from leasehold.protocol.wire import AcquireResponse, CancelNotice
 from leasehold.worker.backoff import Backoff, sleep_unless
 from leasehold.worker.client import (
@@ -215,10 +216,14 @@ class Agent:
                 log.warning("gateway unreachable; retrying acquire (same request id)",
                             extra={"error": reason, "retry_in": round(delay, 2), "request_id": request_id})
 
+            traceparent = None
             try:
-                answer = await client.acquire(request_id, wait_seconds=wait, stop=self._stopping,
-                                              known_cancels=self._known_cancels(),
-                                              on_retry=on_retry)
+                with tracing.span("acquire", kind="client", attributes={"leasehold.request_id": request_id,
+                                                                        "leasehold.wait_seconds": wait}):
+                    traceparent = tracing.traceparent()
+                    answer = await client.acquire(request_id, wait_seconds=wait, stop=self._stopping,
+                                                  known_cancels=self._known_cancels(),
+                                                  on_retry=on_retry)
             except Stopped:
                 raise asyncio.CancelledError from None
             except InvalidAnswer as exc:
@@ -241,7 +246,7 @@ class Agent:
                     raise asyncio.CancelledError from None
                 continue
             self.status.gateway_reachable()
-            return answer, AcquireTiming(first_sent, time.monotonic(), retried, request_id), wait
+            return answer, AcquireTiming(first_sent, time.monotonic(), retried, request_id, traceparent), wait
 
     def _known_cancels(self) -> list[UUID]:
         """Attempts whose cancellation this process already acts on (the Gateway need not repeat them)."""

@@ -117,6 +117,9 @@ def run(settings: WorkerSettings) -> int:
 
         console = Console(stderr=True)
     configure_logging(settings.log_format, settings.log_level, rich_console=console)
+    from leasehold.protocol import tracing  # OTEL_* turn it on; the SDK is imported only then
+
+    tracing.configure("leasehold-worker")
     agent = Agent(settings, status=status)
 
     async def main() -> int:
@@ -131,6 +134,8 @@ def run(settings: WorkerSettings) -> int:
     except ConfigurationError as exc:
         print(f"leasehold: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    finally:
+        tracing.reset()  # the spans still buffered are exported before the process exits
 
 
 def main(argv: list[str] | None = None) -> int:

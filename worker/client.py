@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 from pydantic import SecretStr, ValidationError
 
+from leasehold.protocol import tracing
 from leasehold.protocol.wire import (
     AcquireRequest,
     AcquireResponse,
@@ -330,9 +331,11 @@ class GatewayClient:
             raise RuntimeError("GatewayClient is not open (use `async with`)")
         request_id = uuid.uuid4().hex
         started = time.monotonic()
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if tracing.enabled():  # the current span (acquire, batch upload, the task's run) is the Gateway's parent
+            tracing.inject(headers)
         async with self._session.post(
-                self.base + path, data=data, server_hostname=self.server_name,
-                headers={"Content-Type": "application/json", "X-Request-Id": request_id},
+                self.base + path, data=data, server_hostname=self.server_name, headers=headers,
                 # A long-poll legitimately waits for its answer, but connecting (TCP and TLS) never
                 # should take long: a blackholed Gateway is noticed after one request timeout.
                 timeout=aiohttp.ClientTimeout(total=seconds,

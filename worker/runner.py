@@ -48,9 +48,10 @@ from typing import Any, Literal
 import orjson
 
 from leasehold.domain.scopes import ScopeAssembler, ScopeMismatch, ScopeRef
+from leasehold.protocol import tracing
 from leasehold.protocol.targets import refused_target
 from leasehold.protocol.wire import Lease, ScopeRefView
-from leasehold.worker.batcher import Batcher
+from leasehold.worker.batcher import Batch, Batcher
 from leasehold.worker.client import (
     AttemptRef,
     GatewayClient,
@@ -98,6 +99,7 @@ class AcquireTiming:
     received: float
     retried: bool
     request_id: str = ""
+    traceparent: str | None = None  # the acquire's span (tracing on): the task's run links to it
 
     @property
     def base(self) -> float:
@@ -173,7 +175,10 @@ class TaskRunner:
                                              self.lease.attempt.attempt_number))
         outcome = "lost"
         try:
-            outcome = await self._run()
+            if tracing.enabled():
+                outcome = await self._traced_run()
+            else:
+                outcome = await self._run()
         except Exception:
             log.exception("task runner crashed", extra=self.log_fields)
             outcome = "lost"
@@ -187,6 +192,19 @@ class TaskRunner:
                 await self.plugin.close()
             self.status.task_finished(self.attempt.attempt_id, outcome)
         return outcome
+
+    async def _traced_run(self) -> str:
+        """The attempt's run as a span in the trace that created the task (its lease's
+        ``traceparent``), linked to the acquire that leased it: the acquire long-poll began before
+        the task was known, in a trace of its own, so it cannot be the run's parent."""
+        with tracing.span("task run", kind="consumer", parent=self.lease.traceparent, links=[self._timing.traceparent],
+                          attributes={"leasehold.task_id": str(self.task.id),
+                                      "leasehold.attempt_id": str(self.attempt.attempt_id),
+                                      "leasehold.attempt_number": self.lease.attempt.attempt_number,
+                                      "leasehold.task_type": self.task.task_type}) as span:
+            outcome = await self._run()
+            span.set_attribute("leasehold.outcome", outcome)
+            return outcome
 
     async def _run(self) -> str:
         try:
@@ -226,23 +244,34 @@ class TaskRunner:
                "LEASEHOLD_ATTEMPT_ID": str(self.attempt.attempt_id),
                "LEASEHOLD_ATTEMPT_NUMBER": str(self.lease.attempt.attempt_number),
                "LEASEHOLD_TASK_TYPE": self.task.task_type}
-        try:
-            self.plugin = await PluginProcess.start(
-                command, document, cwd=workdir, env=env, max_line_bytes=self.settings.max_record_bytes,
-                on_stderr_line=self._stderr_line)
-        except OSError as exc:
-            return await self._fail(f"plugin {' '.join(command.argv)} could not be started: {exc}",
-                                    retryable=True)
-        plugin = self.plugin
-        log.info("plugin started", extra={**self.log_fields, "pid": plugin.pid, "plugin": command.source})
-        self.status.task_phase(self.attempt.attempt_id, "running", pid=plugin.pid)
-        batcher = Batcher(self.attempt.attempt_id, max_records=self.settings.batch_records,
-                          max_seconds=self.settings.batch_seconds, max_bytes=self.settings.batch_bytes)
-        pump = self._spawn(self._pump(plugin, batcher))
-        sender = self._spawn(self._send(batcher))
-        timer = self._spawn(batcher.run_timer())
+        # The plugin's run is a span (tracing on); the plugin gets it as TRACEPARENT, and the
+        # batch uploads, sent from inside it, are its children.
+        with tracing.span("plugin run", attributes={"leasehold.task_type": self.task.task_type,
+                                                    "leasehold.plugin": command.source}) as span:
+            traceparent = tracing.traceparent()
+            if traceparent is not None:
+                env["TRACEPARENT"] = traceparent
+            try:
+                self.plugin = await PluginProcess.start(
+                    command, document, cwd=workdir, env=env, max_line_bytes=self.settings.max_record_bytes,
+                    on_stderr_line=self._stderr_line)
+            except OSError as exc:
+                return await self._fail(f"plugin {' '.join(command.argv)} could not be started: {exc}",
+                                        retryable=True)
+            plugin = self.plugin
+            log.info("plugin started", extra={**self.log_fields, "pid": plugin.pid, "plugin": command.source})
+            self.status.task_phase(self.attempt.attempt_id, "running", pid=plugin.pid)
+            batcher = Batcher(self.attempt.attempt_id, max_records=self.settings.batch_records,
+                              max_seconds=self.settings.batch_seconds, max_bytes=self.settings.batch_bytes)
+            pump = self._spawn(self._pump(plugin, batcher))
+            sender = self._spawn(self._send(batcher))
+            timer = self._spawn(batcher.run_timer())
 
-        ending = await self._endings.get()
+            ending = await self._endings.get()
+            if span is not None:
+                span.set_attribute("leasehold.ending", ending.kind)
+                if ending.exit_code is not None:
+                    span.set_attribute("process.exit.code", ending.exit_code)
         if ending.kind == "exited" and ending.exit_code == 0 and not self._error_records:
             self.status.task_phase(self.attempt.attempt_id, "submitting")
             interrupted = await self._first(self._finish(batcher),
@@ -368,17 +397,19 @@ class TaskRunner:
                 batch = await batcher.outbox.get()
                 if batch.final:  # the last batch travels with complete: one request, one transaction
                     await self._before_completion()
-                    await self.client.complete(self.attempt, final_batch=batch, retry_while=self.lease_alive)
+                    with tracing.span("batch upload", attributes=_batch_attributes(batch)):
+                        await self.client.complete(self.attempt, final_batch=batch, retry_while=self.lease_alive)
                     self._completed = True
                     log.info("final result batch accepted with the completion", extra={
                         **self.log_fields, "sequence_number": batch.sequence_number,
                         "records": batch.record_count})
                     self._final_acked.set()
                     return
-                ack = await self.client.submit(
-                    self.attempt, sequence_number=batch.sequence_number, idempotency_key=batch.idempotency_key,
-                    payload_sha256=batch.payload_sha256, payload=batch.payload, final=False,
-                    retry_while=self.lease_alive)
+                with tracing.span("batch upload", attributes=_batch_attributes(batch)):
+                    ack = await self.client.submit(
+                        self.attempt, sequence_number=batch.sequence_number, idempotency_key=batch.idempotency_key,
+                        payload_sha256=batch.payload_sha256, payload=batch.payload, final=False,
+                        retry_while=self.lease_alive)
                 log.info("result batch accepted", extra={
                     **self.log_fields, "sequence_number": batch.sequence_number, "records": batch.record_count,
                     "final": False, "duplicate": ack.duplicate})
@@ -530,3 +561,8 @@ class TaskRunner:
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self._started, 1)
+
+
+def _batch_attributes(batch: Batch) -> dict[str, Any]:
+    return {"leasehold.sequence_number": batch.sequence_number, "leasehold.records": batch.record_count,
+            "leasehold.final": batch.final}

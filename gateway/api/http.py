@@ -32,6 +32,7 @@ from leasehold.gateway.keys import (
     SETTINGS,
     WORKER_FINGERPRINT,
 )
+from leasehold.protocol import tracing
 from leasehold.protocol.logs import LOG_CONTEXT
 from leasehold.protocol.wire import INTEGRAL as INTEGRAL  # re-exported: the operator models' integers
 from leasehold.protocol.wire import json_limits as json_limits  # re-exported: their JSON fields
@@ -247,6 +248,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                        code="internal", request_id=request.get(REQUEST_ID))
 
 
+async def _traced(request: web.Request, handler: Handler, route: str, context: dict[str, Any]) -> web.StreamResponse:
+    """The request's server span, continuing the caller's trace (its ``traceparent`` header);
+    its trace id goes on the request's log lines."""
+    with tracing.span(f"{request.method} {route}", kind="server", headers=request.headers,
+                      attributes={"http.request.method": request.method, "http.route": route}) as span:
+        trace_id = tracing.trace_id()
+        if trace_id is not None:
+            context["trace_id"] = trace_id
+        response = await handler(request)
+        span.set_attribute("http.response.status_code", response.status)
+        return response
+
+
 def _key_id(request: web.Request) -> str | None:
     """The id of the operator's API key (never the key), once it authenticated."""
     operator = request.get(OPERATOR)
@@ -277,17 +291,21 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
     context: dict[str, Any] = {"request_id": request_id}
     token = LOG_CONTEXT.set(context)  # every line logged while handling it carries the request id
     started = time.perf_counter()
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     try:
-        response = await handler(request)
+        if tracing.enabled():
+            response = await _traced(request, handler, route, context)
+        else:
+            response = await handler(request)
     finally:
         LOG_CONTEXT.reset(token)
     elapsed = time.perf_counter() - started
     response.headers["X-Request-Id"] = request_id
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     observe = request.app.get(OBSERVE_REQUEST)
     if observe is not None:
         observe(request.method, route, response.status, elapsed)
     log.info("request", extra={"request_id": request_id, "method": request.method, "route": route,
                                "status": response.status, "duration_ms": round(elapsed * 1000, 2),
-                               "worker": request.get(WORKER_FINGERPRINT), "operator_key_id": _key_id(request)})
+                               "worker": request.get(WORKER_FINGERPRINT), "operator_key_id": _key_id(request),
+                               **({"trace_id": context["trace_id"]} if "trace_id" in context else {})})
     return response

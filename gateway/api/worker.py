@@ -40,6 +40,7 @@ from leasehold.gateway.commands.lifecycle import Poll, ResultBatch, no_such_atte
 from leasehold.gateway.identity import WorkerIdentity
 from leasehold.gateway.keys import HINTS, NOTIFIER, PRESENCE, SERVICES, SETTINGS
 from leasehold.gateway.presence import Seen
+from leasehold.protocol import tracing
 
 routes = RouteTable()
 B = TypeVar("B", bound=WorkerWriteRequest)
@@ -63,14 +64,20 @@ LEASE_LINKS = {
     for action in ("renew", "progress", "results", "complete", "fail", "cancel_ack")}
 
 
-def encode_acquire_answer(polled: Poll, known: set[UUID]) -> bytes | None:
+def encode_acquire_answer(polled: Poll, known: set[UUID], *, traceparent: str | None = None) -> bytes | None:
     """The acquire answer to ``polled`` (None: nothing to tell the worker yet), encoded after the
-    poll's transaction committed; cancellations in ``known`` are not repeated."""
+    poll's transaction committed; cancellations in ``known`` are not repeated. ``traceparent``:
+    the leased task's creation trace (tracing on)."""
     news = [(t, a) for t, a in polled.cancel_requested if a not in known]
     if polled.acquired is None and not news:
         return None
     cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-    answer = AcquireResponse(lease=lease(polled.acquired) if polled.acquired else None, cancel_requested=cancels)
+    leased = None
+    if polled.acquired is not None:
+        leased = lease(polled.acquired)
+        if traceparent is not None:
+            leased = leased.model_copy(update={"traceparent": traceparent})
+    answer = AcquireResponse(lease=leased, cancel_requested=cancels)
     return orjson.dumps(answer.model_dump(mode="json"))
 
 
@@ -112,8 +119,11 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
             polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
                                           fingerprint=worker.fingerprint)
             warning = {WARNING_HEADER: polled.warning} if polled.warning else None
+            traceparent = None
+            if polled.acquired is not None and tracing.enabled():
+                traceparent = await lifecycle.creation_traceparent(polled.acquired.task.id)
             # Encoded here, after the poll's transaction committed: no row lock is held meanwhile.
-            answer = encode_acquire_answer(polled, known)
+            answer = encode_acquire_answer(polled, known, traceparent=traceparent)
             if answer is not None:
                 room.forget(worker.id)  # what it cached no longer holds (the answer may be lost: it asks again)
                 if polled.acquired is not None:

@@ -48,6 +48,14 @@ class Acquisition(LifecycleBase):
         return (await self.poll(worker_id, request_id=request_id, actor=actor, notices=False,
                                 fingerprint=fingerprint)).acquired
 
+    async def creation_traceparent(self, task_id: UUID) -> str | None:
+        """The trace context the task's creation recorded (``TaskCreated.traceparent``; None:
+        created untraced): a traced Gateway hands it to the worker with the lease, so the
+        worker's run of the attempt continues the trace that created the task."""
+        async with self.db.read() as reader:
+            row = await reader.one("task_creation_traceparent", {"task_id": task_id})
+        return None if row is None else row.traceparent
+
     async def poll(self, worker_id: UUID, *, request_id: str | None = None, actor: str | None = None,
                    notices: bool = True, fingerprint: str | None = None) -> Poll:
         """:meth:`acquire`, plus (in the same round trip) the worker's attempts whose task is being
