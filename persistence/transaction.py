@@ -166,6 +166,7 @@ class Transaction:
             return head
         if tracing.enabled():
             events = stamped(events)
+            tracing.add_event("events appended", {"leasehold.events": [type(e).__name__ for e in events]})
         recorded, new_head = record(head, events)
         last = recorded[-1]  # not a row: the records just made
         self.last_event = (last.stored.originator_id, last.stored.originator_version, last.hash)

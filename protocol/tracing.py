@@ -30,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "TRACEPARENT",
+    "add_event",
     "configure",
     "enabled",
     "inject",
@@ -170,6 +171,12 @@ def _span(name: str, kind: str, parent: str | None, headers: Mapping[str, str] |
     with _tracer.start_as_current_span(name, context=context, kind=otel.trace.SpanKind[kind.upper()],
                                        links=linked, attributes=dict(attributes or {})) as current:
         yield current
+
+
+def add_event(name: str, attributes: Mapping[str, Any]) -> None:
+    """Add an event to the current span (nothing while tracing is off or no span records)."""
+    if _tracer is not None:
+        _otel.trace.get_current_span().add_event(name, dict(attributes))
 
 
 def inject(headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
