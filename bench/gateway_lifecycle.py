@@ -11,8 +11,14 @@ Prints numbers, asserts nothing. In one run, on one server:
 4. ``long_poll``: a worker waits in acquire; another connection creates a task; the time until
    the worker's answer arrives (p50/p99 over K tries) — NOTIFY wake-up, not a poll tick.
 
+With ``--tracing on`` the Gateway traces (OTLP/HTTP to a sink in this process, ``--sampling``
+of the traces, 10% by default); ``--tracing both`` drains the queue ``--rounds`` times each way,
+off and on alternately (a fresh database and Gateway per round, so the box's other load falls on
+both), and prints the overhead of tracing per task.
+
 Usage: ``.venv/bin/python bench/gateway_lifecycle.py [--tasks 6000] [--loops 24] [--processes 2]
-[--profile]``. It drops and recreates the scratch databases ``leasehold_gw*`` on the server.
+[--profile] [--tracing off|on|both]``. It drops and recreates the scratch databases
+``leasehold_gw*`` on the server.
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ def run_peer(script: Path, url: str, args: list[str]) -> int | None:
 class GatewayProcess:
     """``leasehold gateway serve`` as a subprocess."""
 
-    def __init__(self, url: str, pki_dir: Path, processes: int, profile: Path | None) -> None:
+    def __init__(self, url: str, pki_dir: Path, processes: int, profile: Path | None,
+                 env: dict[str, str] | None = None) -> None:
         self.worker_port, self.operator_port = free_port(), free_port()
         cmd = [sys.executable]
         if profile is not None:
@@ -80,7 +87,8 @@ class GatewayProcess:
                 "--worker-port", str(self.worker_port), "--operator-port", str(self.operator_port),
                 "--processes", str(processes), "--pool-size", "12", "--log-level", "WARNING",
                 "--rate-limit-per-second", "100000", "--rate-limit-burst", "100000"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env={**os.environ, **(env or {})})
 
     async def ready(self, ca: Path) -> None:
         ctx = ssl.create_default_context(cafile=str(ca))
@@ -129,17 +137,22 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
                                              max_concurrent_tasks=64)
         await registry.assign_worker(wid, org)
         certs.append(cert.cert_path)
-    scan_ids = [await services.scans.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
+    await enqueue(lifecycle, services.scans, org, scans, tasks)
+    return certs, lifecycle, services.scans, (pool, org)
+
+
+async def enqueue(lifecycle: Lifecycle, scans_service: Scans, org: UUID, scans: int, tasks: int) -> None:
+    """Queue ``tasks`` tasks over ``scans`` new scans of ``org`` through the service layer."""
+    scan_ids = [await scans_service.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
     spec = TaskSpec(task_type="probe", scope={"targets": ["192.0.2.10"]}, lease_seconds=60,
                     execution_timeout_seconds=600)
     sem = asyncio.Semaphore(8)
 
     async def create(i: int) -> None:
         async with sem:
-            await lifecycle.create_task(scan_ids[i % scans], spec)
+            await lifecycle.create_task(scan_ids[i % len(scan_ids)], spec)
 
     await asyncio.gather(*(create(i) for i in range(tasks)))
-    return certs, lifecycle, services.scans, (pool, org)
 
 
 async def drain(workers: list[Worker], loops: int, tasks: int, step_by_step: bool = False) -> dict[str, Any]:
@@ -273,6 +286,153 @@ async def long_poll(worker: Worker, lifecycle: Lifecycle, scans: Scans, org: UUI
             "p99_ms": round(percentile(delays, 99) * 1000, 2)}
 
 
+class TraceSink:
+    """An OTLP/HTTP trace receiver that answers every export and counts what it got (the
+    Gateway's exporter does its whole work: encoding, sending)."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+        self.bytes = 0
+        self.runner: Any = None
+
+    async def start(self) -> str:
+        from aiohttp import web
+
+        async def export(request: web.Request) -> web.Response:
+            self.exports += 1
+            self.bytes += len(await request.read())
+            return web.Response(content_type="application/x-protobuf")
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/traces", export)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1/traces"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def tracing_env(sink: str, sampling: float) -> dict[str, str]:
+    """The Gateway's standard OTEL_* settings: OTLP/HTTP to ``sink``, ``sampling`` of the traces."""
+    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(sampling)}
+
+
+async def gateway_round(server: str, args: argparse.Namespace, *, envs: list[dict[str, str] | None],
+                        long_poll_tries: int) -> list[dict[str, Any]]:
+    """One scratch database and fleet; for each of ``envs`` (a Gateway's OTEL_* settings; None:
+    tracing off) a queue of ``--tasks`` drained through a fresh Gateway; then ``long_poll_tries``
+    long-poll wake-ups (through the last). The results of each drain."""
+    url = recreate_database(server, args.scratch_prefix)
+    migrate.upgrade(url)
+    drains: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pki = init_pki(Path(tmp) / "pki")
+        certs, lifecycle, scans, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks, args.scans)
+        try:
+            for n, env in enumerate(envs):
+                if n:  # the queue drained by the previous Gateway: a new one of the same size
+                    await enqueue(lifecycle, scans, org, args.scans, args.tasks)
+                results = await _drain_through(url, pki, certs, args, env, lifecycle, scans, org,
+                                               long_poll_tries if n == len(envs) - 1 else 0)
+                drains.append(results)
+        finally:
+            await pool.close()
+    return drains
+
+
+async def _drain_through(url: str, pki: Any, certs: list[Path], args: argparse.Namespace,
+                         env: dict[str, str] | None, lifecycle: Lifecycle, scans: Scans, org: UUID,
+                         long_poll_tries: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    profile = Path(args.profile) if args.profile else None
+    gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile, env)
+    base = f"https://localhost:{gateway.worker_port}"
+    workers = [Worker(base, client_ssl_context(pki.ca_cert, c, c.with_name(c.stem + "-key.pem")),
+                      limit=max(1, args.loops // len(certs) + 1)) for c in certs]
+    try:
+        await gateway.ready(pki.ca_cert)
+        meter = CpuMeter({"gateway": gateway.proc.pid})
+        results["gateway"] = await asyncio.to_thread(
+            drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
+            args.step_by_step)
+        g = results["gateway"]
+        g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
+        if long_poll_tries:
+            results["long_poll"] = await long_poll(workers[0], lifecycle, scans, org, long_poll_tries)
+    finally:
+        for w in workers:
+            await w.session.close()
+        gateway.stop()
+    if profile is not None:
+        import pstats
+
+        print("# profile of the Gateway process (top 25 by cumulative time):")
+        pstats.Stats(str(profile)).sort_stats("cumulative").print_stats(25)
+    return results
+
+
+def print_drain(args: argparse.Namespace, g: dict[str, Any], label: str = "") -> None:
+    print(f"gateway_lifecycle processes={1 if args.profile else args.processes} loops={args.loops} "
+          f"client_processes={args.client_processes} "
+          f"requests_per_task={3 if args.step_by_step else 2} "
+          f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
+          f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}{label}")
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+async def tracing_rounds(server: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--tracing both``: rounds off and on, alternately; per round and the medians, and the
+    overhead of tracing per task (Gateway CPU per task, and tasks/s)."""
+    sink = TraceSink()
+    env = tracing_env(await sink.start(), args.sampling)
+    rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    # off, on, on, off, off, on, ...: each mode as often first as second (a later drain meets a
+    # longer log and warmer caches).
+    modes = [mode for i in range(args.rounds) for mode in (("off", "on") if i % 2 == 0 else ("on", "off"))]
+    try:
+        drains = await gateway_round(server, args, envs=[env if mode == "on" else None for mode in modes],
+                                     long_poll_tries=args.long_poll_tries)
+    finally:
+        await sink.stop()
+    for n, (mode, results) in enumerate(zip(modes, drains, strict=True)):
+        g = results["gateway"]
+        rounds[mode].append(g)
+        print_drain(args, g, f" round={n // 2 + 1} tracing={mode}")
+        print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
+              + f" round={n // 2 + 1} tracing={mode}")
+    lp = drains[-1]["long_poll"]
+    print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']} tracing={modes[-1]}")
+    summary: dict[str, Any] = {}
+    for mode, done in rounds.items():
+        summary[mode] = {"tasks_per_s": median([g["tasks_per_s"] for g in done]),
+                         "gateway_cpu_ms_per_task": round(median([g["cpu_ms_per_task"]["gateway"] for g in done]), 3),
+                         "acquire_p50_ms": round(median([g["acquire_p50_ms"] for g in done]), 2)}
+    off, on = summary["off"], summary["on"]
+    summary["gateway_cpu_overhead_pct"] = round(
+        (on["gateway_cpu_ms_per_task"] / off["gateway_cpu_ms_per_task"] - 1) * 100, 1)
+    summary["throughput_overhead_pct"] = round((1 - on["tasks_per_s"] / off["tasks_per_s"]) * 100, 1)
+    summary["sampling"] = args.sampling
+    summary["exports"], summary["export_bytes"] = sink.exports, sink.bytes
+    summary["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    for mode in ("off", "on"):
+        s = summary[mode]
+        print(f"tracing={mode} rounds={args.rounds} median tasks_per_s={s['tasks_per_s']} "
+              f"gateway_cpu_ms_per_task={s['gateway_cpu_ms_per_task']} acquire_p50_ms={s['acquire_p50_ms']}")
+    print(f"tracing_overhead sampling={args.sampling} gateway_cpu_per_task_pct={summary['gateway_cpu_overhead_pct']} "
+          f"tasks_per_s_pct={summary['throughput_overhead_pct']} exports={sink.exports} "
+          f"export_bytes={sink.bytes} loadavg={summary['loadavg']}")
+    return summary
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server, source = resolve_server_url(args.database_url)
     print(f"# server: {source}")
@@ -288,50 +448,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["pgqueuer"] = run_peer(args.yardstick_dir / "pgqueuer_noop.py",
                                        recreate_database(server, f"{args.scratch_prefix}_pgq"), [str(args.tasks), "10", "2"])
         print(f"pgqueuer batch=10 jobs_per_s={results['pgqueuer']}")
-    url = recreate_database(server, args.scratch_prefix)
-    migrate.upgrade(url)
-    with tempfile.TemporaryDirectory() as tmp:
-        pki = init_pki(Path(tmp) / "pki")
-        certs, lifecycle, scans, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks,
-                                                              args.scans)
-        profile = Path(args.profile) if args.profile else None
-        gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile)
-        base = f"https://localhost:{gateway.worker_port}"
-        workers = [Worker(base, client_ssl_context(pki.ca_cert, c, c.with_name(c.stem + "-key.pem")),
-                          limit=max(1, args.loops // len(certs) + 1)) for c in certs]
-        try:
-            await gateway.ready(pki.ca_cert)
-            meter = CpuMeter({"gateway": gateway.proc.pid})
-            results["gateway"] = await asyncio.to_thread(
-                drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
-                args.step_by_step)
-            g = results["gateway"]
-            g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
-            print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
-                  f"client_processes={args.client_processes} "
-                  f"requests_per_task={3 if args.step_by_step else 2} "
-                  f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
-                  f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}")
-            for name in ("pg_limit", "procrastinate", "pgqueuer"):
-                if results.get(name):
-                    print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f}")
-            print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
-                  + " (CPU of the whole box per completed task, and who spent it)")
-            results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
-            print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
-            results["long_poll"] = await long_poll(workers[0], lifecycle, scans, org, args.long_poll_tries)
-            lp = results["long_poll"]
-            print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
-        finally:
-            for w in workers:
-                await w.session.close()
-            gateway.stop()
-            await pool.close()
-        if profile is not None:
-            import pstats
-
-            print("# profile of the Gateway process (top 25 by cumulative time):")
-            pstats.Stats(str(profile)).sort_stats("cumulative").print_stats(25)
+    if args.tracing == "both":
+        results["tracing"] = await tracing_rounds(server, args)
+        return results
+    sink = None
+    env = None
+    if args.tracing == "on":
+        sink = TraceSink()
+        env = tracing_env(await sink.start(), args.sampling)
+    try:
+        [drained] = await gateway_round(server, args, envs=[env], long_poll_tries=args.long_poll_tries)
+        results.update(drained)
+    finally:
+        if sink is not None:
+            await sink.stop()
+    g = results["gateway"]
+    print_drain(args, g, "" if env is None else f" tracing=on sampling={args.sampling}")
+    for name in ("pg_limit", "procrastinate", "pgqueuer"):
+        if results.get(name):
+            print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f}")
+    print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
+          + " (CPU of the whole box per completed task, and who spent it)")
+    results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
+    print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
+    lp = results["long_poll"]
+    print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
     return results
 
 
@@ -355,6 +496,11 @@ def main() -> int:
     p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
     p.add_argument("--scratch-prefix", default="leasehold_gw",
                    help="names of the scratch databases it drops and recreates (default leasehold_gw)")
+    p.add_argument("--tracing", choices=("off", "on", "both"), default="off",
+                   help="the Gateway traces (OTLP/HTTP to a sink here); both: alternate rounds off and on, "
+                        "and print the overhead (default off)")
+    p.add_argument("--sampling", type=float, default=0.1, help="share of traces sampled with tracing on (0.1)")
+    p.add_argument("--rounds", type=int, default=2, help="with --tracing both: rounds of each (default 2)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     results = asyncio.run(run(args))

@@ -75,14 +75,21 @@ def test_core_lifecycle_runs_every_section_but_the_history(pg_server_url: str, s
         _line(lines, rf"cost_per_command {command} round_trips={NUMBER}")
 
 
-def test_gateway_lifecycle_drains_a_small_queue(pg_server_url: str, scratch: str) -> None:
+def test_gateway_lifecycle_drains_a_small_queue_with_tracing_off_and_on(pg_server_url: str, scratch: str) -> None:
     lines = _run("gateway_lifecycle.py", "--database-url", pg_server_url, "--scratch-prefix", scratch,
                  "--tasks", "40", "--loops", "2", "--workers", "2", "--scans", "4", "--processes", "1",
-                 "--client-processes", "1", "--long-poll-tries", "2", "--skip-yardsticks")
-    line = _line(lines, rf"gateway_lifecycle processes=1 loops=2 .*requests_per_task=2 tasks=40 "
-                        rf"tasks_per_s={NUMBER} .*errors={{}}")
-    assert "acquire_p50_ms=" in line
-    _line(lines, rf"gateway_lifecycle_cpu_ms_per_task box={NUMBER} gateway={NUMBER}")
+                 "--client-processes", "1", "--long-poll-tries", "2", "--skip-yardsticks",
+                 "--tracing", "both", "--rounds", "1", "--sampling", "1.0")
+    for mode in ("off", "on"):
+        line = _line(lines, rf"gateway_lifecycle processes=1 loops=2 .*requests_per_task=2 tasks=40 "
+                            rf"tasks_per_s={NUMBER} .*errors={{}} round=1 tracing={mode}$")
+        assert "acquire_p50_ms=" in line
+        _line(lines, rf"gateway_lifecycle_cpu_ms_per_task box={NUMBER} gateway={NUMBER} .* tracing={mode}$")
+        _line(lines, rf"tracing={mode} rounds=1 median tasks_per_s={NUMBER} gateway_cpu_ms_per_task={NUMBER}")
+    _line(lines, r"long_poll_wakeup tries=2 ")
+    overhead = _line(lines, rf"tracing_overhead sampling=1.0 gateway_cpu_per_task_pct=-?{NUMBER} "
+                            rf"tasks_per_s_pct=-?{NUMBER} exports=[0-9]+ ")
+    assert "exports=0 " not in overhead and "loadavg=" in overhead  # the traced Gateway's spans arrived
 
 
 def test_wakeup_measures_the_notify_path(pg_server_url: str, scratch: str) -> None:
