@@ -109,6 +109,7 @@ def run(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
     import aiohttp
 
     from leasehold.client import ApiError, OperatorClient
+    from leasehold.protocol import tracing
 
     key = api_key(args)
     url = args.url or os.environ.get("LEASEHOLD_OPERATOR_URL") or DEFAULT_URL
@@ -118,12 +119,17 @@ def run(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
         async with OperatorClient(url, key, ca_file=ca_file) as api:
             return await body(api)
 
+    # OTEL_* turn tracing on: each request is a span whose traceparent the Gateway continues.
+    traced = tracing.configure("leasehold-cli")
     try:
         return asyncio.run(session())
     except ApiError as exc:
         raise CommandError(f"{exc.status} {exc.title}: {exc.detail}{_field_errors(exc.body)}") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise CommandError(f"cannot reach the operator API at {url}: {exc}") from exc
+    finally:
+        if traced:
+            tracing.reset()  # exported before the command exits
 
 
 def _field_errors(problem: Any) -> str:
