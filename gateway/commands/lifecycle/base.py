@@ -69,6 +69,11 @@ class Acquired:
 #: What an acquire answer tells a worker registered without task types (it is never offered a task).
 NO_TASK_TYPES = "this worker is registered without task types: it is never offered a task"
 
+def lease_request_ids(request_id: str, count: int) -> list[str]:
+    """The request ids the leases of one acquire are stored under: the first lease under
+    ``request_id`` itself (as a one-task acquire), the n-th under ``request_id#n``."""
+    return [request_id, *(f"{request_id}#{n}" for n in range(2, count + 1))]
+
 
 @dataclass(frozen=True, slots=True)
 class Poll:
@@ -84,6 +89,8 @@ class Poll:
     #: notifications concern its long-poll while it waits, :mod:`gateway.background.waitroom`).
     organizations: frozenset[UUID] = frozenset()
     task_types: frozenset[str] = frozenset()
+    #: Every lease this round granted (``acquired`` is the first), in the order granted.
+    leases: tuple[Acquired, ...] = ()
 
 
 #: Why a task stored before the input limits, whose scope or parameters break them, was cancelled
