@@ -80,7 +80,7 @@ def encode_acquire_answer(polled: Poll, known: set[UUID], *, many: bool = False)
     leases = [lease(a) for a in polled.leases] if polled.leases else []
     if polled.acquired is not None and not leases:
         leases = [lease(polled.acquired)]
-    answer = AcquireResponse(lease=leases[0] if leases else None, cancel_requested=cancels,
+    answer = AcquireResponse(lease=next(iter(leases), None), cancel_requested=cancels,
                              leases=leases if many else None)
     return orjson.dumps(answer.model_dump(mode="json", exclude=None if many else {"leases"}))
 

@@ -111,7 +111,7 @@ class Acquisition(LifecycleBase):
 
         def granted(leases: list[Acquired], cancelling: list[tuple[UUID, UUID]],
                     undelivered: frozenset[UUID]) -> Poll:
-            return answered(Poll(leases[0] if leases else None, cancelling, undelivered, leases=tuple(leases)))
+            return answered(Poll(next(iter(leases), None), cancelling, undelivered, leases=tuple(leases)))
 
         async def body(tx: Transaction) -> tuple[Poll, list[DomainEvent]]:
             params = {"worker_id": worker_id, "now": self.clock(), "request_ids": request_ids,
