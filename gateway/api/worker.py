@@ -246,9 +246,6 @@ async def _ended(request: web.Request, w: AttemptWrite[CompleteRequest] | Attemp
                  extra={"worker_id": str(w.worker.id), "error": type(exc).__name__})
     except Exception:
         log.exception("the acquire carried by a worker's write failed", extra={"worker_id": str(w.worker.id)})
-    room = request.app[NOTIFIER].room
-    for organization_id in dict.fromkeys(a.task.organization_id for a in granted):
-        room.leased(None, organization_id)
     return ok(CompleteResponse(task=status.task, attempt=status.attempt, leases=[lease(a) for a in granted]))
 
 
