@@ -43,7 +43,7 @@ from uuid import UUID
 import aiohttp
 import orjson
 from common import CpuMeter, recreate_database, resolve_server_url
-from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
+from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit, server_counters
 
 from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
 from leasehold.domain.results import payload_sha256
@@ -152,6 +152,13 @@ async def queue_tasks(lifecycle: Lifecycle, scans: Scans, org: UUID, tasks: int,
             await lifecycle.create_task(scan_ids[i % scan_count], spec)
 
     await asyncio.gather(*(create(i) for i in range(tasks)))
+
+
+async def settled(server: str, dbname: str) -> dict[str, int]:
+    """``dbname``'s pg_stat_database counters once every backend has flushed its statistics: an
+    idle backend flushes within 10 s, so this waits 11 s (only with ``--db-counters``)."""
+    await asyncio.sleep(11)
+    return await asyncio.to_thread(server_counters, server, dbname)
 
 
 def load_average() -> str:
@@ -377,12 +384,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for n, mode in enumerate(modes * args.rounds):
                 if n:  # every drain after the first gets a queue of its own, as large
                     await queue_tasks(lifecycle, scans, org, args.tasks, args.scans)
+                before = await settled(server, args.scratch_prefix) if args.db_counters else None
                 meter = CpuMeter({"gateway": gateway.proc.pid})
                 g = await asyncio.to_thread(
                     drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
                     args.step_by_step, mode)
                 g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
                 g["loadavg"] = load_average()
+                if before is not None:
+                    after = await settled(server, args.scratch_prefix)
+                    g["db_per_task"] = {("wal_bytes" if k == "wal_lsn" else k): round((after[k] - before[k])
+                                                                                    / max(g["tasks"], 1), 2)
+                                        for k in after}
                 runs.append(g)
                 extra = "" if mode == Mode() else (
                     f"mode={mode.name} requests_per_task_measured={g['requests_per_task']} "
@@ -398,6 +411,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print("gateway_lifecycle_cpu_ms_per_task "
                       + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
                       + f" mode={mode.name} (CPU of the whole box per completed task, and who spent it)")
+                if "db_per_task" in g:
+                    print(f"gateway_lifecycle_db_per_task mode={mode.name} "
+                          + " ".join(f"{k}={v}" for k, v in g["db_per_task"].items())
+                          + " (the database's counters per completed task: transactions, rows, WAL)")
             g = results["gateway"] = runs[0]
             if len(runs) > 1:
                 results["modes"] = runs
@@ -444,6 +461,9 @@ def main() -> int:
                    metavar="M,M,...",
                    help="drain once per mode, in turn, on one Gateway (v1, N or N+carry, e.g. v1,8,8+carry); "
                         "each drain after the first on a fresh queue of --tasks")
+    p.add_argument("--db-counters", action="store_true",
+                   help="also print each drain's transactions, rows and WAL per task (pg_stat_database; waits "
+                        "11 s before and after each drain for the statistics to settle)")
     p.add_argument("--rounds", type=int, default=1, help="repeat the --modes sequence (alternating) R times")
     p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
     p.add_argument("--scratch-prefix", default="leasehold_gw",
