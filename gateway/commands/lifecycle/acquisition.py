@@ -78,7 +78,11 @@ class Acquisition(LifecycleBase):
         deadlock); when that row is busy, or the organisation refuses the lease, the round ends
         with the leases it has. With a ``request_id``, its leases after the first are stored
         under :func:`~.base.lease_request_ids`: a repeat finds every one of them, and leases
-        nothing more.
+        nothing more. (One wait remains possible after the first lease: a lease's projection
+        moves its scan from pending to running, which waits for that scan's row if another
+        transaction is changing it. Two requests of several tasks that start the same two scans
+        in opposite orders can so deadlock; PostgreSQL ends one of them, which commits nothing
+        and answers 409 like any raced change, and the worker asks again.)
 
         The answer is the caller's to encode, after the transaction committed (the worker API
         does, :mod:`gateway.api.worker`): no encoding work holds the worker's and the task's row
