@@ -22,6 +22,7 @@ from leasehold.persistence.connection import connect, create_pool
 from leasehold.persistence.transaction import Database
 from leasehold.replay.fairness import fair_share_differences
 from support.core import ManualClock, World, assert_log_rebuilds_live
+from support.locks import rows_locked, waits_while_running
 
 
 async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
@@ -242,3 +243,24 @@ async def test_one_worker_racing_itself_never_exceeds_its_capacity(world: World,
     assert [r for r in results if isinstance(r, LeaseholdError)] == []
     assert sum(len(r) for r in results if isinstance(r, list)) == 5
     assert await live_per_worker(pool) == {worker: 5}
+
+
+async def test_a_lease_after_the_first_never_waits_for_a_busy_organisation(
+        world: World, pool: Any, database_url: str) -> None:
+    """The worker's second lease would come from an organisation whose fair-share row another
+    transaction holds: the request ends with the one lease it has at once, waiting for no lock
+    (holding one organisation's row while waiting for another's could deadlock)."""
+    worker = await world.worker(capacity=10)
+    other, other_scan = await tenant(world, "beta", worker)
+    await queue(world, other_scan, 1, priority=5)  # the first lease: beta's, by priority
+    await queue(world, world.scan, 4)
+    first = await world.lifecycle.acquire(await world.worker())  # acme's row exists: someone was served
+    assert first is not None and first.task.organization_id == world.org
+    async with rows_locked(database_url, "SELECT 1 FROM org_service WHERE organization_id = %s FOR UPDATE",
+                           (world.org,)) as holder:
+        job, waiting = await waits_while_running(pool, holder, world.lifecycle.acquire_many(worker, 4))
+        assert waiting == [], f"a lease after the first waited: {waiting}"
+        leases = await asyncio.wait_for(job, 10)  # done while the holder still holds acme's row
+    assert [a.task.organization_id for a in leases] == [other]
+    after = await world.lifecycle.acquire_many(worker, 4)  # let go: acme's tasks are leased as usual
+    assert [a.task.organization_id for a in after] == [world.org] * 3
