@@ -73,6 +73,8 @@ class Agent:
         self._signals = 0
         self._unknown_cancels: set[UUID] = set()
         self._slots = Slots(settings.max_concurrency)
+        #: Several tasks per request: the setting, until a Gateway refuses the fields (an older one).
+        self._many = settings.acquire_many
 
     # --- control ------------------------------------------------------------------------------
 
@@ -172,9 +174,9 @@ class Agent:
         while not self._stopping.is_set():
             await slots.take()
             # One slot waited for, and every other one free now: one request asks for them all.
-            asked = 1 + slots.take_free(self._batch_limit() - 1) if self.settings.acquire_many else 1
+            asked = 1 + slots.take_free(self._batch_limit() - 1) if self._many else 1
             try:
-                answer, timing, waited = await self._acquire(client, asked if self.settings.acquire_many else None)
+                answer, timing, waited = await self._acquire(client, asked if self._many else None)
             except BaseException:
                 slots.give(asked)
                 raise
@@ -202,7 +204,7 @@ class Agent:
     def _start(self, client: GatewayClient, lease: Lease, timing: AcquireTiming) -> None:
         """Run ``lease`` in a slot already taken for it; the slot is given back when it ends
         (unless a lease its ending write carried took it over)."""
-        carry = _Carry(self, client, lease.attempt_id) if self.settings.acquire_many else None
+        carry = _Carry(self, client, lease.attempt_id) if self._many else None
         runner = TaskRunner(lease, timing, client=client, settings=self.settings, resolver=self.resolver,
                             status=self.status, carry=carry)
         log.info("task acquired", extra={**runner.log_fields, "lease_seconds": lease.task.lease_seconds,
@@ -252,6 +254,12 @@ class Agent:
                     raise asyncio.CancelledError from None
                 continue
             except Rejected as exc:
+                if exc.status == 422 and max_tasks is not None:
+                    # A Gateway older than max_tasks refuses the field: one task per request from now on.
+                    log.warning("the Gateway does not take several tasks per request; acquiring one at a time",
+                                extra={"error": exc.detail})
+                    self._many = False
+                    return await self._acquire(client, None)
                 if exc.status == 409:
                     # The lease this request id created has ended already: ask anew.
                     log.info("acquire request id expired; using a new one", extra={"request_id": request_id})
@@ -326,7 +334,7 @@ class _Carry:
 
     def ask(self) -> AcquireMore | None:
         stopping = self.agent._stopping
-        if stopping is None or stopping.is_set():
+        if stopping is None or stopping.is_set() or not self.agent._many:
             return None
         self.extra = self.agent._slots.take_free(self.agent._batch_limit() - 1)
         return AcquireMore(max_tasks=1 + self.extra, request_id=uuid.uuid4().hex)

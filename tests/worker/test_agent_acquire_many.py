@@ -6,7 +6,11 @@ setting off it acquires one task per request as before."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from leasehold.gateway.api import worker as worker_api
 from leasehold.gateway.keys import METRICS
 from support.agent import register_worker, running_agent, write_plugin
 from support.gateway import RunningGateway
@@ -70,4 +74,25 @@ async def test_with_acquire_many_off_every_task_has_its_own_acquire(gateway: Run
                                                                   plugins_dir: Path) -> None:
     made = await run_tasks(gateway, plugins_dir, tasks=6, many=False)
     assert made["/v1/tasks/acquire"] >= 6
+    assert await gateway.count("SELECT count(*) FROM worker_task_attempts WHERE acquire_request_id LIKE '%%#%%'") == 0
+
+
+async def test_an_agent_facing_a_gateway_without_the_fields_falls_back_to_one_task(
+        gateway: RunningGateway, plugins_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Gateway from before several tasks per request refuses the unknown fields (422): the agent
+    then acquires one task per request and carries nothing, and every task completes."""
+    original = worker_api.read_json
+    refused: list[str] = []
+
+    async def older_gateway(request: Any, model: Any) -> Any:
+        parsed = await original(request, model)
+        if getattr(parsed, "max_tasks", None) is not None or getattr(parsed, "acquire", None) is not None:
+            refused.append(model.__name__)
+            model.model_validate({"a_field_an_older_gateway_does_not_know": 1})  # its 422
+        return parsed
+
+    monkeypatch.setattr(worker_api, "read_json", older_gateway)
+    made = await run_tasks(gateway, plugins_dir, tasks=4, many=True)
+    assert refused == ["AcquireRequest"]  # once; nothing carried afterwards
+    assert made["/v1/tasks/{task_id}/attempts/{attempt_id}/complete"] == 4
     assert await gateway.count("SELECT count(*) FROM worker_task_attempts WHERE acquire_request_id LIKE '%%#%%'") == 0
