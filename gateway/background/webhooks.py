@@ -60,7 +60,7 @@ class Sender:
     def lease(self) -> timedelta:
         """How long a claim holds its rows: longer than a batch's sends (side by side) and their
         records can take, so a live sender's row is never taken by another."""
-        return timedelta(seconds=2 * self.timeout + 5)
+        return timedelta(seconds=2 * self.timeout + 1)
 
     async def send_due(self) -> int:
         """Send every due delivery, a batch at a time; how many were sent (delivered or not)."""

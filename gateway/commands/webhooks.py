@@ -20,22 +20,21 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 from uuid import UUID, uuid4
 
 import orjson
 
+from leasehold.client.models import WebhookEventType
 from leasehold.domain.errors import Conflict, InvalidRequest, NotFound
 from leasehold.persistence.transaction import Clock, Database, Transaction, system_clock
 
 __all__ = ["EVENT_TYPES", "TEST_EVENT", "Claimed", "Webhooks", "new_secret", "notify", "notify_scan_finished"]
 
-#: The notifications a subscription can ask for.
-EVENT_TYPES = ("scan.finished", "scan.failed", "task.failed", "task.cancellation_stuck", "worker.gone")
+#: The notifications a subscription can ask for (the operator API's ``WebhookEventType``).
+EVENT_TYPES: tuple[str, ...] = get_args(WebhookEventType)
 #: The test ping's type: sent to the one subscription asked, whatever its filter.
 TEST_EVENT = "webhook.test"
-#: What ``GET …/deliveries?state=`` accepts.
-DELIVERY_STATES = ("pending", "delivered", "dead")
 SECRET_PREFIX = "whsec_"
 
 
