@@ -27,7 +27,7 @@ def documented_verify() -> Callable[..., None]:
     """The ``verify`` function of the guide's Python block, as a reader would paste it."""
     (block,) = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.DOTALL)
     scope: dict[str, Any] = {}
-    exec(compile(block, str(GUIDE), "exec"), scope)  # noqa: S102 - the documented snippet, run as documented
+    exec(compile(block, str(GUIDE), "exec"), scope)  # the documented snippet, run as documented
     return scope["verify"]  # type: ignore[no-any-return]
 
 
@@ -88,6 +88,6 @@ class Receiver:
             await self._runner.cleanup()
             self._runner = None
 
-    async def wait_for(self, count: int, timeout: float = 30.0) -> None:
-        await wait_until(lambda: len(self.processed) >= count, timeout,
+    async def wait_for(self, count: int, within: float = 30.0) -> None:
+        await wait_until(lambda: len(self.processed) >= count, within,
                          what=f"{count} notifications processed", interval=0.05)
