@@ -18,7 +18,7 @@ DELIVERY_STATES: tuple[str, ...] = get_args(DeliveryState)
 
 def register(subparsers: Subparsers) -> None:
     webhooks = subparsers.add_parser(
-        "webhooks", help="notifications to an organisation's URLs, signed (operator API)",
+        "webhooks", help="notifications to an organisation's URLs, signed: subscribe, deliveries, redeliver (operator API)",
         description="Webhook subscriptions through the operator API: `webhooks create URL` (prints the signing "
                     "secret once), `list`, `show`, `delete` (disable), `deliveries` (what was sent, by state), "
                     "`redeliver` and `test`. Each notification is POSTed at least once, signed, with an id "
@@ -27,7 +27,7 @@ def register(subparsers: Subparsers) -> None:
     create = command(commands, "create", "subscribe a URL to notifications",
                      "Subscribe URL to the organisation's notifications. Prints the subscription and its signing "
                      "secret (whsec_…): keep the secret, it is never shown again.", _create)
-    create.add_argument("url", metavar="URL", help="an http:// or https:// URL")
+    create.add_argument("endpoint", metavar="URL", help="where notifications are POSTed: an http:// or https:// URL")
     create.add_argument("--organization", metavar="ORG_ID", help="required with an administrator key")
     create.add_argument("--event", dest="event_types", action="append", choices=EVENT_TYPES, metavar="TYPE",
                         help=f"a notification to send (repeat; default every one): {', '.join(EVENT_TYPES)}")
@@ -74,7 +74,7 @@ def _delivery_line(d: Any) -> str:
 
 
 def _create(args: argparse.Namespace) -> int:
-    hook = run(args, lambda api: api.create_webhook(args.url, organization_id=args.organization,
+    hook = run(args, lambda api: api.create_webhook(args.endpoint, organization_id=args.organization,
                                                     event_types=args.event_types, description=args.description))
     show(args, hook, f"{_line(hook)}\nsecret: {hook.secret}")
     if not args.json:
