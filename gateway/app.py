@@ -162,7 +162,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         services.webhooks, webhooks.session(), timeout=settings.webhook_timeout_seconds,
         max_attempts=settings.webhook_max_attempts,
         backoff=RetryPolicy(base_seconds=settings.webhook_backoff_base_seconds,
-                            cap_seconds=settings.webhook_backoff_cap_seconds))
+                            cap_seconds=settings.webhook_backoff_cap_seconds),
+        on_send=lambda outcome: metrics.webhook_sends.labels(outcome).inc())
     loops.append(asyncio.create_task(
         webhooks.run(sender, settings.webhook_interval_seconds, idle=timedelta(seconds=settings.worker_idle_seconds),
                      gone_every=settings.presence_publish_seconds, on_pass=lambda _: metrics.passed("webhooks")),

@@ -82,7 +82,7 @@ class GatewaySettings(BaseSettings):
     webhook_timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="a webhook receiver must answer within this, else the attempt failed")
     webhook_max_attempts: int = Field(
-        12, ge=1, le=100, description="sends of one webhook delivery before it becomes a dead letter (an "
+        16, ge=1, le=100, description="sends of one webhook delivery before it becomes a dead letter (an "
                                       "operator can redeliver it)")
     webhook_backoff_base_seconds: float = Field(
         5.0, gt=0, le=3600, description="wait after a delivery's first failed send; doubled after each further "

@@ -55,6 +55,8 @@ class Sender:
     backoff: RetryPolicy
     batch: int = 20
     rng: random.Random = field(default_factory=random.Random)
+    #: Told each send's outcome: ``delivered``, ``retry`` or ``dead`` (the Gateway's metrics).
+    on_send: Callable[[str], None] = lambda outcome: None
 
     @property
     def lease(self) -> timedelta:
@@ -91,12 +93,17 @@ class Sender:
             error = f"{type(exc).__name__}: {exc}"
         if not error and status is not None:
             await self.webhooks.delivered(delivery, status)
+            self.on_send("delivered")
             return
         retry_in = self.backoff.delay(delivery.attempts, self.rng.random())
-        log.info("webhook delivery failed", extra={"delivery_id": str(delivery.id), "attempt": delivery.attempts,
-                                                    "status": status, "error": error})
+        dead = delivery.attempts >= self.max_attempts
+        log.log(logging.WARNING if dead else logging.INFO,
+                "webhook delivery dead-lettered" if dead else "webhook delivery failed; retried after a backoff",
+                extra={"delivery_id": str(delivery.id), "subscription_id": str(delivery.subscription_id),
+                       "attempt": delivery.attempts, "status": status, "error": error})
         await self.webhooks.failed(delivery, status=status, error=error, retry_in=retry_in,
                                    max_attempts=self.max_attempts)
+        self.on_send("dead" if dead else "retry")
 
 
 async def run(sender: Sender, interval: float, *, idle: timedelta, gone_every: float,

@@ -20,6 +20,7 @@ from leasehold.client import ApiError, OperatorClient
 from leasehold.gateway.commands.lifecycle import TaskSpec
 from leasehold.gateway.tls import PkiPaths
 from support.bulk import failed_tasks
+from leasehold.gateway.keys import METRICS
 from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
 from support.slim import without_server_env
 from support.waits import wait_until
@@ -155,6 +156,11 @@ async def test_subscriptions_dead_letters_and_redelivery_through_the_typed_clien
             body = receiver.processed[str(ping.id)]
             assert body["type"] == "webhook.test" and body["data"] == {"requested_by": body["data"]["requested_by"]}
             assert receiver.refused == []
+
+            sends = gateway.app[METRICS].registry
+            assert sends.get_sample_value("leasehold_webhook_sends_total", {"outcome": "retry"}) == 1
+            assert sends.get_sample_value("leasehold_webhook_sends_total", {"outcome": "dead"}) == 1
+            assert sends.get_sample_value("leasehold_webhook_sends_total", {"outcome": "delivered"}) == 1
 
             gone = await api.delete_webhook(hook.id)
             assert not gone.enabled and not (await api.get_webhook(hook.id)).enabled
