@@ -77,8 +77,9 @@ class GatewaySettings(BaseSettings):
                             description="tasks a process reaches of one bulk operation before it takes the next "
                                         "(operations run side by side, a batch each in turn)")
     webhook_interval_seconds: float = Field(
-        1.0, gt=0, le=600, description="how often each process sends the due webhook deliveries (a failed one "
-                                       "waits for its backoff); also the longest a new notification waits")
+        2.0, gt=0, le=600, description="how often each process looks for due webhook deliveries and sends them "
+                                       "(one statement when none is due): the longest a new notification waits "
+                                       "before its first send")
     webhook_timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="a webhook receiver must answer within this, else the attempt failed")
     webhook_max_attempts: int = Field(

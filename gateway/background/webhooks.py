@@ -31,7 +31,7 @@ import aiohttp
 
 from leasehold.domain.retry import RetryPolicy
 from leasehold.gateway.background.loops import every
-from leasehold.gateway.commands.webhooks import SECRET_PREFIX, Claimed, Webhooks
+from leasehold.gateway.commands.webhooks import SECRET_PREFIX, Claimed, Outcome, Webhooks
 
 log = logging.getLogger("leasehold.webhooks")
 USER_AGENT = "leasehold-webhooks/1"
@@ -69,13 +69,18 @@ class Sender:
         sent = 0
         while True:
             claimed = await self.webhooks.claim(limit=self.batch, lease=self.lease)
-            await asyncio.gather(*(self.send(d) for d in claimed))
+            if claimed:  # side by side, then their outcomes in one transaction
+                outcomes = await asyncio.gather(*(self.send(d) for d in claimed))
+                await self.webhooks.record(outcomes, max_attempts=self.max_attempts)
+                for outcome in outcomes:
+                    self.on_send("delivered" if outcome.error is None else
+                                 "dead" if outcome.delivery.attempts >= self.max_attempts else "retry")
             sent += len(claimed)
             if len(claimed) < self.batch:
                 return sent
 
-    async def send(self, delivery: Claimed) -> None:
-        """One attempt of ``delivery``, and its outcome recorded."""
+    async def send(self, delivery: Claimed) -> Outcome:
+        """One attempt of ``delivery``; how it went (recorded by the caller)."""
         body = delivery.body()
         timestamp = int(time.time())
         headers = {"content-type": "application/json", "user-agent": USER_AGENT,
@@ -86,24 +91,19 @@ class Sender:
             async with self.session.post(delivery.url, data=body, headers=headers, allow_redirects=False,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout)) as reply:
                 status = reply.status
-            error = "" if 200 <= status < 300 else f"answered {status}"
+            if 200 <= status < 300:
+                return Outcome(delivery, status)
+            error = f"answered {status}"
         except TimeoutError:
             error = f"no answer within {self.timeout:g} s"
         except aiohttp.ClientError as exc:
             error = f"{type(exc).__name__}: {exc}"
-        if not error and status is not None:
-            await self.webhooks.delivered(delivery, status)
-            self.on_send("delivered")
-            return
-        retry_in = self.backoff.delay(delivery.attempts, self.rng.random())
         dead = delivery.attempts >= self.max_attempts
         log.log(logging.WARNING if dead else logging.INFO,
                 "webhook delivery dead-lettered" if dead else "webhook delivery failed; retried after a backoff",
                 extra={"delivery_id": str(delivery.id), "subscription_id": str(delivery.subscription_id),
                        "attempt": delivery.attempts, "status": status, "error": error})
-        await self.webhooks.failed(delivery, status=status, error=error, retry_in=retry_in,
-                                   max_attempts=self.max_attempts)
-        self.on_send("dead" if dead else "retry")
+        return Outcome(delivery, status, error, self.backoff.delay(delivery.attempts, self.rng.random()))
 
 
 async def run(sender: Sender, interval: float, *, idle: timedelta, gone_every: float,

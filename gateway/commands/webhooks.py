@@ -9,8 +9,8 @@ cause one call :func:`notify` (a task failed terminally or a cancellation never 
 records the absence.
 
 Delivery (:mod:`gateway.background.webhooks`) takes due rows with :meth:`Webhooks.claim` and
-records each outcome with :meth:`Webhooks.delivered` or :meth:`Webhooks.failed`; a row is sent at
-least once, and its id lets a receiver drop the repeats.
+records a batch's outcomes with :meth:`Webhooks.record`; a row is sent at least once, and its id
+lets a receiver drop the repeats.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from leasehold.client.models import WebhookEventType
 from leasehold.domain.errors import Conflict, InvalidRequest, NotFound
 from leasehold.persistence.transaction import Clock, Database, Transaction, system_clock
 
-__all__ = ["EVENT_TYPES", "TEST_EVENT", "Claimed", "Webhooks", "new_secret", "notify", "notify_scan_finished"]
+__all__ = ["EVENT_TYPES", "TEST_EVENT", "Claimed", "Outcome", "Webhooks", "new_secret", "notify", "notify_scan_finished"]
 
 #: The notifications a subscription can ask for (the operator API's ``WebhookEventType``).
 EVENT_TYPES: tuple[str, ...] = get_args(WebhookEventType)
@@ -80,6 +80,17 @@ class Claimed:
         """The JSON body: the same bytes at every attempt (a retry is the same notification)."""
         return orjson.dumps({"id": str(self.id), "type": self.event_type, "timestamp": self.created_at,
                              "organization_id": str(self.organization_id), "data": self.payload})
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one send of a delivery went: ``error`` None when the receiver answered 2xx; else why
+    not, and when to send it again (``retry_in``)."""
+
+    delivery: Claimed
+    status: int | None
+    error: str | None = None
+    retry_in: timedelta = timedelta(0)
 
 
 class Webhooks:
@@ -161,17 +172,21 @@ class Webhooks:
                         event_type=r.event_type, payload=r.payload, created_at=r.created_at, attempts=r.attempts,
                         claims=r.claims, url=r.url, secret=r.secret) for r in found]
 
-    async def delivered(self, delivery: Claimed, status: int) -> None:
+    async def record(self, outcomes: list[Outcome], *, max_attempts: int) -> None:
+        """Record a batch of sends in one transaction (a statement for the delivered ones, one for
+        the failed ones): a failed one is due again after its ``retry_in``, or a dead letter once it
+        was sent ``max_attempts`` times. An outcome of a take that lapsed meanwhile is ignored."""
+        delivered = [o for o in outcomes if o.error is None]
+        failed = [o for o in outcomes if o.error is not None]
         async with self.db.transaction() as tx:
-            tx.write("webhook_deliveries", "webhook_delivery_delivered", {
-                "id": delivery.id, "claims": delivery.claims, "status": status, "now": self.clock()})
-            await tx.commit()
-
-    async def failed(self, delivery: Claimed, *, status: int | None, error: str, retry_in: timedelta,
-                     max_attempts: int) -> None:
-        """A failed send: due again after ``retry_in``, or a dead letter after ``max_attempts``."""
-        async with self.db.transaction() as tx:
-            tx.write("webhook_deliveries", "webhook_delivery_failed", {
-                "id": delivery.id, "claims": delivery.claims, "status": status, "error": error[:1000],
-                "retry_seconds": retry_in.total_seconds(), "max_attempts": max_attempts, "now": self.clock()})
+            if delivered:
+                tx.write("webhook_deliveries", "webhook_deliveries_delivered", {
+                    "ids": [o.delivery.id for o in delivered], "claims": [o.delivery.claims for o in delivered],
+                    "statuses": [o.status for o in delivered], "now": self.clock()})
+            if failed:
+                tx.write("webhook_deliveries", "webhook_deliveries_failed", {
+                    "ids": [o.delivery.id for o in failed], "claims": [o.delivery.claims for o in failed],
+                    "statuses": [o.status for o in failed], "errors": [(o.error or "")[:1000] for o in failed],
+                    "retry_seconds": [o.retry_in.total_seconds() for o in failed], "max_attempts": max_attempts,
+                    "now": self.clock()})
             await tx.commit()

@@ -105,18 +105,24 @@ UPDATE webhook_deliveries d
 RETURNING d.id, d.subscription_id, d.organization_id, d.event_type, d.payload, d.created_at, d.attempts,
           d.claims, s.url, s.secret
 
--- name: webhook_delivery_delivered
-UPDATE webhook_deliveries
-   SET delivered_at = coalesce(%(now)s::timestamptz, now()), last_status = %(status)s, last_error = NULL
- WHERE id = %(id)s AND claims = %(claims)s AND delivered_at IS NULL AND dead_lettered_at IS NULL
+-- name: webhook_deliveries_delivered
+-- A sender's batch of 2xx answers, in one statement; each row only if it is still that sender's
+-- take (claims) and not ended meanwhile.
+UPDATE webhook_deliveries d
+   SET delivered_at = coalesce(%(now)s::timestamptz, now()), last_status = u.status, last_error = NULL
+  FROM unnest(%(ids)s::uuid[], %(claims)s::int[], %(statuses)s::int[]) AS u(id, claims, status)
+ WHERE d.id = u.id AND d.claims = u.claims AND d.delivered_at IS NULL AND d.dead_lettered_at IS NULL
 
--- name: webhook_delivery_failed
--- A failed send: again after retry_seconds, or a dead letter once the attempts are spent.
-UPDATE webhook_deliveries
-   SET last_status = %(status)s, last_error = %(error)s,
-       next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(retry_seconds)s),
-       dead_lettered_at = CASE WHEN attempts >= %(max_attempts)s THEN coalesce(%(now)s::timestamptz, now()) END
- WHERE id = %(id)s AND claims = %(claims)s AND delivered_at IS NULL AND dead_lettered_at IS NULL
+-- name: webhook_deliveries_failed
+-- A sender's batch of failed sends: each due again after its backoff, or a dead letter once its
+-- attempts are spent.
+UPDATE webhook_deliveries d
+   SET last_status = u.status, last_error = u.error,
+       next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => u.retry_seconds),
+       dead_lettered_at = CASE WHEN d.attempts >= %(max_attempts)s THEN coalesce(%(now)s::timestamptz, now()) END
+  FROM unnest(%(ids)s::uuid[], %(claims)s::int[], %(statuses)s::int[], %(errors)s::text[],
+              %(retry_seconds)s::float8[]) AS u(id, claims, status, error, retry_seconds)
+ WHERE d.id = u.id AND d.claims = u.claims AND d.delivered_at IS NULL AND d.dead_lettered_at IS NULL
 
 -- name: webhook_delivery_redeliver
 -- Due again now, with a fresh budget of attempts; same id, so receivers still deduplicate it.

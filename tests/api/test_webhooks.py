@@ -18,9 +18,9 @@ from test_finding_work_cli import leasehold
 
 from leasehold.client import ApiError, OperatorClient
 from leasehold.gateway.commands.lifecycle import TaskSpec
+from leasehold.gateway.keys import METRICS
 from leasehold.gateway.tls import PkiPaths
 from support.bulk import failed_tasks
-from leasehold.gateway.keys import METRICS
 from support.gateway import ADMIN_KEY, RunningGateway, running_gateway
 from support.slim import without_server_env
 from support.waits import wait_until

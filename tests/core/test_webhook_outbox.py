@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from leasehold.gateway.commands.webhooks import notify
+from leasehold.gateway.commands.webhooks import Outcome, notify
 from support.core import World
 
 
@@ -124,11 +124,11 @@ async def test_racing_senders_take_disjoint_rows_and_a_lapsed_claim_is_taken_aga
     world.clock.advance(11)  # the senders died: their claims lapse
     again = await webhooks.claim(limit=50, lease=lease)
     assert sorted(d.id for d in again) == sorted(ids) and {d.claims for d in again} == {2}
-    await webhooks.delivered(first[0], 200)  # the dead sender's late outcome: ignored
-    await webhooks.failed(first[1], status=500, error="late", retry_in=timedelta(0), max_attempts=1)
+    await webhooks.record([Outcome(first[0], 200), Outcome(first[1], 500, "late")],
+                          max_attempts=1)  # the dead senders' late outcomes: ignored
     states = await rows(world, "SELECT count(*) FILTER (WHERE delivered_at IS NULL AND dead_lettered_at IS NULL) "
                                "FROM webhook_deliveries WHERE subscription_id = %s", subscription)
     assert states == [(15,)]
     mine = next(d for d in again if d.id == first[0].id)
-    await webhooks.delivered(mine, 204)
+    await webhooks.record([Outcome(mine, 204)], max_attempts=1)
     assert await rows(world, "SELECT last_status FROM webhook_deliveries WHERE id = %s", mine.id) == [(204,)]
