@@ -17,8 +17,8 @@ from support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.slow
 
-SCANS = 30
-OPTIONS = {"webhook_interval_seconds": 0.05, "webhook_timeout_seconds": 1, "webhook_backoff_base_seconds": 0.1,
+SCANS = 30  # more than a batch (20): some wait unsent at the kill
+OPTIONS = {"webhook_interval_seconds": 0.05, "webhook_timeout_seconds": 0.5, "webhook_backoff_base_seconds": 0.1,
            "webhook_backoff_cap_seconds": 0.5}
 
 
