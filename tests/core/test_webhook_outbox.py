@@ -132,3 +132,14 @@ async def test_racing_senders_take_disjoint_rows_and_a_lapsed_claim_is_taken_aga
     mine = next(d for d in again if d.id == first[0].id)
     await webhooks.record([Outcome(mine, 204)], max_attempts=1)
     assert await rows(world, "SELECT last_status FROM webhook_deliveries WHERE id = %s", mine.id) == [(204,)]
+
+
+async def test_a_legacy_executed_scan_reported_failed_notifies_once(world: World) -> None:
+    subscription = await subscribe(world, "scan.failed", "scan.finished")
+    scan = await world.scans.create_scan(world.org, {"targets": ["127.0.0.1"]}, execution_mode="legacy")
+    legacy = world.services.legacy
+    await legacy.record_status(scan, "running")
+    assert await queued(world, subscription) == []
+    await legacy.record_status(scan, "failed")
+    await legacy.record_status(scan, "failed")  # a repeat changes nothing, notifies nothing
+    assert await queued(world, subscription) == [("scan.failed", {"scan_id": str(scan), "status": "failed"})]
