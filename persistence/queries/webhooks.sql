@@ -26,8 +26,7 @@ UPDATE webhook_subscriptions SET enabled = false, updated_at = coalesce(%(now)s:
 WHERE id = %(subscription_id)s AND enabled
 
 -- name: webhook_deliveries_dead_letter_subscription
--- A disabled subscription's pending deliveries end as dead letters (redeliverable once it is
--- enabled again: never silently dropped).
+-- A disabled subscription's pending deliveries end as dead letters: kept on the record, never sent.
 UPDATE webhook_deliveries
    SET dead_lettered_at = coalesce(%(now)s::timestamptz, now()), last_error = 'the subscription was disabled'
  WHERE subscription_id = %(subscription_id)s AND delivered_at IS NULL AND dead_lettered_at IS NULL
@@ -89,6 +88,8 @@ SELECT (SELECT count(*) FROM noticed) AS workers, (SELECT count(*) FROM queued) 
 -- rows, and next_attempt_at moved past the sender's timeout (the claim's lease) so no other sender
 -- takes them while this one sends; a sender that dies leaves them due again once it passes.
 -- `claims` is the fencing token of the take: an outcome is recorded only by the take it belongs to.
+-- A disabled subscription's rows are never taken (one queued while it was being disabled stays
+-- pending, on the record: never sent after the subscription was disabled).
 UPDATE webhook_deliveries d
    SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
        attempts = d.attempts + 1,
@@ -98,9 +99,11 @@ UPDATE webhook_deliveries d
  WHERE d.id = ANY(ARRAY(SELECT due.id FROM webhook_deliveries due
                          WHERE due.delivered_at IS NULL AND due.dead_lettered_at IS NULL
                            AND due.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+                           AND EXISTS (SELECT 1 FROM webhook_subscriptions live
+                                        WHERE live.id = due.subscription_id AND live.enabled)
                          ORDER BY due.next_attempt_at
                          LIMIT %(limit)s
-                         FOR UPDATE SKIP LOCKED))
+                         FOR UPDATE OF due SKIP LOCKED))
    AND s.id = d.subscription_id
 RETURNING d.id, d.subscription_id, d.organization_id, d.event_type, d.payload, d.created_at, d.attempts,
           d.claims, s.url, s.secret

@@ -143,3 +143,21 @@ async def test_a_legacy_executed_scan_reported_failed_notifies_once(world: World
     await legacy.record_status(scan, "failed")
     await legacy.record_status(scan, "failed")  # a repeat changes nothing, notifies nothing
     assert await queued(world, subscription) == [("scan.failed", {"scan_id": str(scan), "status": "failed"})]
+
+
+async def test_a_disabled_subscription_is_sent_nothing_more(world: World) -> None:
+    subscription = await subscribe(world, "scan.finished")
+    webhooks = world.services.webhooks
+    async with world.services.db.transaction() as tx:
+        notify(tx, world.org, "scan.finished", {"n": 1}, world.clock())
+        await tx.commit()
+    await webhooks.disable(subscription)
+    # A row queued by a transaction that still saw the subscription enabled (it raced the disable).
+    await rows(world, "INSERT INTO webhook_deliveries (id, subscription_id, organization_id, event_type, payload, "
+                      "created_at, next_attempt_at) VALUES (gen_random_uuid(), %s, %s, 'scan.finished', '{}', %s, %s) "
+                      "RETURNING id", subscription, world.org, world.clock.now, world.clock.now)
+    assert await webhooks.claim(limit=10, lease=timedelta(seconds=10)) == []
+    states = await rows(world, "SELECT dead_lettered_at IS NOT NULL, last_error FROM webhook_deliveries "
+                               "WHERE subscription_id = %s ORDER BY created_at, dead_lettered_at NULLS LAST",
+                        subscription)
+    assert sorted(states, key=str) == sorted([(True, "the subscription was disabled"), (False, None)], key=str)
