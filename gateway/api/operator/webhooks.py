@@ -35,6 +35,8 @@ from leasehold.gateway.auth import operator_identity
 from leasehold.gateway.identity import Operator
 
 routes = RouteTable()
+#: What the schema can say of a webhook URL (the validator checks the rest: the port's range).
+URL_PATTERN = r"^https?://([^\s/?#@:\[\]]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?#]\S*)?$"
 WEBHOOK_PATH = "/v1/webhooks/{webhook_id}"
 DELIVERY_PATH = WEBHOOK_PATH + "/deliveries/{delivery_id}"
 
@@ -42,8 +44,8 @@ DELIVERY_PATH = WEBHOOK_PATH + "/deliveries/{delivery_id}"
 class CreateWebhook(Body):
     organization_id: UUID | None = Field(None, description="required with an administrator key; an "
                                                            "organisation key: its own (the default)")
-    url: Annotated[StrictStr, Field(min_length=1, max_length=2000)] = Field(
-        description="where notifications are POSTed: an http:// or https:// URL with a host")
+    url: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=URL_PATTERN)] = Field(
+        description="where notifications are POSTed: an http:// or https:// URL with a host, without credentials")
     event_types: list[WebhookEventType] | None = Field(
         None, max_length=10, description="the notifications to send (default: every type)")
     description: Annotated[StrictStr, Field(min_length=1, max_length=200, pattern=TRIMMED)] | None = None
