@@ -78,7 +78,7 @@ class GatewaySettings(BaseSettings):
                                         "(operations run side by side, a batch each in turn)")
     webhook_interval_seconds: float = Field(
         2.0, gt=0, le=600, description="how often each process looks for due webhook deliveries and sends them "
-                                       "(one statement when none is due): the longest a new notification waits "
+                                       "(one transaction when none is due): the longest a new notification waits "
                                        "before its first send")
     webhook_timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="a webhook receiver must answer within this, else the attempt failed")

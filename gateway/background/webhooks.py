@@ -11,7 +11,7 @@ else (another status, a refused connection, no answer within the timeout) is ret
 exponential backoff with jitter, and after ``max_attempts`` sends it becomes a dead letter that
 an operator can redeliver. Racing senders never send one row at once (:meth:`Webhooks.claim`);
 a sender killed mid-send leaves its rows due again once their claim's lease has passed, so a
-notification may arrive twice but is never lost.
+notification may arrive more than once, but is never lost.
 """
 
 from __future__ import annotations
