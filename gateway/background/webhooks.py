@@ -64,9 +64,12 @@ class Sender:
         records can take, so a live sender's row is never taken by another."""
         return timedelta(seconds=2 * self.timeout + 1)
 
-    async def send_due(self) -> int:
-        """Send every due delivery, a batch at a time; how many were sent (delivered or not)."""
+    async def send_due(self, *, budget: float = 30.0) -> int:
+        """Send the due deliveries, a batch at a time, until none is due or ``budget`` seconds have
+        passed (a pass ends, so a long backlog still shows the loop passing); how many were sent
+        (delivered or not)."""
         sent = 0
+        deadline = time.monotonic() + budget
         while True:
             claimed = await self.webhooks.claim(limit=self.batch, lease=self.lease)
             if claimed:  # side by side, then their outcomes in one transaction
@@ -76,7 +79,7 @@ class Sender:
                     self.on_send("delivered" if outcome.error is None else
                                  "dead" if outcome.delivery.attempts >= self.max_attempts else "retry")
             sent += len(claimed)
-            if len(claimed) < self.batch:
+            if len(claimed) < self.batch or time.monotonic() >= deadline:
                 return sent
 
     async def send(self, delivery: Claimed) -> Outcome:
