@@ -11,14 +11,20 @@ Prints numbers, asserts nothing. In one run, on one server:
 4. ``long_poll``: a worker waits in acquire; another connection creates a task; the time until
    the worker's answer arrives (p50/p99 over K tries) — NOTIFY wake-up, not a poll tick.
 
-With ``--tracing on`` the Gateway traces (OTLP/HTTP to a sink in this process, ``--sampling``
-of the traces, 10% by default); ``--tracing both`` drains the queue ``--rounds`` times each way,
-off and on alternately (a fresh database and Gateway per round, so the box's other load falls on
-both), and prints the overhead of tracing per task.
+Tracing: a mode ending in ``+traced`` drains through a Gateway that traces (OTLP/HTTP to a sink
+in this process, ``--sampling`` of the traces, 10% by default); ``--tracing both`` adds the
+traced twin of every mode, ``--tracing on`` traces them all. The Gateway is restarted whenever
+the next drain's tracing differs, and with both kinds a ``tracing_overhead`` line compares their
+medians per mode (Gateway CPU per task, tasks/s) with the load average.
+
+Several leases per request: ``--max-tasks K`` (each acquire asks for up to K leases; a loop
+completes them one after the other) and ``--carry-acquire`` (a completion that leaves the loop
+without a lease carries the next acquire); ``--modes v1,8,8+carry --rounds 2`` drains once per
+mode, alternating, on one Gateway (each on a fresh queue). Each drain prints the requests per
+task it measured, the histogram of leases per answer and the load average.
 
 Usage: ``.venv/bin/python bench/gateway_lifecycle.py [--tasks 6000] [--loops 24] [--processes 2]
-[--profile] [--tracing off|on|both]``. It drops and recreates the scratch databases
-``leasehold_gw*`` on the server.
+[--max-tasks K] [--carry-acquire] [--modes M,...] [--rounds R] [--tracing off|on|both] [--profile]``. It drops and recreates the scratch databases ``leasehold_gw*`` on the server.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -42,7 +49,7 @@ from uuid import UUID
 import aiohttp
 import orjson
 from common import CpuMeter, recreate_database, resolve_server_url
-from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
+from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit, server_counters
 
 from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
 from leasehold.domain.results import payload_sha256
@@ -137,66 +144,187 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
                                              max_concurrent_tasks=64)
         await registry.assign_worker(wid, org)
         certs.append(cert.cert_path)
-    await enqueue(lifecycle, services.scans, org, scans, tasks)
+    await queue_tasks(lifecycle, services.scans, org, tasks, scans)
     return certs, lifecycle, services.scans, (pool, org)
 
 
-async def enqueue(lifecycle: Lifecycle, scans_service: Scans, org: UUID, scans: int, tasks: int) -> None:
-    """Queue ``tasks`` tasks over ``scans`` new scans of ``org`` through the service layer."""
-    scan_ids = [await scans_service.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
+async def queue_tasks(lifecycle: Lifecycle, scans: Scans, org: UUID, tasks: int, scan_count: int) -> None:
+    """``tasks`` tasks, spread over ``scan_count`` new scans."""
+    scan_ids = [await scans.create_scan(org, {"targets": ["bench"]}) for _ in range(scan_count)]
     spec = TaskSpec(task_type="probe", scope={"targets": ["192.0.2.10"]}, lease_seconds=60,
                     execution_timeout_seconds=600)
     sem = asyncio.Semaphore(8)
 
     async def create(i: int) -> None:
         async with sem:
-            await lifecycle.create_task(scan_ids[i % len(scan_ids)], spec)
+            await lifecycle.create_task(scan_ids[i % scan_count], spec)
 
     await asyncio.gather(*(create(i) for i in range(tasks)))
 
 
-async def drain(workers: list[Worker], loops: int, tasks: int, step_by_step: bool = False) -> dict[str, Any]:
+async def settled(server: str, dbname: str) -> dict[str, int]:
+    """``dbname``'s pg_stat_database counters once every backend has flushed its statistics: an
+    idle backend flushes within 10 s, so this waits 11 s (only with ``--db-counters``)."""
+    await asyncio.sleep(11)
+    return await asyncio.to_thread(server_counters, server, dbname)
+
+
+def load_average() -> str:
+    """The box's load average (1, 5, 15 minutes) now: the benchmark shares it."""
+    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the worker loops acquire: ``max_tasks`` leases per acquire (None: a one-task acquire,
+    the protocol's first version, without the field), and whether each completion carries the
+    next acquire (``carry``) when the loop has no lease left."""
+
+    max_tasks: int | None = None
+    carry: bool = False
+    traced: bool = False  # through a Gateway that traces (OTEL_*, see tracing_env)
+
+    @property
+    def name(self) -> str:
+        return (("v1" if self.max_tasks is None else f"max{self.max_tasks}") + ("+carry" if self.carry else "")
+                + ("+traced" if self.traced else ""))
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        """``8``, ``8+carry``, ``1+carry`` or ``v1`` (one task, no new field), each maybe ending
+        in ``+traced``."""
+        count, *extras = text.split("+")
+        if any(extra not in ("carry", "traced") for extra in extras):
+            raise argparse.ArgumentTypeError(f"unknown mode {text!r}: N, N+carry or v1, then maybe +traced")
+        return cls(None if count == "v1" else int(count), "carry" in extras, "traced" in extras)
+
+
+class TraceSink:
+    """An OTLP/HTTP trace receiver that answers every export and counts what it got (the traced
+    Gateway's exporter does its whole work: encoding, sending)."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+        self.bytes = 0
+        self.runner: Any = None
+
+    async def start(self) -> str:
+        from aiohttp import web
+
+        async def export(request: web.Request) -> web.Response:
+            self.exports += 1
+            self.bytes += len(await request.read())
+            return web.Response(content_type="application/x-protobuf")
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/traces", export)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1/traces"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def tracing_env(sink: str, sampling: float) -> dict[str, str]:
+    """A traced Gateway's standard OTEL_* settings: OTLP/HTTP to ``sink``, ``sampling`` of the traces."""
+    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(sampling)}
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def tracing_overhead(drains: list[tuple[Mode, dict[str, Any]]], sampling: float, sink: TraceSink) -> None:
+    """Per mode drained both untraced and traced: the medians of each, and the overhead."""
+    for base in dict.fromkeys(replace(mode, traced=False) for mode, _ in drains):
+        off = [g for mode, g in drains if mode == base]
+        on = [g for mode, g in drains if mode == replace(base, traced=True)]
+        if not off or not on:
+            continue
+        cpu_off = median([g["cpu_ms_per_task"]["gateway"] for g in off])
+        cpu_on = median([g["cpu_ms_per_task"]["gateway"] for g in on])
+        rate_off, rate_on = median([g["tasks_per_s"] for g in off]), median([g["tasks_per_s"] for g in on])
+        print(f"tracing_overhead mode={base.name} sampling={sampling} drains={len(off)}+{len(on)} "
+              f"gateway_cpu_ms_per_task={round(cpu_off, 3)}/{round(cpu_on, 3)} "
+              f"gateway_cpu_per_task_pct={round((cpu_on / cpu_off - 1) * 100, 1) if cpu_off else 0} "
+              f"tasks_per_s={rate_off}/{rate_on} tasks_per_s_pct={round((1 - rate_on / rate_off) * 100, 1) if rate_off else 0} "
+              f"exports={sink.exports} export_bytes={sink.bytes} loadavg={load_average()}")
+
+
+async def drain(workers: list[Worker], loops: int, tasks: int, step_by_step: bool = False,
+                mode: Mode = Mode()) -> dict[str, Any]:
     """Run ``loops`` worker loops until the queue is empty (204) or ``tasks`` completed here: each
     task is acquire -> complete carrying the final batch (as the worker agent does), or with
-    ``step_by_step`` acquire -> results (final) -> complete."""
-    done = 0
+    ``step_by_step`` acquire -> results (final) -> complete. With ``mode``, an acquire asks for
+    up to ``max_tasks`` leases (the loop completes them one after the other), and a completion
+    that leaves the loop without a lease carries the next acquire."""
+    done = requests = 0
     latencies: list[float] = []
     errors: dict[str, int] = {}
+    sizes: dict[int, int] = {}  # leases per answer (acquire answers, and carried ones) -> answers
+
+    def leases_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+        if body.get("leases") is not None:
+            return list(body["leases"])
+        return [body["lease"]] if body.get("lease") else []
 
     async def loop(w: Worker) -> None:
-        nonlocal done
+        nonlocal done, requests
+        pending: list[dict[str, Any]] = []
         while done < tasks:
-            t0 = time.perf_counter()
-            status, body = await w.post("/v1/tasks/acquire", {"wait_seconds": 0})
-            latencies.append(time.perf_counter() - t0)
-            if status == 204:
-                return
-            if status != 200 or body["lease"] is None:
-                errors[f"acquire {status}"] = errors.get(f"acquire {status}", 0) + 1
-                continue
-            lease = body["lease"]
+            if not pending:
+                request: dict[str, Any] = {"wait_seconds": 0}
+                if mode.max_tasks is not None:
+                    request["max_tasks"] = mode.max_tasks
+                t0 = time.perf_counter()
+                status, body = await w.post("/v1/tasks/acquire", request)
+                latencies.append(time.perf_counter() - t0)
+                requests += 1
+                if status == 204:
+                    return
+                pending = leases_of(body) if status == 200 else []
+                if not pending:
+                    errors[f"acquire {status}"] = errors.get(f"acquire {status}", 0) + 1
+                    continue
+                sizes[len(pending)] = sizes.get(len(pending), 0) + 1
+            lease = pending.pop(0)
             base = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}"
             token = lease["lease_token"]
             batch = {"sequence_number": 1, "idempotency_key": "final", "payload_sha256": SHA, "payload": RECORDS}
             complete: dict[str, Any] = {"lease_token": token, "final_batch": batch}
             if step_by_step:
                 status, _ = await w.post(base + "/results", {"lease_token": token, **batch, "final": True})
+                requests += 1
                 if status != 200:
                     errors[f"results {status}"] = errors.get(f"results {status}", 0) + 1
                     continue
                 complete = {"lease_token": token}
-            status, _ = await w.post(base + "/complete", complete)
+            carried = mode.carry and not pending and done + 1 < tasks
+            if carried:
+                complete["acquire"] = {"max_tasks": mode.max_tasks or 1}
+            status, body = await w.post(base + "/complete", complete)
+            requests += 1
             if status == 200:
                 done += 1
+                if carried:
+                    pending = leases_of(body)
+                    if pending:
+                        sizes[len(pending)] = sizes.get(len(pending), 0) + 1
             else:
                 errors[f"complete {status}"] = errors.get(f"complete {status}", 0) + 1
 
     await asyncio.gather(*(loop(workers[i % len(workers)]) for i in range(loops)))
-    return {"tasks": done, "latencies": latencies, "errors": errors}
+    return {"tasks": done, "latencies": latencies, "errors": errors, "requests": requests, "sizes": sizes}
 
 
 def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int, step_by_step: bool,
-                   start: Any, out: Any) -> None:
+                   mode: Mode, start: Any, out: Any) -> None:
     """One client process: its own event loop and sessions (the client is CPU-heavy too)."""
 
     async def main() -> dict[str, Any]:
@@ -204,7 +332,7 @@ def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int,
                           limit=max(1, loops // len(certs) + 1)) for c in certs]
         try:
             start.wait()
-            return await drain(workers, loops, tasks, step_by_step)
+            return await drain(workers, loops, tasks, step_by_step, mode)
         finally:
             for w in workers:
                 await w.session.close()
@@ -213,13 +341,13 @@ def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int,
 
 
 def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks: int,
-                       processes: int, step_by_step: bool = False) -> dict[str, Any]:
+                       processes: int, step_by_step: bool = False, mode: Mode = Mode()) -> dict[str, Any]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_drain_process, args=(base, str(ca), [str(c) for c in certs[i::processes]],
-                                                      loops // processes, tasks, step_by_step, start, out))
+                                                      loops // processes, tasks, step_by_step, mode, start, out))
              for i in range(processes)]
     for p in procs:
         p.start()
@@ -233,13 +361,19 @@ def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks
     done = sum(part["tasks"] for part in parts)
     latencies = [x for part in parts for x in part["latencies"]]
     errors: dict[str, int] = {}
+    sizes: dict[int, int] = {}
     for part in parts:
         for k, v in part["errors"].items():
             errors[k] = errors.get(k, 0) + v
-    return {"tasks": done, "seconds": round(elapsed, 2), "tasks_per_s": round(done / elapsed),
+        for n, count in part["sizes"].items():
+            sizes[n] = sizes.get(n, 0) + count
+    requests = sum(part["requests"] for part in parts)
+    return {"mode": mode.name, "tasks": done, "seconds": round(elapsed, 2), "tasks_per_s": round(done / elapsed),
             "acquire_p50_ms": round(percentile(latencies, 50) * 1000, 2),
             "acquire_p99_ms": round(percentile(latencies, 99) * 1000, 2), "errors": errors,
-            "client_processes": processes}
+            "client_processes": processes, "requests": requests,
+            "requests_per_task": round(requests / max(done, 1), 3),
+            "leases_per_answer": dict(sorted(sizes.items()))}
 
 
 def cpu_per_task(used: dict[str, float], tasks: int) -> dict[str, float]:
@@ -286,153 +420,6 @@ async def long_poll(worker: Worker, lifecycle: Lifecycle, scans: Scans, org: UUI
             "p99_ms": round(percentile(delays, 99) * 1000, 2)}
 
 
-class TraceSink:
-    """An OTLP/HTTP trace receiver that answers every export and counts what it got (the
-    Gateway's exporter does its whole work: encoding, sending)."""
-
-    def __init__(self) -> None:
-        self.exports = 0
-        self.bytes = 0
-        self.runner: Any = None
-
-    async def start(self) -> str:
-        from aiohttp import web
-
-        async def export(request: web.Request) -> web.Response:
-            self.exports += 1
-            self.bytes += len(await request.read())
-            return web.Response(content_type="application/x-protobuf")
-
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/traces", export)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1/traces"
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-
-
-def tracing_env(sink: str, sampling: float) -> dict[str, str]:
-    """The Gateway's standard OTEL_* settings: OTLP/HTTP to ``sink``, ``sampling`` of the traces."""
-    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink,
-            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(sampling)}
-
-
-async def gateway_round(server: str, args: argparse.Namespace, *, envs: list[dict[str, str] | None],
-                        long_poll_tries: int) -> list[dict[str, Any]]:
-    """One scratch database and fleet; for each of ``envs`` (a Gateway's OTEL_* settings; None:
-    tracing off) a queue of ``--tasks`` drained through a fresh Gateway; then ``long_poll_tries``
-    long-poll wake-ups (through the last). The results of each drain."""
-    url = recreate_database(server, args.scratch_prefix)
-    migrate.upgrade(url)
-    drains: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        pki = init_pki(Path(tmp) / "pki")
-        certs, lifecycle, scans, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks, args.scans)
-        try:
-            for n, env in enumerate(envs):
-                if n:  # the queue drained by the previous Gateway: a new one of the same size
-                    await enqueue(lifecycle, scans, org, args.scans, args.tasks)
-                results = await _drain_through(url, pki, certs, args, env, lifecycle, scans, org,
-                                               long_poll_tries if n == len(envs) - 1 else 0)
-                drains.append(results)
-        finally:
-            await pool.close()
-    return drains
-
-
-async def _drain_through(url: str, pki: Any, certs: list[Path], args: argparse.Namespace,
-                         env: dict[str, str] | None, lifecycle: Lifecycle, scans: Scans, org: UUID,
-                         long_poll_tries: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    profile = Path(args.profile) if args.profile else None
-    gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile, env)
-    base = f"https://localhost:{gateway.worker_port}"
-    workers = [Worker(base, client_ssl_context(pki.ca_cert, c, c.with_name(c.stem + "-key.pem")),
-                      limit=max(1, args.loops // len(certs) + 1)) for c in certs]
-    try:
-        await gateway.ready(pki.ca_cert)
-        meter = CpuMeter({"gateway": gateway.proc.pid})
-        results["gateway"] = await asyncio.to_thread(
-            drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
-            args.step_by_step)
-        g = results["gateway"]
-        g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
-        if long_poll_tries:
-            results["long_poll"] = await long_poll(workers[0], lifecycle, scans, org, long_poll_tries)
-    finally:
-        for w in workers:
-            await w.session.close()
-        gateway.stop()
-    if profile is not None:
-        import pstats
-
-        print("# profile of the Gateway process (top 25 by cumulative time):")
-        pstats.Stats(str(profile)).sort_stats("cumulative").print_stats(25)
-    return results
-
-
-def print_drain(args: argparse.Namespace, g: dict[str, Any], label: str = "") -> None:
-    print(f"gateway_lifecycle processes={1 if args.profile else args.processes} loops={args.loops} "
-          f"client_processes={args.client_processes} "
-          f"requests_per_task={3 if args.step_by_step else 2} "
-          f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
-          f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}{label}")
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-async def tracing_rounds(server: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``--tracing both``: rounds off and on, alternately; per round and the medians, and the
-    overhead of tracing per task (Gateway CPU per task, and tasks/s)."""
-    sink = TraceSink()
-    env = tracing_env(await sink.start(), args.sampling)
-    rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    # off, on, on, off, off, on, ...: each mode as often first as second (a later drain meets a
-    # longer log and warmer caches).
-    modes = [mode for i in range(args.rounds) for mode in (("off", "on") if i % 2 == 0 else ("on", "off"))]
-    try:
-        drains = await gateway_round(server, args, envs=[env if mode == "on" else None for mode in modes],
-                                     long_poll_tries=args.long_poll_tries)
-    finally:
-        await sink.stop()
-    for n, (mode, results) in enumerate(zip(modes, drains, strict=True)):
-        g = results["gateway"]
-        rounds[mode].append(g)
-        print_drain(args, g, f" round={n // 2 + 1} tracing={mode}")
-        print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
-              + f" round={n // 2 + 1} tracing={mode}")
-    lp = drains[-1]["long_poll"]
-    print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']} tracing={modes[-1]}")
-    summary: dict[str, Any] = {}
-    for mode, done in rounds.items():
-        summary[mode] = {"tasks_per_s": median([g["tasks_per_s"] for g in done]),
-                         "gateway_cpu_ms_per_task": round(median([g["cpu_ms_per_task"]["gateway"] for g in done]), 3),
-                         "acquire_p50_ms": round(median([g["acquire_p50_ms"] for g in done]), 2)}
-    off, on = summary["off"], summary["on"]
-    summary["gateway_cpu_overhead_pct"] = round(
-        (on["gateway_cpu_ms_per_task"] / off["gateway_cpu_ms_per_task"] - 1) * 100, 1)
-    summary["throughput_overhead_pct"] = round((1 - on["tasks_per_s"] / off["tasks_per_s"]) * 100, 1)
-    summary["sampling"] = args.sampling
-    summary["exports"], summary["export_bytes"] = sink.exports, sink.bytes
-    summary["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    for mode in ("off", "on"):
-        s = summary[mode]
-        print(f"tracing={mode} rounds={args.rounds} median tasks_per_s={s['tasks_per_s']} "
-              f"gateway_cpu_ms_per_task={s['gateway_cpu_ms_per_task']} acquire_p50_ms={s['acquire_p50_ms']}")
-    print(f"tracing_overhead sampling={args.sampling} gateway_cpu_per_task_pct={summary['gateway_cpu_overhead_pct']} "
-          f"tasks_per_s_pct={summary['throughput_overhead_pct']} exports={sink.exports} "
-          f"export_bytes={sink.bytes} loadavg={summary['loadavg']}")
-    return summary
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server, source = resolve_server_url(args.database_url)
     print(f"# server: {source}")
@@ -448,31 +435,102 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["pgqueuer"] = run_peer(args.yardstick_dir / "pgqueuer_noop.py",
                                        recreate_database(server, f"{args.scratch_prefix}_pgq"), [str(args.tasks), "10", "2"])
         print(f"pgqueuer batch=10 jobs_per_s={results['pgqueuer']}")
-    if args.tracing == "both":
-        results["tracing"] = await tracing_rounds(server, args)
-        return results
-    sink = None
-    env = None
-    if args.tracing == "on":
+    url = recreate_database(server, args.scratch_prefix)
+    migrate.upgrade(url)
+    with tempfile.TemporaryDirectory() as tmp:
+        pki = init_pki(Path(tmp) / "pki")
+        certs, lifecycle, scans, (pool, org) = await setup(url, pki.directory, args.workers, args.tasks,
+                                                              args.scans)
+        profile = Path(args.profile) if args.profile else None
+        modes = args.modes or [Mode(args.max_tasks, args.carry_acquire)]
+        if args.tracing == "on":
+            modes = [replace(m, traced=True) for m in modes]
+        elif args.tracing == "both":
+            modes = [twin for m in modes for twin in (replace(m, traced=False), replace(m, traced=True))]
         sink = TraceSink()
-        env = tracing_env(await sink.start(), args.sampling)
-    try:
-        [drained] = await gateway_round(server, args, envs=[env], long_poll_tries=args.long_poll_tries)
-        results.update(drained)
-    finally:
-        if sink is not None:
-            await sink.stop()
-    g = results["gateway"]
-    print_drain(args, g, "" if env is None else f" tracing=on sampling={args.sampling}")
-    for name in ("pg_limit", "procrastinate", "pgqueuer"):
-        if results.get(name):
-            print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f}")
-    print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
-          + " (CPU of the whole box per completed task, and who spent it)")
-    results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
-    print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
-    lp = results["long_poll"]
-    print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
+        env = tracing_env(await sink.start(), args.sampling) if any(m.traced for m in modes) else None
+        traced = modes[0].traced
+        gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile,
+                                 env if traced else None)
+        workers: list[Worker] = []
+
+        def connect(gateway: GatewayProcess) -> None:
+            base = f"https://localhost:{gateway.worker_port}"
+            workers[:] = [Worker(base, client_ssl_context(pki.ca_cert, c, c.with_name(c.stem + "-key.pem")),
+                                 limit=max(1, args.loops // len(certs) + 1)) for c in certs]
+
+        connect(gateway)
+        drained: list[tuple[Mode, dict[str, Any]]] = []
+        try:
+            await gateway.ready(pki.ca_cert)
+            runs: list[dict[str, Any]] = []
+            for n, mode in enumerate(modes * args.rounds):
+                if n:  # every drain after the first gets a queue of its own, as large
+                    await queue_tasks(lifecycle, scans, org, args.tasks, args.scans)
+                if mode.traced != traced:  # a Gateway that traces, or not, in place of the one running
+                    for w in workers:
+                        await w.session.close()
+                    await asyncio.to_thread(gateway.stop)  # in a thread: the sink answers its last exports
+                    traced = mode.traced
+                    gateway = GatewayProcess(url, pki.directory, 1 if profile else args.processes, profile,
+                                             env if traced else None)
+                    connect(gateway)
+                    await gateway.ready(pki.ca_cert)
+                base = f"https://localhost:{gateway.worker_port}"
+                before = await settled(server, args.scratch_prefix) if args.db_counters else None
+                meter = CpuMeter({"gateway": gateway.proc.pid})
+                g = await asyncio.to_thread(
+                    drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
+                    args.step_by_step, mode)
+                g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
+                g["loadavg"] = load_average()
+                if before is not None:
+                    after = await settled(server, args.scratch_prefix)
+                    g["db_per_task"] = {("wal_bytes" if k == "wal_lsn" else k): round((after[k] - before[k])
+                                                                                    / max(g["tasks"], 1), 2)
+                                        for k in after}
+                runs.append(g)
+                drained.append((mode, g))
+                extra = "" if mode == Mode() else (
+                    f"mode={mode.name} requests_per_task_measured={g['requests_per_task']} "
+                    f"leases_per_answer={json.dumps(g['leases_per_answer'], separators=(',', ':'))} ")
+                print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
+                      f"client_processes={args.client_processes} "
+                      f"requests_per_task={3 if args.step_by_step else 2} {extra}"
+                      f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
+                      f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']} loadavg={g['loadavg']}")
+                for name in ("pg_limit", "procrastinate", "pgqueuer"):
+                    if results.get(name):
+                        print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f} mode={mode.name}")
+                print("gateway_lifecycle_cpu_ms_per_task "
+                      + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
+                      + f" mode={mode.name} (CPU of the whole box per completed task, and who spent it)")
+                if "db_per_task" in g:
+                    print(f"gateway_lifecycle_db_per_task mode={mode.name} "
+                          + " ".join(f"{k}={v}" for k, v in g["db_per_task"].items())
+                          + " (the database's counters per completed task: transactions, rows, WAL)")
+            g = results["gateway"] = runs[0]
+            if len(runs) > 1:
+                results["modes"] = runs
+            results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
+            print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
+            results["long_poll"] = await long_poll(workers[0], lifecycle, scans, org, args.long_poll_tries)
+            lp = results["long_poll"]
+            print(f"long_poll_wakeup tries={lp['tries']} p50_ms={lp['p50_ms']} p99_ms={lp['p99_ms']}")
+        finally:
+            for w in workers:
+                await w.session.close()
+            # In a thread: a traced Gateway exports what it still holds as it stops, to the sink here.
+            await asyncio.to_thread(gateway.stop)
+            await pool.close()
+        if env is not None:
+            tracing_overhead(drained, args.sampling, sink)
+        await sink.stop()
+        if profile is not None:
+            import pstats
+
+            print("# profile of the Gateway process (top 25 by cumulative time):")
+            pstats.Stats(str(profile)).sort_stats("cumulative").print_stats(25)
     return results
 
 
@@ -493,14 +551,25 @@ def main() -> int:
     p.add_argument("--skip-yardsticks", action="store_true")
     p.add_argument("--step-by-step", action="store_true",
                    help="three requests a task (results, then complete) instead of complete carrying the batch")
+    p.add_argument("--max-tasks", type=int, default=None, metavar="K",
+                   help="each acquire asks for up to K leases (max_tasks); default: the one-task acquire")
+    p.add_argument("--carry-acquire", action="store_true",
+                   help="a completion that leaves a loop without a lease carries the next acquire")
+    p.add_argument("--modes", type=lambda text: [Mode.parse(m) for m in text.split(",")], default=None,
+                   metavar="M,M,...",
+                   help="drain once per mode, in turn, on one Gateway (v1, N or N+carry, e.g. v1,8,8+carry); "
+                        "each drain after the first on a fresh queue of --tasks")
+    p.add_argument("--db-counters", action="store_true",
+                   help="also print each drain's transactions, rows and WAL per task (pg_stat_database; waits "
+                        "11 s before and after each drain for the statistics to settle)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the --modes sequence (alternating) R times")
+    p.add_argument("--tracing", choices=("off", "on", "both"), default="off",
+                   help="on: every mode through a Gateway that traces; both: each mode untraced and traced in "
+                        "turn, with the overhead (default off; a mode ending in +traced is traced anyway)")
+    p.add_argument("--sampling", type=float, default=0.1, help="share of traces sampled when traced (0.1)")
     p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
     p.add_argument("--scratch-prefix", default="leasehold_gw",
                    help="names of the scratch databases it drops and recreates (default leasehold_gw)")
-    p.add_argument("--tracing", choices=("off", "on", "both"), default="off",
-                   help="the Gateway traces (OTLP/HTTP to a sink here); both: alternate rounds off and on, "
-                        "and print the overhead (default off)")
-    p.add_argument("--sampling", type=float, default=0.1, help="share of traces sampled with tracing on (0.1)")
-    p.add_argument("--rounds", type=int, default=2, help="with --tracing both: rounds of each (default 2)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     results = asyncio.run(run(args))

@@ -42,11 +42,12 @@ WHERE e.originator_id = %(originator_id)s
 ORDER BY e.originator_version
 LIMIT 1
 
--- name: task_creation_traceparent
--- The trace context a task's creation recorded (TaskCreated.traceparent; null when untraced):
--- what a traced Gateway hands the worker with the task's lease.
-SELECT convert_from(e.state, 'UTF8')::jsonb ->> 'traceparent' AS traceparent FROM events e
-WHERE e.originator_id = %(task_id)s AND e.originator_version = 1
+-- name: task_creation_traceparents
+-- The trace context each task's creation recorded (TaskCreated.traceparent; null when untraced):
+-- what a traced Gateway hands the worker with the tasks' leases.
+SELECT e.originator_id AS task_id, convert_from(e.state, 'UTF8')::jsonb ->> 'traceparent' AS traceparent
+FROM events e
+WHERE e.originator_id = ANY(%(task_ids)s::uuid[]) AND e.originator_version = 1
 
 -- name: events_in_log_order
 -- The whole log as a rebuild folds it (through a server-side cursor): the order the projector
