@@ -108,11 +108,11 @@ def in_memory(exporter: InMemorySpanExporter) -> list[Span]:
 
 async def test_one_trace_spans_operator_request_gateway_agent_plugin_and_batches(
         gateway: RunningGateway, plugins_dir: Path, tmp_path: Path, traced: InMemorySpanExporter) -> None:
-    # Two records half a second apart: a batch upload before the final one (batch_seconds 0.2).
+    # Two records 1.2 s apart: a batch upload before the final one (batch_seconds 0.2).
     python_plugin(plugins_dir, "traced", """
         import json, os, time
         print(json.dumps({"type": "raw", "traceparent": os.environ.get("TRACEPARENT")}), flush=True)
-        time.sleep(0.6)
+        time.sleep(1.2)  # past the batch timer (batch_seconds 0.2), even on a busy box
         print(json.dumps({"type": "raw", "n": 2}), flush=True)
     """)
     worker = await register_worker(gateway, ("traced",))
