@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -200,3 +201,16 @@ async def test_tracing_off_records_no_trace_and_sends_no_traceparent(gateway: Ru
     [(state,)] = await rows(gateway, "SELECT state FROM events WHERE originator_id = %s AND originator_version = 1",
                             task_id)
     assert b"traceparent" not in bytes(state)
+
+
+def test_the_switch_sets_up_the_sdk_from_the_environment_and_runs_untraced_without_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    try:
+        assert tracing.configure("test", environ={"OTEL_TRACES_EXPORTER": "console"}) and tracing.enabled()
+    finally:
+        tracing.reset()
+    assert not tracing.enabled()
+    # Asked for, but the SDK is not installed (a worker host with the base package only).
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    assert not tracing.configure("test", environ={"OTEL_TRACES_EXPORTER": "otlp"}) and not tracing.enabled()
+    assert "OpenTelemetry is not installed" in caplog.text
