@@ -70,14 +70,17 @@ async def test_renewal_first_batch_and_completion_are_hot_updates(database_url: 
             args = (worker, acquired.task.id, acquired.attempt.id, acquired.lease_token)
             mark = await _updates(pool)
             for _ in range(2):
+                clock.advance(5)  # a renewal moves lease_expires_at and last_seen_at for real
                 await lifecycle.renew(*args)
             after = await _updates(pool)
             add("renew", _delta(mark, after))
+            clock.advance(5)
             records: list[Any] = [{"type": "asset", "kind": "host", "value": f"h{n}.example.test"}]
             await lifecycle.submit_batch(*args, sequence_number=1, idempotency_key="first",
                                          payload_sha256=payload_sha256(records), records=records, final=False)
             mark, after = after, await _updates(pool)
             add("first_batch", _delta(mark, after))
+            clock.advance(5)
             records = [{"type": "asset", "kind": "host", "value": f"h{n}.b.example.test"}]
             task = await lifecycle.complete(*args, final_batch=ResultBatch(2, "final", payload_sha256(records),
                                                                            records))
