@@ -28,7 +28,8 @@ from leasehold.projections.rows import PRIMARY_KEYS, TABLE_ORDER, Row
 #: index keys, not projected state, so never compared with a rebuild.
 GENERATED_COLUMNS: dict[str, tuple[str, ...]] = {
     "worker_tasks": ("listed_state",),
-    "worker_task_attempts": ("ended_seen_at",),
+    "worker_task_attempts": ("live", "ended_seen_at"),
+    "scans": ("listed_status",),
 }
 
 

@@ -24,7 +24,16 @@ measured with ``bench/ledger.py``).
   ``worker_task_attempts_expiry_idx (lease_expires_at)`` goes: the lease sweeper reads the live
   attempts (a bounded set) through the live partial indexes. A renewal now changes no indexed
   column.
-* ``fillfactor`` 70 on both tables (was 80): a task row is updated three or four times in its
+* ``worker_task_attempts.live`` (stored, generated): ``status IN ('leased', 'running')``, the
+  predicate of the live-attempt partial indexes (one live attempt per task, a worker's live
+  attempts, the deadline sweep), which name it instead of ``status``: an attempt that starts
+  running (leased -> running) stays in them and changes no indexed value.
+* ``scans.listed_status`` (stored, generated): the status, except NULL for ``pending``,
+  ``running`` and ``success``. ``scans_status_created_idx`` becomes ``scans_listed_created_idx``
+  (partial), so a scan's first lease (pending -> running) and its success are HOT updates; a
+  list of pending, running or successful scans walks the (created_at, id) indexes, as the
+  history is mostly successful scans.
+* ``fillfactor`` 70 on both task tables (was 80): a task row is updated three or four times in its
   life and an attempt row more (every renewal), and a HOT update needs room on the same page.
 
 Adding a stored generated column rewrites the table under an ACCESS EXCLUSIVE lock (seconds
@@ -48,8 +57,12 @@ ALTER TABLE worker_tasks
     ADD COLUMN listed_state text GENERATED ALWAYS AS (
         CASE WHEN state::text IN ('leased', 'running', 'completed') THEN NULL ELSE state::text END) STORED;
 ALTER TABLE worker_task_attempts
+    ADD COLUMN live boolean GENERATED ALWAYS AS (status::text IN ('leased', 'running')) STORED,
     ADD COLUMN ended_seen_at timestamptz GENERATED ALWAYS AS (
         CASE WHEN status::text IN ('leased', 'running') THEN NULL ELSE last_seen_at END) STORED;
+ALTER TABLE scans
+    ADD COLUMN listed_status text GENERATED ALWAYS AS (
+        CASE WHEN status::text IN ('pending', 'running', 'success') THEN NULL ELSE status::text END) STORED;
 
 DROP INDEX worker_tasks_state_created_idx;
 DROP INDEX worker_tasks_cancelling_idx;
@@ -64,6 +77,15 @@ DROP INDEX worker_task_attempts_expiry_idx;
 DROP INDEX worker_task_attempts_worker_seen_idx;
 CREATE INDEX worker_task_attempts_worker_ended_idx
     ON worker_task_attempts (worker_id, ended_seen_at) WHERE ended_seen_at IS NOT NULL;
+DROP INDEX worker_task_attempts_one_live_idx;
+DROP INDEX worker_task_attempts_worker_live_idx;
+DROP INDEX worker_task_attempts_deadline_idx;
+CREATE UNIQUE INDEX worker_task_attempts_one_live_idx ON worker_task_attempts (task_id) WHERE live;
+CREATE INDEX worker_task_attempts_worker_live_idx ON worker_task_attempts (worker_id) WHERE live;
+CREATE INDEX worker_task_attempts_deadline_idx ON worker_task_attempts (deadline_at) WHERE live;
+
+DROP INDEX scans_status_created_idx;
+CREATE INDEX scans_listed_created_idx ON scans (listed_status, created_at, id) WHERE listed_status IS NOT NULL;
 
 ALTER TABLE worker_tasks SET (fillfactor = 70);
 ALTER TABLE worker_task_attempts SET (fillfactor = 70);
@@ -73,6 +95,18 @@ DOWNGRADE = r"""
 ALTER TABLE worker_tasks SET (fillfactor = 80);
 ALTER TABLE worker_task_attempts SET (fillfactor = 80);
 
+DROP INDEX scans_listed_created_idx;
+CREATE INDEX scans_status_created_idx ON scans (status, created_at, id);
+
+DROP INDEX worker_task_attempts_one_live_idx;
+DROP INDEX worker_task_attempts_worker_live_idx;
+DROP INDEX worker_task_attempts_deadline_idx;
+CREATE UNIQUE INDEX worker_task_attempts_one_live_idx
+    ON worker_task_attempts (task_id) WHERE status IN ('leased', 'running');
+CREATE INDEX worker_task_attempts_worker_live_idx
+    ON worker_task_attempts (worker_id) WHERE status IN ('leased', 'running');
+CREATE INDEX worker_task_attempts_deadline_idx
+    ON worker_task_attempts (deadline_at) WHERE status IN ('leased', 'running');
 DROP INDEX worker_task_attempts_worker_ended_idx;
 CREATE INDEX worker_task_attempts_worker_seen_idx ON worker_task_attempts (worker_id, last_seen_at);
 CREATE INDEX worker_task_attempts_expiry_idx
@@ -86,7 +120,8 @@ CREATE INDEX worker_tasks_org_acquirable_idx
 CREATE INDEX worker_tasks_cancelling_idx ON worker_tasks (cancel_requested_at) WHERE state = 'cancelling';
 CREATE INDEX worker_tasks_state_created_idx ON worker_tasks (state, created_at, id);
 
-ALTER TABLE worker_task_attempts DROP COLUMN ended_seen_at;
+ALTER TABLE scans DROP COLUMN listed_status;
+ALTER TABLE worker_task_attempts DROP COLUMN ended_seen_at, DROP COLUMN live;
 ALTER TABLE worker_tasks DROP COLUMN listed_state;
 """
 

@@ -85,7 +85,7 @@ ORDER BY e.originator_version
 SELECT a.worker_id, count(*) AS live
 FROM worker_task_attempts a
 WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND (%(organization_id)s::uuid IS NULL OR EXISTS (
         SELECT 1 FROM worker_tasks t WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))
 GROUP BY a.worker_id
@@ -98,7 +98,7 @@ SELECT a.worker_id, a.task_id, a.id, t.organization_id, a.status, a.leased_at, a
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id
 WHERE a.worker_id = %(worker_id)s
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
 ORDER BY a.leased_at, a.id
 LIMIT %(limit)s

@@ -60,7 +60,7 @@ WHERE t.id = %(task_id)s
 SELECT t.id, t.scan_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
-WHERE a.status IN ('leased', 'running')
+WHERE a.live
   AND a.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
 ORDER BY a.lease_expires_at
 LIMIT %(limit)s
@@ -70,7 +70,7 @@ FOR UPDATE OF t SKIP LOCKED
 SELECT t.id, t.scan_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
-WHERE a.status IN ('leased', 'running')
+WHERE a.live
   AND a.deadline_at <= coalesce(%(now)s::timestamptz, now())
 ORDER BY a.deadline_at
 LIMIT %(limit)s
@@ -169,7 +169,7 @@ WITH every AS (
     SELECT t.organization_id, t.state::text, count(*) AS n
     FROM worker_task_attempts a
     JOIN worker_tasks t ON t.id = a.task_id
-    WHERE a.status IN ('leased', 'running') AND t.state IN ('leased', 'running')
+    WHERE a.live AND t.state IN ('leased', 'running')
       AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
     GROUP BY 1, 2
 )
@@ -213,7 +213,7 @@ UNION ALL
 SELECT t.organization_id, t.state::text, count(*), NULL::numeric
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id
-WHERE a.status IN ('leased', 'running') AND t.state IN ('leased', 'running')
+WHERE a.live AND t.state IN ('leased', 'running')
 GROUP BY 1, 2
 
 -- name: waiting_organizations_with_work
@@ -236,5 +236,5 @@ SELECT a.worker_id, a.id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND t.state = 'cancelling'
