@@ -19,8 +19,9 @@ measured with ``bench/ledger.py``).
   cancellations are read from the listed index's few ``cancelling`` rows).
 * ``worker_task_attempts.ended_seen_at`` (stored, generated): ``last_seen_at`` once the attempt
   has ended, NULL while it is live. ``worker_task_attempts_worker_seen_idx (worker_id,
-  last_seen_at)`` becomes ``worker_task_attempts_worker_ended_idx (worker_id, ended_seen_at)``;
-  when a worker was last seen is the latest of that index's probe and its live attempts'.
+  last_seen_at)`` becomes ``worker_task_attempts_worker_ended_idx (worker_id, ended_seen_at)``
+  (every attempt, as before: a list of one worker's tasks starts from it); when a worker was
+  last seen is the latest of that index's probe and its live attempts'.
   ``worker_task_attempts_expiry_idx (lease_expires_at)`` goes: the lease sweeper reads the live
   attempts (a bounded set) through the live partial indexes. A renewal now changes no indexed
   column.
@@ -75,8 +76,7 @@ CREATE INDEX worker_tasks_org_acquirable_idx
 
 DROP INDEX worker_task_attempts_expiry_idx;
 DROP INDEX worker_task_attempts_worker_seen_idx;
-CREATE INDEX worker_task_attempts_worker_ended_idx
-    ON worker_task_attempts (worker_id, ended_seen_at) WHERE ended_seen_at IS NOT NULL;
+CREATE INDEX worker_task_attempts_worker_ended_idx ON worker_task_attempts (worker_id, ended_seen_at);
 DROP INDEX worker_task_attempts_one_live_idx;
 DROP INDEX worker_task_attempts_worker_live_idx;
 DROP INDEX worker_task_attempts_deadline_idx;
