@@ -94,21 +94,17 @@ def private_server(data_dir: Path, port: int) -> str:
     """Start (initdb first if needed) the embedded server in ``data_dir`` on ``port`` with
     pg_stat_statements preloaded and autovacuum off; its maintenance URL."""
     server = EmbeddedPostgres(data_dir)
-    if not (server.data_dir / "PG_VERSION").exists():
-        server.start()
-        server.stop()
-    wanted = {"shared_preload_libraries": "pg_stat_statements", "autovacuum": "off"}
-    if server.is_running():
-        with psycopg.connect(server.url(), autocommit=True) as conn:
-            current = {k: conn.execute(f"SHOW {k}").fetchone()[0] for k in wanted}  # type: ignore[index]
-            port_now = server.port
-        if current == wanted and port_now == port:
-            return server.url()
-        server.stop()
-    (server.data_dir / "leasehold.port").write_text(f"{port}\n")
-    with (server.data_dir / "postgresql.auto.conf").open("a") as fh:
-        fh.write("".join(f"{k} = '{v}'\n" for k, v in wanted.items()))
     server.start()
+    wanted = {"shared_preload_libraries": "pg_stat_statements", "autovacuum": "off"}
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        current = {k: str(conn.execute(f"SHOW {k}").fetchone()[0]) for k in wanted}  # type: ignore[index]
+        for k, v in wanted.items():
+            conn.execute(f"ALTER SYSTEM SET {k} = '{v}'")
+    if current != wanted or server.port != port:
+        log(f"restarting the private server on port {port} with {wanted}")
+        server.stop()
+        (server.data_dir / "leasehold.port").write_text(f"{port}\n")
+        server.start()
     return server.url()
 
 
@@ -259,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     url = recreate_database(server_url, name)
     migrate.upgrade(url, args.revision)
     with psycopg.connect(url, autocommit=True) as conn:
-        try:
+        preload = str(conn.execute("SHOW shared_preload_libraries").fetchone()[0])  # type: ignore[index]
+        if "pg_stat_statements" in preload:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             conn.execute("SELECT pg_stat_statements_reset()")
-        except psycopg.Error:
-            log("no pg_stat_statements on this server: statements are not counted")
+        else:
+            log("the server does not preload pg_stat_statements: statements are not counted")
         conn.execute("VACUUM ANALYZE")
         revision = migrate.current(url)
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
