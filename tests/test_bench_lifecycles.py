@@ -100,5 +100,5 @@ def test_ledger_counts_each_command(pg_server_url: str, scratch: str) -> None:
                      rf"rows_inserted={NUMBER} rows_updated={NUMBER} hot_updated={NUMBER} "
                      rf"index_entries={NUMBER} wal_bytes={NUMBER}$")
     # A task row exists after create_task, and a renewal updates it (the counts are live).
-    _line(lines, rf"ledger_table command=create_task table=worker_tasks indexes=\d+ inserted=1.0 ")
-    _line(lines, rf"ledger_table command=renew table=worker_tasks indexes=\d+ inserted=0.0 updated=1.0 ")
+    _line(lines, r"ledger_table command=create_task table=worker_tasks indexes=\d+ inserted=1.0 ")
+    _line(lines, r"ledger_table command=renew table=worker_tasks indexes=\d+ inserted=0.0 updated=1.0 ")
