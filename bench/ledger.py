@@ -6,8 +6,9 @@ complete (carrying the final 1-record batch)``, each on a one-job scan of its ow
 the measured part. After every command the command's own backend is made to flush its statistics
 (``pg_stat_force_next_flush()``) and the ledger reads, on that same connection:
 
-* ``pg_stat_statements`` (when the server preloads it): statements executed, BEGIN and COMMIT
-  included, and with ``--statements`` the list of them, per command;
+* ``pg_stat_statements`` (when the server preloads it): statements executed (as it counts them:
+  the BEGIN and COMMIT psycopg sends are not among them, the commits are counted below), and
+  with ``--statements`` the list of them, per command;
 * ``pg_stat_user_tables`` deltas per table (partitions counted under their partitioned table):
   rows inserted, updated, HOT-updated;
 * index entries written, per table: ``inserted x indexes + (updated - HOT-updated) x indexes``
@@ -23,7 +24,7 @@ alone; ``--database-url`` uses another server instead (then statements are count
 server has pg_stat_statements). It drops and recreates the scratch database ``leasehold_ledger``
 (``--scratch-prefix`` renames it), migrated to ``--revision`` (default head).
 
-Usage: ``.venv/bin/python bench/ledger.py [--lifecycles 200] [--revision 0025] [--statements] [--json]``
+Usage: ``.venv/bin/python bench/ledger.py [--lifecycles 200] [--statements] [--json]``
 """
 
 from __future__ import annotations
@@ -238,7 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lifecycles", type=int, default=200, help="measured lifecycles (default 200)")
     p.add_argument("--warmup", type=int, default=20, help="unmeasured lifecycles first (default 20)")
-    p.add_argument("--revision", default="head", help="migrate the scratch database to this revision")
+    p.add_argument("--revision", default="head",
+                   help="migrate the scratch database to this revision (the statements of this checkout must suit it)")
     p.add_argument("--database-url", help="use this server (maintenance database URL) instead of a private one")
     p.add_argument("--data-dir", default="/tmp/pg-ledger", help="the private server's data directory")
     p.add_argument("--port", type=int, default=5532, help="the private server's port")
