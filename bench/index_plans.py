@@ -55,10 +55,14 @@ def cases(conn: psycopg.Connection[Any]) -> list[tuple[str, str, dict[str, Any]]
         ("attempts ended, last hour", "console_attempts_ended",
          {"since": datetime.fromtimestamp(now.timestamp() - 3600, UTC), "organization_id": None}),
     ]
+    # As the task list chooses (gateway/api/operator/finding_work.py): leased and running tasks
+    # through their live attempts where the tree has that statement.
+    live = "tasks_page_live" if "tasks_page_live" in QUERIES else "tasks_page"
     for state in ("pending", "retry_wait", "leased", "running", "cancelling", "failed_terminal", "completed"):
-        out.append((f"tasks page state={state}", "tasks_page", {**page, "state": state}))
+        out.append((f"tasks page state={state}", live if state in ("leased", "running") else "tasks_page",
+                    {**page, "state": state}))
     out.append(("tasks page worker", "tasks_page", {**page, "worker_id": worker}))
-    out.append(("tasks page org+state=running", "tasks_page", {**page, "organization_id": org, "state": "running"}))
+    out.append(("tasks page org+state=running", live, {**page, "organization_id": org, "state": "running"}))
     for status in ("pending", "running", "success", "failed", "cancelled"):
         out.append((f"scans page status={status}", "scans_page", {**scan_page, "status": status}))
     return out

@@ -131,11 +131,39 @@ FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
   -- A listed state (every state but leased, running and completed) is filtered on listed_state,
-  -- the key of worker_tasks_listed_created_idx; the others on state (those pages walk the
-  -- (created_at, id) indexes). Planned for the actual value, the CASE folds to one of the two.
+  -- the key of worker_tasks_listed_created_idx; completed on state (nearly every row: the page
+  -- walks the (created_at, id) indexes); leased and running are listed by tasks_page_live.
+  -- Planned for the actual value, the CASE folds to one of the two.
   AND (%(state)s::text IS NULL
        OR CASE WHEN %(state)s::text IN ('leased', 'running', 'completed') THEN t.state = %(state)s::text
                ELSE t.listed_state = %(state)s::text END)
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+  AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
+  AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
+  AND (%(created_from)s::timestamptz IS NULL OR t.created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR t.created_at < %(created_to)s::timestamptz)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (t.created_at, t.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY t.created_at DESC, t.id DESC
+LIMIT %(limit)s
+
+-- name: tasks_page_live
+-- tasks_page for a state a task is in only while its current attempt is live (leased, running),
+-- which no worker_tasks index names (migration 0026): the tasks are reached from the live
+-- attempts (worker_task_attempts_worker_live_idx or _one_live_idx: as many as the fleet runs at
+-- once), each probed by its key (behind OFFSET 0, so never a hash of the whole table), then
+-- filtered, sorted and cut to the page. The same columns, filters and order as tasks_page.
+SELECT t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, t.priority, t.attempt_count,
+       t.max_attempts, t.available_at, t.created_at, t.updated_at, t.finished_at, t.last_error,
+       t.current_attempt_id, cur.worker_id
+FROM worker_task_attempts cur
+CROSS JOIN LATERAL (SELECT x.id, x.organization_id, x.scan_id, x.scan_job_id, x.task_type, x.state, x.priority,
+                           x.attempt_count, x.max_attempts, x.available_at, x.created_at, x.updated_at,
+                           x.finished_at, x.last_error, x.current_attempt_id
+                    FROM worker_tasks x WHERE x.id = cur.task_id AND x.current_attempt_id = cur.id OFFSET 0) t
+WHERE cur.live
+  AND t.state = %(state)s::text
+  AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
   AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
   AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
   AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
@@ -152,7 +180,8 @@ LIMIT %(limit)s
 -- (organization_id, created_at, id) index alone; those in a listed state (pending, retry_wait,
 -- failed_terminal, cancelling, cancelled) in worker_tasks_listed_created_idx; leased and running
 -- tasks through their live attempts (worker_task_attempts_one_live_idx: as many as the fleet
--- runs at once); completed is the difference. Completed tasks are the history, nearly all of
+-- runs at once; each task probed by its key behind OFFSET 0, never a hash of the whole table);
+-- completed is the difference. Completed tasks are the history, nearly all of
 -- the rows (bench/console.py, 100,000 tasks).
 WITH every AS (
     SELECT t.organization_id, count(*) AS n
@@ -168,7 +197,7 @@ WITH every AS (
   UNION ALL
     SELECT t.organization_id, t.state::text, count(*) AS n
     FROM worker_task_attempts a
-    JOIN worker_tasks t ON t.id = a.task_id
+    CROSS JOIN LATERAL (SELECT x.organization_id, x.state FROM worker_tasks x WHERE x.id = a.task_id OFFSET 0) t
     WHERE a.live AND t.state IN ('leased', 'running')
       AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
     GROUP BY 1, 2
@@ -212,7 +241,7 @@ GROUP BY 1, 2
 UNION ALL
 SELECT t.organization_id, t.state::text, count(*), NULL::numeric
 FROM worker_task_attempts a
-JOIN worker_tasks t ON t.id = a.task_id
+CROSS JOIN LATERAL (SELECT x.organization_id, x.state FROM worker_tasks x WHERE x.id = a.task_id OFFSET 0) t
 WHERE a.live AND t.state IN ('leased', 'running')
 GROUP BY 1, 2
 
