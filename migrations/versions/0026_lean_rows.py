@@ -14,7 +14,8 @@ measured with ``bench/ledger.py``).
   running tasks read the live attempts instead (``worker_task_attempts_one_live_idx``), a set
   the fleet's capacity bounds.
   ``worker_tasks_state_created_idx`` becomes ``worker_tasks_listed_created_idx`` (partial: the
-  history, completed tasks, is not in it); ``worker_tasks_org_acquirable_idx`` keeps its keys
+  history, completed tasks, is not in it; carrying organization_id, which never changes, so the
+  counts by organisation read the index alone); ``worker_tasks_org_acquirable_idx`` keeps its keys
   with the predicate on ``listed_state``; ``worker_tasks_cancelling_idx`` goes (the overdue
   cancellations are read from the listed index's few ``cancelling`` rows).
 * ``worker_task_attempts.ended_seen_at`` (stored, generated): ``last_seen_at`` once the attempt
@@ -29,11 +30,11 @@ measured with ``bench/ledger.py``).
   predicate of the live-attempt partial indexes (one live attempt per task, a worker's live
   attempts, the deadline sweep), which name it instead of ``status``: an attempt that starts
   running (leased -> running) stays in them and changes no indexed value.
-* ``scans.listed_status`` (stored, generated): the status, except NULL for ``pending``,
-  ``running`` and ``success``. ``scans_status_created_idx`` becomes ``scans_listed_created_idx``
-  (partial), so a scan's first lease (pending -> running) and its success are HOT updates; a
-  list of pending, running or successful scans walks the (created_at, id) indexes, as the
-  history is mostly successful scans.
+* ``scans.listed_status`` (stored, generated): the status, except NULL for ``running`` and
+  ``success``. ``scans_status_created_idx`` becomes ``scans_listed_created_idx`` (partial), so a
+  scan's success is a HOT update (its first lease, pending -> running, leaves the pending
+  list: not HOT); a list of running or successful scans walks the (created_at, id) indexes, as
+  the history is mostly successful scans.
 * ``fillfactor`` 70 on both task tables (was 80): a task row is updated three or four times in its
   life and an attempt row more (every renewal), and a HOT update needs room on the same page.
 
@@ -63,13 +64,13 @@ ALTER TABLE worker_task_attempts
         CASE WHEN status::text IN ('leased', 'running') THEN NULL ELSE last_seen_at END) STORED;
 ALTER TABLE scans
     ADD COLUMN listed_status text GENERATED ALWAYS AS (
-        CASE WHEN status::text IN ('pending', 'running', 'success') THEN NULL ELSE status::text END) STORED;
+        CASE WHEN status::text IN ('running', 'success') THEN NULL ELSE status::text END) STORED;
 
 DROP INDEX worker_tasks_state_created_idx;
 DROP INDEX worker_tasks_cancelling_idx;
 DROP INDEX worker_tasks_org_acquirable_idx;
 CREATE INDEX worker_tasks_listed_created_idx
-    ON worker_tasks (listed_state, created_at, id) WHERE listed_state IS NOT NULL;
+    ON worker_tasks (listed_state, created_at, id) INCLUDE (organization_id) WHERE listed_state IS NOT NULL;
 CREATE INDEX worker_tasks_org_acquirable_idx
     ON worker_tasks (organization_id, priority DESC, created_at ASC)
     WHERE listed_state IN ('pending', 'retry_wait');

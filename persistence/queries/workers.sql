@@ -140,10 +140,19 @@ ORDER BY t.id
 
 -- name: workers_last_seen
 -- Operator API: when each worker was last seen (its attempts' last_seen_at: the latest event a
--- request of the worker caused): the later of its ended attempts' (one probe of the
--- (worker_id, ended_seen_at) index) and its live attempts' (worker_task_attempts_worker_live_idx,
--- no more than it runs at once). An organisation key (organization_id set) sees only what the
+-- request of the worker caused): the later of its ended attempts' (one probe each of the
+-- (worker_id, ended_seen_at) index) and its live attempts' (read once for all the workers, as
+-- many as they run at once). An organisation key (organization_id set) sees only what the
 -- worker did on that organisation's tasks.
+WITH live AS MATERIALIZED (  -- once, not once per worker
+    SELECT a.worker_id, max(a.last_seen_at) AS last_seen_at
+    FROM worker_task_attempts a
+    WHERE a.worker_id = ANY(%(worker_ids)s::uuid[]) AND a.live
+      AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+            SELECT 1 FROM worker_tasks t
+            WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))
+    GROUP BY 1
+)
 SELECT w.id,
        greatest(
            (SELECT max(a.ended_seen_at) FROM worker_task_attempts a
@@ -151,11 +160,7 @@ SELECT w.id,
               AND (%(organization_id)s::uuid IS NULL OR EXISTS (
                     SELECT 1 FROM worker_tasks t
                     WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))),
-           (SELECT max(a.last_seen_at) FROM worker_task_attempts a
-            WHERE a.worker_id = w.id AND a.live
-              AND (%(organization_id)s::uuid IS NULL OR EXISTS (
-                    SELECT 1 FROM worker_tasks t
-                    WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid)))) AS last_seen_at
+           (SELECT l.last_seen_at FROM live l WHERE l.worker_id = w.id)) AS last_seen_at
 FROM unnest(%(worker_ids)s::uuid[]) AS w(id)
 
 -- name: workers_live_leases
