@@ -4,8 +4,8 @@ PostgreSQL updates a row in place on its page, writing no index entry (a HOT upd
 no column any index names (key, expression or partial-index predicate) changes value. Before this
 revision every ``worker_tasks`` update changed ``state``, which three indexes named, and every
 ``worker_task_attempts`` renewal changed ``lease_expires_at`` and ``last_seen_at``, each a key of
-an index: a renewal wrote 8 index entries, a task's completion 8 more (``docs/design/write-ledger.md``,
-measured with ``bench/ledger.py``).
+an index: a renewal wrote 8 index entries for its attempt row, a completion 8 for the task row
+(``docs/design/write-ledger.md``, measured with ``bench/ledger.py``).
 
 * ``worker_tasks.listed_state`` (stored, generated): the state, except NULL for ``leased``,
   ``running`` and ``completed``, the states of the lease-run-complete path. The indexes that
