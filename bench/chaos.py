@@ -480,26 +480,34 @@ async def drain(run: Run, within: float) -> float:
 # --- the checker --------------------------------------------------------------------------------
 
 
-async def check(conn: psycopg.AsyncConnection[Any], expected_tasks: int) -> dict[str, Any]:
-    """Per task id: the counts that must all be 0, and what the faults did (effects)."""
+async def check(conn: psycopg.AsyncConnection[Any], expected_tasks: int,
+                task_type: str | None = None) -> dict[str, Any]:
+    """Per task id: the counts that must all be 0, and what the faults did (effects). With
+    ``task_type``, only the tasks of that type (a run that also drives other tasks of its own)."""
+    only = {"t": task_type}  # %(t)s NULL: every task
 
-    async def fetch(query: str) -> list[tuple[Any, ...]]:
-        cur = await conn.execute(query)
+    async def fetch(query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 
     tasks = {r[0]: r[1:] for r in await fetch(
         "SELECT id, state, attempt_count, max_attempts, current_attempt_id, scope -> 'targets' ->> 0 "
-        "FROM worker_tasks")}
+        "FROM worker_tasks WHERE %(t)s::text IS NULL OR task_type = %(t)s", only)}
     attempts = {r[0]: r[1:] for r in await fetch(
-        "SELECT id, task_id, status, lease_expires_at, finished_at FROM worker_task_attempts")}
+        "SELECT a.id, a.task_id, a.status, a.lease_expires_at, a.finished_at FROM worker_task_attempts a "
+        "JOIN worker_tasks t ON t.id = a.task_id WHERE %(t)s::text IS NULL OR t.task_type = %(t)s", only)}
     events: dict[UUID, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for task_id, kind, data in await fetch(
-            "SELECT originator_id, event_type, data FROM analyst_events "
-            "WHERE originator_id IN (SELECT id FROM worker_tasks) ORDER BY originator_id, originator_version"):
+            "SELECT originator_id, event_type, data FROM analyst_events WHERE originator_id IN "
+            "(SELECT id FROM worker_tasks WHERE %(t)s::text IS NULL OR task_type = %(t)s) "
+            "ORDER BY originator_id, originator_version", only):
         events[task_id].append((kind, data))
-    batches = await fetch("SELECT id, task_id, attempt_id, sequence_number, record_count, accepted_at "
-                          "FROM worker_result_batches")
-    ingested = await fetch("SELECT o.batch_id, o.data ->> 'attempt', o.data ->> 'i' FROM raw_outputs o")
+    batches = await fetch("SELECT b.id, b.task_id, b.attempt_id, b.sequence_number, b.record_count, b.accepted_at "
+                          "FROM worker_result_batches b JOIN worker_tasks t ON t.id = b.task_id "
+                          "WHERE %(t)s::text IS NULL OR t.task_type = %(t)s", only)
+    ingested = await fetch("SELECT o.batch_id, o.data ->> 'attempt', o.data ->> 'i' FROM raw_outputs o "
+                           "JOIN worker_result_batches b ON b.id = o.batch_id JOIN worker_tasks t ON t.id = b.task_id "
+                           "WHERE %(t)s::text IS NULL OR t.task_type = %(t)s", only)
     runs = await fetch("SELECT attempt_id, count(*), count(finished_at) FROM chaos_executions GROUP BY attempt_id")
 
     bad: dict[str, set[Any]] = defaultdict(set)
