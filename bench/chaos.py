@@ -71,6 +71,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
 from leasehold.cli.embedded import EmbeddedPostgres, _bin_dir
+from leasehold.domain.errors import Unavailable
 from leasehold.domain.events import ProfileStep
 from leasehold.gateway.services import Services, build_services
 from leasehold.migrations import runner as migrate
@@ -295,7 +296,8 @@ async def feed(run: Run, seconds: float) -> None:
                 break
             except Exception as exc:  # the server may be restarting; did the commit happen?
                 run.notes["feeder_retries"] += 1
-                if not isinstance(exc, psycopg.Error | OSError | TimeoutError) and "connection" not in str(exc):
+                if (not isinstance(exc, psycopg.Error | OSError | TimeoutError | Unavailable)
+                        and "connection" not in str(exc)):
                     log(f"feeder: unexpected error creating task {n}: {type(exc).__name__}: {exc}")
                 await asyncio.sleep(0.5)
                 found = await patiently("feeder", lambda t=targets: run.rows(
@@ -464,13 +466,15 @@ async def progress(run: Run, started: float) -> None:
                 + " faults=" + ",".join(f"{k}:{v}" for k, v in sorted(run.faults.items())))
 
 
-async def drain(run: Run, within: float) -> float:
-    """Wait until every task is terminal; seconds it took (``inf`` when it did not)."""
+async def drain(run: Run, within: float, task_type: str | None = None) -> float:
+    """Wait until every task (of ``task_type``, when given) is terminal; seconds it took (``inf``
+    when it did not)."""
     started = time.monotonic()
     while time.monotonic() - started < within:
         with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
             [(open_tasks, total)] = await run.rows(
-                "SELECT count(*) FILTER (WHERE state = ANY(%s)), count(*) FROM worker_tasks", list(NON_TERMINAL))
+                "SELECT count(*) FILTER (WHERE state = ANY(%s)), count(*) FROM worker_tasks "
+                "WHERE %s::text IS NULL OR task_type = %s", list(NON_TERMINAL), task_type, task_type)
             if open_tasks == 0 and total >= run.settings.tasks:
                 return time.monotonic() - started
         await asyncio.sleep(1.0)

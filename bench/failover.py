@@ -384,14 +384,15 @@ class Probe:
 
 
 async def _cleanup_state(url: str) -> dict[str, Any]:
-    """The hot tables' dead row versions, and how many transactions old the database's oldest
-    snapshot (``backend_xmin``) is: what vacuum and pruning may not remove."""
+    """The hot tables' dead row versions, and the age (in transactions) of the oldest transaction
+    or snapshot of the database's sessions: vacuum and pruning may not remove what is younger."""
     await asyncio.sleep(1.0)  # backends flush their statistics at most once a second
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute("SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname = ANY(%s)",
                                  (list(HOT_TABLES),))
         dead = {str(name): int(n) for name, n in await cur.fetchall()}
-        cur = await conn.execute("SELECT max(age(backend_xmin)) FROM pg_stat_activity "
+        # An idle transaction that wrote holds its xid (backend_xid), a reader its snapshot (backend_xmin).
+        cur = await conn.execute("SELECT max(greatest(age(backend_xid), age(backend_xmin))) FROM pg_stat_activity "
                                  "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         row = await cur.fetchone()
     return {"dead_tuples": dead, "oldest_xmin_age": None if row is None or row[0] is None else int(row[0])}
@@ -441,7 +442,8 @@ async def held_session(run: chaos.Run, cluster: PatroniCluster, probe: Probe, ki
 
 async def operator_reads(run: chaos.Run, key: str, phase: Phase, answers: dict[str, Counter[str]]) -> None:
     """The operator reads all along: list tasks, show one of them, list scans, every 0.25 s.
-    ``answers[phase][status]``: status is the HTTP status, or ``no answer``."""
+    ``answers[phase][status]``: status is the HTTP status, or ``no answer``; and
+    ``answers[phase]["slowest_ms"]``, the slowest answer's wait."""
     ctx = ssl.create_default_context(cafile=str(run.gateway.pki_dir / "ca.pem"))
     base = f"https://localhost:{run.gateway.operator_port}"
     shown: str | None = None
@@ -454,6 +456,7 @@ async def operator_reads(run: chaos.Run, key: str, phase: Phase, answers: dict[s
                     continue
                 path = {"list tasks": "/v1/tasks?limit=20", "show task": f"/v1/tasks/{shown}",
                         "list scans": "/v1/scans?limit=5"}[what]
+                sent = time.monotonic()
                 try:
                     async with session.get(base + path) as r:
                         status = str(r.status)
@@ -463,7 +466,9 @@ async def operator_reads(run: chaos.Run, key: str, phase: Phase, answers: dict[s
                                 shown = str(items[-1]["id"])
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     status = "no answer"
-                answers.setdefault(phase.name, Counter())[status] += 1
+                counts = answers.setdefault(phase.name, Counter())
+                counts[status] += 1
+                counts["slowest_ms"] = max(counts["slowest_ms"], round((time.monotonic() - sent) * 1e3))
             await asyncio.sleep(0.25)
 
 
@@ -536,7 +541,7 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
         fed_throughout = not feeder.done()  # tasks still being created when the last fault ended
         await feeder
         chaos.log(f"faults over after {fault_window:.0f}s; draining")
-        drain_seconds = await chaos.drain(run, settings.drain_seconds)
+        drain_seconds = await chaos.drain(run, settings.drain_seconds, chaos.TASK_TYPE)
         fivexx = await http_5xx(run)
         for helper in helpers:
             helper.cancel()
@@ -559,7 +564,8 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
         await run.pool.close()
     failovers = sum(1 for r in recoveries if r.old_leader != r.new_leader)
     operator = {name: dict(sorted(counts.items())) for name, counts in reads.items()}
-    bad_reads = sum(n for counts in operator.values() for status, n in counts.items() if status not in ("200", "503"))
+    bad_reads = sum(n for counts in operator.values() for status, n in counts.items()
+                    if status not in ("200", "503", "slowest_ms"))
     other_5xx = sum(n for key, n in fivexx.items() if not key.startswith("503 "))
     member_loss = extra.get("etcd_member_loss")
     ok = (all(v == 0 for v in result["counts"].values()) and verify.get("ok") is True and chain.get("ok") is True
@@ -591,8 +597,9 @@ async def soak(settings: argparse.Namespace, workdir: Path, cluster: PatroniClus
 
 def _reads(r: dict[str, Any], phase: str) -> str:
     counts = r["operator_reads"].get(phase, {})
-    other = sum(n for status, n in counts.items() if status not in ("200", "503"))
-    return f"{counts.get('200', 0)} / {counts.get('503', 0)} / {other}"
+    other = sum(n for status, n in counts.items() if status not in ("200", "503", "slowest_ms"))
+    return (f"{counts.get('200', 0)} / {counts.get('503', 0)} / {other} "
+            f"(slowest {counts.get('slowest_ms', 0) / 1e3:.1f} s)")
 
 
 def _s(value: float | None) -> str:
@@ -604,7 +611,7 @@ def report(r: dict[str, Any]) -> None:
           f"etcd_members={r['etcd_members']} failovers={r['failovers']} fault_window_s={r['seconds']['fault_window']} "
           f"drain_s={r['seconds']['drain']} total_s={r['seconds']['total']} fed_throughout={r['fed_throughout']}")
     print("| # | fault | primary | writable after | a task completes after | cluster whole after "
-          "| operator reads 200 / 503 / other |")
+          "| operator reads 200 / 503 / other |")  # other: neither 200 nor 503 (a failure)
     print("|---|---|---|---|---|---|---|")
     for x in r["recoveries"]:
         print(f"| {x['number']} | {x['kind']} | {x['old_leader']} → {x['new_leader']} | {x['writable_s']} s "
@@ -647,7 +654,7 @@ def report(r: dict[str, Any]) -> None:
     held = [r[k] for k in ("idle_in_tx", "long_reader") if r[k]]
     if held:
         print()
-        print("| session | window | seconds | tasks completed | probe acquire p50 / p99 | oldest xmin age | "
+        print("| session | window | seconds | tasks completed | probe acquire p50 / p99 | horizon age (xids) | "
               + " | ".join(f"dead {t}" for t in HOT_TABLES) + " |")
         print("|---|---|---|---|---|---|" + "---|" * len(HOT_TABLES))
         for h in held:
