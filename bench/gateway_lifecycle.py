@@ -11,8 +11,14 @@ Prints numbers, asserts nothing. In one run, on one server:
 4. ``long_poll``: a worker waits in acquire; another connection creates a task; the time until
    the worker's answer arrives (p50/p99 over K tries) — NOTIFY wake-up, not a poll tick.
 
+Several leases per request: ``--max-tasks K`` (each acquire asks for up to K leases; a loop
+completes them one after the other) and ``--carry-acquire`` (a completion that leaves the loop
+without a lease carries the next acquire); ``--modes v1,8,8+carry --rounds 2`` drains once per
+mode, alternating, on one Gateway (each on a fresh queue). Each drain prints the requests per
+task it measured, the histogram of leases per answer and the load average.
+
 Usage: ``.venv/bin/python bench/gateway_lifecycle.py [--tasks 6000] [--loops 24] [--processes 2]
-[--profile]``. It drops and recreates the scratch databases ``leasehold_gw*`` on the server.
+[--max-tasks K] [--carry-acquire] [--modes M,...] [--rounds R] [--profile]``. It drops and recreates the scratch databases ``leasehold_gw*`` on the server.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -36,7 +43,7 @@ from uuid import UUID
 import aiohttp
 import orjson
 from common import CpuMeter, recreate_database, resolve_server_url
-from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit
+from core_lifecycle import DEFAULT_YARDSTICK_DIR, percentile, run_pg_limit, server_counters
 
 from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
 from leasehold.domain.results import payload_sha256
@@ -129,61 +136,126 @@ async def setup(url: str, pki_dir: Path, workers: int, tasks: int, scans: int) -
                                              max_concurrent_tasks=64)
         await registry.assign_worker(wid, org)
         certs.append(cert.cert_path)
-    scan_ids = [await services.scans.create_scan(org, {"targets": ["bench"]}) for _ in range(scans)]
+    await queue_tasks(lifecycle, services.scans, org, tasks, scans)
+    return certs, lifecycle, services.scans, (pool, org)
+
+
+async def queue_tasks(lifecycle: Lifecycle, scans: Scans, org: UUID, tasks: int, scan_count: int) -> None:
+    """``tasks`` tasks, spread over ``scan_count`` new scans."""
+    scan_ids = [await scans.create_scan(org, {"targets": ["bench"]}) for _ in range(scan_count)]
     spec = TaskSpec(task_type="probe", scope={"targets": ["192.0.2.10"]}, lease_seconds=60,
                     execution_timeout_seconds=600)
     sem = asyncio.Semaphore(8)
 
     async def create(i: int) -> None:
         async with sem:
-            await lifecycle.create_task(scan_ids[i % scans], spec)
+            await lifecycle.create_task(scan_ids[i % scan_count], spec)
 
     await asyncio.gather(*(create(i) for i in range(tasks)))
-    return certs, lifecycle, services.scans, (pool, org)
 
 
-async def drain(workers: list[Worker], loops: int, tasks: int, step_by_step: bool = False) -> dict[str, Any]:
+async def settled(server: str, dbname: str) -> dict[str, int]:
+    """``dbname``'s pg_stat_database counters once every backend has flushed its statistics: an
+    idle backend flushes within 10 s, so this waits 11 s (only with ``--db-counters``)."""
+    await asyncio.sleep(11)
+    return await asyncio.to_thread(server_counters, server, dbname)
+
+
+def load_average() -> str:
+    """The box's load average (1, 5, 15 minutes) now: the benchmark shares it."""
+    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the worker loops acquire: ``max_tasks`` leases per acquire (None: a one-task acquire,
+    the protocol's first version, without the field), and whether each completion carries the
+    next acquire (``carry``) when the loop has no lease left."""
+
+    max_tasks: int | None = None
+    carry: bool = False
+
+    @property
+    def name(self) -> str:
+        return ("v1" if self.max_tasks is None else f"max{self.max_tasks}") + ("+carry" if self.carry else "")
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        """``8``, ``8+carry``, ``1+carry`` or ``v1`` (one task, no new field)."""
+        count, _, extra = text.partition("+")
+        if extra not in ("", "carry"):
+            raise argparse.ArgumentTypeError(f"unknown mode {text!r}: N, N+carry or v1")
+        return cls(None if count == "v1" else int(count), extra == "carry")
+
+
+async def drain(workers: list[Worker], loops: int, tasks: int, step_by_step: bool = False,
+                mode: Mode = Mode()) -> dict[str, Any]:
     """Run ``loops`` worker loops until the queue is empty (204) or ``tasks`` completed here: each
     task is acquire -> complete carrying the final batch (as the worker agent does), or with
-    ``step_by_step`` acquire -> results (final) -> complete."""
-    done = 0
+    ``step_by_step`` acquire -> results (final) -> complete. With ``mode``, an acquire asks for
+    up to ``max_tasks`` leases (the loop completes them one after the other), and a completion
+    that leaves the loop without a lease carries the next acquire."""
+    done = requests = 0
     latencies: list[float] = []
     errors: dict[str, int] = {}
+    sizes: dict[int, int] = {}  # leases per answer (acquire answers, and carried ones) -> answers
+
+    def leases_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+        if body.get("leases") is not None:
+            return list(body["leases"])
+        return [body["lease"]] if body.get("lease") else []
 
     async def loop(w: Worker) -> None:
-        nonlocal done
+        nonlocal done, requests
+        pending: list[dict[str, Any]] = []
         while done < tasks:
-            t0 = time.perf_counter()
-            status, body = await w.post("/v1/tasks/acquire", {"wait_seconds": 0})
-            latencies.append(time.perf_counter() - t0)
-            if status == 204:
-                return
-            if status != 200 or body["lease"] is None:
-                errors[f"acquire {status}"] = errors.get(f"acquire {status}", 0) + 1
-                continue
-            lease = body["lease"]
+            if not pending:
+                request: dict[str, Any] = {"wait_seconds": 0}
+                if mode.max_tasks is not None:
+                    request["max_tasks"] = mode.max_tasks
+                t0 = time.perf_counter()
+                status, body = await w.post("/v1/tasks/acquire", request)
+                latencies.append(time.perf_counter() - t0)
+                requests += 1
+                if status == 204:
+                    return
+                pending = leases_of(body) if status == 200 else []
+                if not pending:
+                    errors[f"acquire {status}"] = errors.get(f"acquire {status}", 0) + 1
+                    continue
+                sizes[len(pending)] = sizes.get(len(pending), 0) + 1
+            lease = pending.pop(0)
             base = f"/v1/tasks/{lease['task']['id']}/attempts/{lease['attempt_id']}"
             token = lease["lease_token"]
             batch = {"sequence_number": 1, "idempotency_key": "final", "payload_sha256": SHA, "payload": RECORDS}
             complete: dict[str, Any] = {"lease_token": token, "final_batch": batch}
             if step_by_step:
                 status, _ = await w.post(base + "/results", {"lease_token": token, **batch, "final": True})
+                requests += 1
                 if status != 200:
                     errors[f"results {status}"] = errors.get(f"results {status}", 0) + 1
                     continue
                 complete = {"lease_token": token}
-            status, _ = await w.post(base + "/complete", complete)
+            carried = mode.carry and not pending and done + 1 < tasks
+            if carried:
+                complete["acquire"] = {"max_tasks": mode.max_tasks or 1}
+            status, body = await w.post(base + "/complete", complete)
+            requests += 1
             if status == 200:
                 done += 1
+                if carried:
+                    pending = leases_of(body)
+                    if pending:
+                        sizes[len(pending)] = sizes.get(len(pending), 0) + 1
             else:
                 errors[f"complete {status}"] = errors.get(f"complete {status}", 0) + 1
 
     await asyncio.gather(*(loop(workers[i % len(workers)]) for i in range(loops)))
-    return {"tasks": done, "latencies": latencies, "errors": errors}
+    return {"tasks": done, "latencies": latencies, "errors": errors, "requests": requests, "sizes": sizes}
 
 
 def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int, step_by_step: bool,
-                   start: Any, out: Any) -> None:
+                   mode: Mode, start: Any, out: Any) -> None:
     """One client process: its own event loop and sessions (the client is CPU-heavy too)."""
 
     async def main() -> dict[str, Any]:
@@ -191,7 +263,7 @@ def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int,
                           limit=max(1, loops // len(certs) + 1)) for c in certs]
         try:
             start.wait()
-            return await drain(workers, loops, tasks, step_by_step)
+            return await drain(workers, loops, tasks, step_by_step, mode)
         finally:
             for w in workers:
                 await w.session.close()
@@ -200,13 +272,13 @@ def _drain_process(base: str, ca: str, certs: list[str], loops: int, tasks: int,
 
 
 def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks: int,
-                       processes: int, step_by_step: bool = False) -> dict[str, Any]:
+                       processes: int, step_by_step: bool = False, mode: Mode = Mode()) -> dict[str, Any]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_drain_process, args=(base, str(ca), [str(c) for c in certs[i::processes]],
-                                                      loops // processes, tasks, step_by_step, start, out))
+                                                      loops // processes, tasks, step_by_step, mode, start, out))
              for i in range(processes)]
     for p in procs:
         p.start()
@@ -220,13 +292,19 @@ def drain_in_processes(base: str, ca: Path, certs: list[Path], loops: int, tasks
     done = sum(part["tasks"] for part in parts)
     latencies = [x for part in parts for x in part["latencies"]]
     errors: dict[str, int] = {}
+    sizes: dict[int, int] = {}
     for part in parts:
         for k, v in part["errors"].items():
             errors[k] = errors.get(k, 0) + v
-    return {"tasks": done, "seconds": round(elapsed, 2), "tasks_per_s": round(done / elapsed),
+        for n, count in part["sizes"].items():
+            sizes[n] = sizes.get(n, 0) + count
+    requests = sum(part["requests"] for part in parts)
+    return {"mode": mode.name, "tasks": done, "seconds": round(elapsed, 2), "tasks_per_s": round(done / elapsed),
             "acquire_p50_ms": round(percentile(latencies, 50) * 1000, 2),
             "acquire_p99_ms": round(percentile(latencies, 99) * 1000, 2), "errors": errors,
-            "client_processes": processes}
+            "client_processes": processes, "requests": requests,
+            "requests_per_task": round(requests / max(done, 1), 3),
+            "leases_per_answer": dict(sorted(sizes.items()))}
 
 
 def cpu_per_task(used: dict[str, float], tasks: int) -> dict[str, float]:
@@ -301,22 +379,45 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           limit=max(1, args.loops // len(certs) + 1)) for c in certs]
         try:
             await gateway.ready(pki.ca_cert)
-            meter = CpuMeter({"gateway": gateway.proc.pid})
-            results["gateway"] = await asyncio.to_thread(
-                drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
-                args.step_by_step)
-            g = results["gateway"]
-            g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
-            print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
-                  f"client_processes={args.client_processes} "
-                  f"requests_per_task={3 if args.step_by_step else 2} "
-                  f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
-                  f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']}")
-            for name in ("pg_limit", "procrastinate", "pgqueuer"):
-                if results.get(name):
-                    print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f}")
-            print("gateway_lifecycle_cpu_ms_per_task " + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
-                  + " (CPU of the whole box per completed task, and who spent it)")
+            modes = args.modes or [Mode(args.max_tasks, args.carry_acquire)]
+            runs: list[dict[str, Any]] = []
+            for n, mode in enumerate(modes * args.rounds):
+                if n:  # every drain after the first gets a queue of its own, as large
+                    await queue_tasks(lifecycle, scans, org, args.tasks, args.scans)
+                before = await settled(server, args.scratch_prefix) if args.db_counters else None
+                meter = CpuMeter({"gateway": gateway.proc.pid})
+                g = await asyncio.to_thread(
+                    drain_in_processes, base, pki.ca_cert, certs, args.loops, args.tasks, args.client_processes,
+                    args.step_by_step, mode)
+                g["cpu_ms_per_task"] = cpu_per_task(meter.stop(), g["tasks"])
+                g["loadavg"] = load_average()
+                if before is not None:
+                    after = await settled(server, args.scratch_prefix)
+                    g["db_per_task"] = {("wal_bytes" if k == "wal_lsn" else k): round((after[k] - before[k])
+                                                                                    / max(g["tasks"], 1), 2)
+                                        for k in after}
+                runs.append(g)
+                extra = "" if mode == Mode() else (
+                    f"mode={mode.name} requests_per_task_measured={g['requests_per_task']} "
+                    f"leases_per_answer={json.dumps(g['leases_per_answer'], separators=(',', ':'))} ")
+                print(f"gateway_lifecycle processes={1 if profile else args.processes} loops={args.loops} "
+                      f"client_processes={args.client_processes} "
+                      f"requests_per_task={3 if args.step_by_step else 2} {extra}"
+                      f"tasks={g['tasks']} tasks_per_s={g['tasks_per_s']} acquire_p50_ms={g['acquire_p50_ms']} "
+                      f"acquire_p99_ms={g['acquire_p99_ms']} errors={g['errors']} loadavg={g['loadavg']}")
+                for name in ("pg_limit", "procrastinate", "pgqueuer"):
+                    if results.get(name):
+                        print(f"ratio_to_{name}={g['tasks_per_s'] / results[name]:.2f} mode={mode.name}")
+                print("gateway_lifecycle_cpu_ms_per_task "
+                      + " ".join(f"{k}={v}" for k, v in g["cpu_ms_per_task"].items())
+                      + f" mode={mode.name} (CPU of the whole box per completed task, and who spent it)")
+                if "db_per_task" in g:
+                    print(f"gateway_lifecycle_db_per_task mode={mode.name} "
+                          + " ".join(f"{k}={v}" for k, v in g["db_per_task"].items())
+                          + " (the database's counters per completed task: transactions, rows, WAL)")
+            g = results["gateway"] = runs[0]
+            if len(runs) > 1:
+                results["modes"] = runs
             results["ceiling"] = ceiling(g["cpu_ms_per_task"], results)
             print("ceiling " + " ".join(f"{k}={v}" for k, v in results["ceiling"].items()))
             results["long_poll"] = await long_poll(workers[0], lifecycle, scans, org, args.long_poll_tries)
@@ -352,6 +453,18 @@ def main() -> int:
     p.add_argument("--skip-yardsticks", action="store_true")
     p.add_argument("--step-by-step", action="store_true",
                    help="three requests a task (results, then complete) instead of complete carrying the batch")
+    p.add_argument("--max-tasks", type=int, default=None, metavar="K",
+                   help="each acquire asks for up to K leases (max_tasks); default: the one-task acquire")
+    p.add_argument("--carry-acquire", action="store_true",
+                   help="a completion that leaves a loop without a lease carries the next acquire")
+    p.add_argument("--modes", type=lambda text: [Mode.parse(m) for m in text.split(",")], default=None,
+                   metavar="M,M,...",
+                   help="drain once per mode, in turn, on one Gateway (v1, N or N+carry, e.g. v1,8,8+carry); "
+                        "each drain after the first on a fresh queue of --tasks")
+    p.add_argument("--db-counters", action="store_true",
+                   help="also print each drain's transactions, rows and WAL per task (pg_stat_database; waits "
+                        "11 s before and after each drain for the statistics to settle)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the --modes sequence (alternating) R times")
     p.add_argument("--profile", metavar="FILE", help="run one Gateway process under cProfile, write FILE")
     p.add_argument("--scratch-prefix", default="leasehold_gw",
                    help="names of the scratch databases it drops and recreates (default leasehold_gw)")

@@ -65,6 +65,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
         ("scans", "create, list, show and cancel scans (operator API)"),
         ("tasks", "list, show, retry and cancel tasks; their history (operator API)"),
         ("bulk", "cancel or retry every task a filter selects, tracked (operator API)"),
+        ("webhooks", "notifications to an organisation's URLs, signed: subscribe, deliveries, redeliver (operator API)"),
         ("profiles", "stored scan profiles: create, list, show, replace, delete (operator API)"),
         ("schedules", "scheduled scans: create, list, show, pause, resume, run now, delete (operator API)"),
         ("counts", "tasks by state, scans by status and queues per organisation (operator API)"),

@@ -44,6 +44,11 @@ from leasehold.client.models import (
     TaskPage,
     TaskSummary,
     ThreatList,
+    WebhookDelivery,
+    WebhookDeliveryPage,
+    WebhookSubscription,
+    WebhookSubscriptionCreated,
+    WebhookSubscriptionPage,
     Worker,
     WorkerPage,
 )
@@ -496,3 +501,38 @@ class OperatorClient:
             if operation.status != "running":
                 return operation
             await asyncio.sleep(interval)
+
+    # --- webhooks ------------------------------------------------------------------------------
+
+    async def create_webhook(self, url: str, *, organization_id: Ids | None = None,
+                             event_types: list[str] | None = None,
+                             description: str | None = None) -> WebhookSubscriptionCreated:
+        """Subscribe ``url`` to the organisation's notifications (``event_types``: default all). The
+        answer's ``secret`` signs every delivery: keep it, it is never shown again."""
+        body = _body(organization_id=str(organization_id) if organization_id is not None else None,
+                     event_types=event_types, description=description)
+        return await self._post(WebhookSubscriptionCreated, "/v1/webhooks", {"url": url, **body})
+
+    async def list_webhooks(self) -> WebhookSubscriptionPage:
+        return await self._get(WebhookSubscriptionPage, "/v1/webhooks")
+
+    async def get_webhook(self, webhook_id: Ids) -> WebhookSubscription:
+        return await self._get(WebhookSubscription, f"/v1/webhooks/{webhook_id}")
+
+    async def delete_webhook(self, webhook_id: Ids) -> WebhookSubscription:
+        """Disable the subscription: nothing more is sent; its pending deliveries become dead letters."""
+        return await self._send("DELETE", WebhookSubscription, f"/v1/webhooks/{webhook_id}")
+
+    async def webhook_deliveries(self, webhook_id: Ids, *, state: str | None = None,
+                                 limit: int | None = None) -> WebhookDeliveryPage:
+        """The subscription's deliveries, newest first; ``state``: pending, delivered or dead."""
+        return await self._get(WebhookDeliveryPage, f"/v1/webhooks/{webhook_id}/deliveries", state=state,
+                               limit=limit)
+
+    async def redeliver_webhook(self, webhook_id: Ids, delivery_id: Ids) -> WebhookDelivery:
+        """Send a delivery again (same id), with a fresh budget of attempts."""
+        return await self._post(WebhookDelivery, f"/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver")
+
+    async def test_webhook(self, webhook_id: Ids) -> WebhookDelivery:
+        """Queue a test ping (type ``webhook.test``) to the subscription."""
+        return await self._post(WebhookDelivery, f"/v1/webhooks/{webhook_id}/test")

@@ -413,3 +413,48 @@ class BulkTaskOutcome(Answer):
 class BulkTaskOutcomePage(Answer):
     items: list[BulkTaskOutcome] = Field(description="in task id order")
     next_after: UUID | None = Field(description="pass as `after` for the next page; null on the last page")
+
+
+WebhookEventType = Literal["scan.finished", "scan.failed", "task.failed", "task.cancellation_stuck", "worker.gone"]
+DeliveryState = Literal["pending", "delivered", "dead"]
+
+
+class WebhookSubscription(Answer):
+    id: UUID
+    organization_id: UUID
+    url: str
+    event_types: list[WebhookEventType] = Field(description="the notifications it receives")
+    description: str | None
+    enabled: bool = Field(description="false once deleted: nothing more is sent to it")
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class WebhookSubscriptionCreated(WebhookSubscription):
+    secret: str = Field(description="the signing secret (`whsec_…`): shown this once, never again")
+
+
+class WebhookSubscriptionPage(Answer):
+    items: list[WebhookSubscription] = Field(description="newest first")
+
+
+class WebhookDelivery(Answer):
+    id: UUID = Field(description="the notification id (`webhook-id`): the same at every attempt; deduplicate by it")
+    subscription_id: UUID
+    organization_id: UUID
+    event_type: str
+    payload: dict[str, Any] = Field(description="the body's `data`")
+    state: DeliveryState
+    created_at: datetime
+    attempts: int = Field(description="sends so far (a redelivery starts counting again)")
+    next_attempt_at: datetime | None = Field(description="when it is sent next (pending only)")
+    last_attempt_at: datetime | None
+    last_status: int | None = Field(description="the receiver's last HTTP status (null: no answer)")
+    last_error: str | None
+    delivered_at: datetime | None
+    dead_lettered_at: datetime | None
+
+
+class WebhookDeliveryPage(Answer):
+    items: list[WebhookDelivery] = Field(description="newest first")

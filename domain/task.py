@@ -326,6 +326,8 @@ Command = (
 
 #: ``TaskCancelled.reason`` when the worker acknowledged the cancellation.
 ACKNOWLEDGED_BY_WORKER = "acknowledged by worker"
+#: ``TaskCancelled.reason`` when the worker did not acknowledge it within the grace (the sweeper).
+NOT_ACKNOWLEDGED = "not acknowledged in time; terminated by the gateway"
 
 
 # --- decide ---------------------------------------------------------------------------------
@@ -664,7 +666,7 @@ class _Decider:
         current = self.task.current_attempt
         return [self._event(TaskCancelled, scan_job_id=self.task.scan_job_id,
                             attempt_id=current.id if current is not None and current.live else None,
-                            reason="not acknowledged in time; terminated by the gateway")]
+                            reason=NOT_ACKNOWLEDGED)]
 
     def retry(self, c: RetryTask) -> list[DomainEvent]:
         task = self.task

@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from psycopg_pool import AsyncConnectionPool
 
+from leasehold.domain.retry import RetryPolicy
 from leasehold.gateway import health
 from leasehold.gateway.api import operator as operator_api
 from leasehold.gateway.api import service as service_api
@@ -37,6 +38,7 @@ from leasehold.gateway.background import (
     sampler,
     scheduler,
     sweeper,
+    webhooks,
 )
 from leasehold.gateway.background.hints import Hints
 from leasehold.gateway.background.notify import Notifier
@@ -156,6 +158,16 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                      hold=settings.bulk_hold_seconds, on_pass=lambda _: metrics.passed("bulk")),
                             name="leasehold-bulk"),
     ]
+    sender = webhooks.Sender(
+        services.webhooks, webhooks.session(), timeout=settings.webhook_timeout_seconds,
+        max_attempts=settings.webhook_max_attempts,
+        backoff=RetryPolicy(base_seconds=settings.webhook_backoff_base_seconds,
+                            cap_seconds=settings.webhook_backoff_cap_seconds),
+        on_send=lambda outcome: metrics.webhook_sends.labels(outcome).inc())
+    loops.append(asyncio.create_task(
+        webhooks.run(sender, settings.webhook_interval_seconds, idle=timedelta(seconds=settings.worker_idle_seconds),
+                     gone_every=settings.presence_publish_seconds, on_pass=lambda _: metrics.passed("webhooks")),
+        name="leasehold-webhooks"))
     sealer = app.get(SEALER)
     if sealer is not None:
         loops.append(asyncio.create_task(checkpointer.run(db, settings.seal_interval_seconds, sealer,
@@ -190,6 +202,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         _, stuck = await asyncio.wait(loops, timeout=LOOP_STOP_SECONDS)
         if stuck:
             log.warning("background loops did not stop in time", extra={"loops": [t.get_name() for t in stuck]})
+        await sender.session.close()
         # What this process saw since its last publish goes out before the pool closes: a stop
         # loses no presence (a crash loses at most one interval). Bounded: with the database
         # away, stopping does not wait for it.

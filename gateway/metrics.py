@@ -125,6 +125,13 @@ class Metrics:
             "leasehold_presence_publishes_total",
             "Worker presence publishes: one statement each, for every worker seen since the last one",
             registry=self.registry)
+        self.webhook_sends = Counter(
+            "leasehold_webhook_sends_total",
+            "Webhook deliveries sent by this process, by outcome: delivered (a 2xx answer), retry (failed, due "
+            "again after its backoff), dead (failed with its attempts spent: a dead letter)",
+            ["outcome"], registry=self.registry)
+        for outcome in ("delivered", "retry", "dead"):
+            self.webhook_sends.labels(outcome)
         self.presence_workers = Counter(
             "leasehold_presence_workers_published_total",
             "Workers whose last poll, renew or write went out in a presence publish", registry=self.registry)

@@ -23,6 +23,7 @@ from leasehold.gateway.commands.registry import Registry
 from leasehold.gateway.commands.scans import Scans
 from leasehold.gateway.commands.schedules import FailureBackoff, Schedules
 from leasehold.gateway.commands.scope_pages import ScopePages
+from leasehold.gateway.commands.webhooks import Webhooks
 from leasehold.persistence.transaction import Clock, Database, system_clock
 
 
@@ -39,6 +40,7 @@ class Services:
     legacy: LegacyScans
     scope_pages: ScopePages
     bulk: BulkOperations
+    webhooks: Webhooks
 
 
 def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Random | None = None,
@@ -60,4 +62,5 @@ def build_services(db: Database, *, clock: Clock = system_clock, rng: random.Ran
         schedules=Schedules(db, clock=clock, new_id=new_id, backoff=schedule_backoff,
                             on_failure=on_schedule_failure),
         profiles=Profiles(db, clock=clock, new_id=new_id), legacy=LegacyScans(db, clock=clock, new_id=new_id),
-        scope_pages=ScopePages(db, clock=clock), bulk=BulkOperations(db, lifecycle, clock=clock, new_id=new_id))
+        scope_pages=ScopePages(db, clock=clock), bulk=BulkOperations(db, lifecycle, clock=clock, new_id=new_id),
+        webhooks=Webhooks(db, clock=clock, new_id=new_id))

@@ -76,6 +76,20 @@ class GatewaySettings(BaseSettings):
     bulk_batch: int = Field(200, ge=1, le=10_000,
                             description="tasks a process reaches of one bulk operation before it takes the next "
                                         "(operations run side by side, a batch each in turn)")
+    webhook_interval_seconds: float = Field(
+        2.0, gt=0, le=600, description="how often each process looks for due webhook deliveries and sends them "
+                                       "(one transaction when none is due): the longest a new notification waits "
+                                       "before its first send")
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="a webhook receiver must answer within this, else the attempt failed")
+    webhook_max_attempts: int = Field(
+        16, ge=1, le=100, description="sends of one webhook delivery before it becomes a dead letter (an "
+                                      "operator can redeliver it)")
+    webhook_backoff_base_seconds: float = Field(
+        5.0, gt=0, le=3600, description="wait after a delivery's first failed send; doubled after each further "
+                                        "one (less a random jitter of up to half), up to webhook_backoff_cap_seconds")
+    webhook_backoff_cap_seconds: float = Field(
+        3600.0, gt=0, le=86400, description="longest wait between two sends of a webhook delivery")
     listen: bool = Field(True, description="wake long-polls by PostgreSQL LISTEN/NOTIFY; turn off where LISTEN "
                                            "is unavailable (e.g. a transaction-pooling proxy): Redis hints and "
                                            "the poll remain")

@@ -35,6 +35,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     WithJsonSchema,
+    model_validator,
 )
 from typing_extensions import TypeAliasType
 
@@ -42,6 +43,9 @@ from leasehold.domain.limits import check_field
 
 __all__ = [
     "INTEGRAL",
+    "MAX_MULTI_REQUEST_ID",
+    "MAX_TASKS_PER_ACQUIRE",
+    "AcquireMore",
     "AcquireRequest",
     "AcquireResponse",
     "Answer",
@@ -50,6 +54,7 @@ __all__ = [
     "BatchBody",
     "CancelNotice",
     "CompleteRequest",
+    "CompleteResponse",
     "FailRequest",
     "FinalBatch",
     "Lease",
@@ -119,6 +124,23 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+#: The most leases one acquire grants (``max_tasks``); the worker's free capacity bounds it too.
+MAX_TASKS_PER_ACQUIRE = 32
+#: The longest ``request_id`` of an acquire with ``max_tasks`` above 1: its leases after the first
+#: are stored under ``<request_id>#<n>``, which must fit the 200 characters of a request id.
+MAX_MULTI_REQUEST_ID = 196
+
+_MAX_TASKS_DESCRIPTION = (
+    f"lease up to this many tasks in one answer (1 to {MAX_TASKS_PER_ACQUIRE}; never more than the "
+    "worker's free capacity): every lease is granted by the same rules as a one-task acquire, in one "
+    "transaction, and listed in `leases`")
+
+
+def _check_multi_request_id(max_tasks: int, request_id: str | None) -> None:
+    if max_tasks > 1 and request_id is not None and len(request_id) > MAX_MULTI_REQUEST_ID:
+        raise ValueError(f"request_id must be at most {MAX_MULTI_REQUEST_ID} characters when max_tasks is above 1")
+
+
 # --- requests --------------------------------------------------------------------------------
 
 
@@ -127,11 +149,37 @@ class AcquireRequest(Request):
         0, description="long-poll up to this many seconds")
     request_id: str | None = Field(
         None, min_length=1, max_length=200,
-        description="makes acquire retry-safe: repeating it returns the same lease (with a fresh token)")
+        description="makes acquire retry-safe: repeating it returns the same lease (with a fresh token); "
+                    f"with max_tasks above 1, the same leases, and at most {MAX_MULTI_REQUEST_ID} characters")
+    max_tasks: Annotated[StrictInt, Field(ge=1, le=MAX_TASKS_PER_ACQUIRE), INTEGRAL] | None = Field(
+        None, description=_MAX_TASKS_DESCRIPTION + " (absent: one task, and the answer has no `leases`)")
     known_cancels: list[UUID] = Field(
         default_factory=list, max_length=1000,
         description="attempts the worker already knows are being cancelled: not reported again, so "
                     "the long-poll keeps waiting instead of answering them over and over")
+
+    @model_validator(mode="after")
+    def _request_id_fits(self) -> AcquireRequest:
+        _check_multi_request_id(self.max_tasks or 1, self.request_id)
+        return self
+
+
+class AcquireMore(Request):
+    """The next acquire, carried by a completion (or a failure): leases granted after it committed,
+    without a long-poll."""
+
+    max_tasks: Annotated[StrictInt, Field(ge=1, le=MAX_TASKS_PER_ACQUIRE), INTEGRAL] = Field(
+        1, description=_MAX_TASKS_DESCRIPTION)
+    request_id: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="makes the carried acquire retry-safe: a repeated completion with it returns the same "
+                    f"leases (fresh tokens) and leases nothing more (with max_tasks above 1, at most "
+                    f"{MAX_MULTI_REQUEST_ID} characters)")
+
+    @model_validator(mode="after")
+    def _request_id_fits(self) -> AcquireMore:
+        _check_multi_request_id(self.max_tasks, self.request_id)
+        return self
 
 
 class WorkerWriteRequest(Request):
@@ -157,10 +205,16 @@ class FinalBatch(BatchBody):
     """The attempt's final batch, sent with ``complete`` (it is the final one by definition)."""
 
 
+_CARRY_DESCRIPTION = ("the worker's next acquire, made after this write committed (no long-poll): the answer "
+                      "then carries `leases`, empty when nothing was granted or the acquire failed (the write "
+                      "itself is done either way)")
+
+
 class CompleteRequest(WorkerWriteRequest):
     final_batch: FinalBatch | None = Field(
         None, description="the attempt's last result batch, submitted and the task completed in one step "
                           "(exactly as POST …/results with final=true, then POST …/complete)")
+    acquire: AcquireMore | None = Field(None, description=_CARRY_DESCRIPTION)
 
 
 class ScopePageRequest(WorkerWriteRequest):
@@ -171,6 +225,7 @@ class ScopePageRequest(WorkerWriteRequest):
 class FailRequest(WorkerWriteRequest):
     error: str = Field(max_length=20_000)
     retryable: StrictBool = True
+    acquire: AcquireMore | None = Field(None, description=_CARRY_DESCRIPTION)
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -268,8 +323,18 @@ class Lease(Answer):
 class AcquireResponse(Answer):
     """A new lease, and/or the worker's attempts whose tasks were cancelled (stop them)."""
 
-    lease: Lease | None
+    lease: Lease | None = Field(description="the first lease granted (null: none)")
     cancel_requested: list[CancelNotice]
+    leases: list[Lease] | None = Field(
+        None, description="every lease granted, in the order granted (`lease` is the first); present only "
+                          "when the request set max_tasks")
+
+
+class CompleteResponse(TaskStatus):
+    """A completion's or a failure's answer; with a carried ``acquire``, the leases it granted."""
+
+    leases: list[Lease] | None = Field(
+        None, description="the leases the carried acquire granted (present only when the request carried one)")
 
 
 class RenewResponse(TaskStatus):

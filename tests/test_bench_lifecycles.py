@@ -78,11 +78,17 @@ def test_core_lifecycle_runs_every_section_but_the_history(pg_server_url: str, s
 def test_gateway_lifecycle_drains_a_small_queue(pg_server_url: str, scratch: str) -> None:
     lines = _run("gateway_lifecycle.py", "--database-url", pg_server_url, "--scratch-prefix", scratch,
                  "--tasks", "40", "--loops", "2", "--workers", "2", "--scans", "4", "--processes", "1",
-                 "--client-processes", "1", "--long-poll-tries", "2", "--skip-yardsticks")
+                 "--client-processes", "1", "--long-poll-tries", "2", "--skip-yardsticks",
+                 "--modes", "v1,4+carry")
     line = _line(lines, rf"gateway_lifecycle processes=1 loops=2 .*requests_per_task=2 tasks=40 "
                         rf"tasks_per_s={NUMBER} .*errors={{}}")
     assert "acquire_p50_ms=" in line
     _line(lines, rf"gateway_lifecycle_cpu_ms_per_task box={NUMBER} gateway={NUMBER}")
+    # Several leases per acquire, and the next acquire carried by the completion: fewer requests.
+    many = _line(lines, rf"gateway_lifecycle .* mode=max4\+carry requests_per_task_measured=({NUMBER}) "
+                        rf"leases_per_answer={{.*}} tasks=40 tasks_per_s={NUMBER} .*errors={{}} loadavg=")
+    measured = re.search(r"requests_per_task_measured=([0-9.]+)", many)
+    assert measured is not None and float(measured.group(1)) < 1.5
 
 
 def test_wakeup_measures_the_notify_path(pg_server_url: str, scratch: str) -> None:

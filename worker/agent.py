@@ -1,7 +1,13 @@
 """The worker agent: the acquire loop, concurrency, cancellation notices and shutdown.
 
-One acquirer long-polls the Gateway for one task at a time while fewer than
-``max_concurrency`` tasks run; each lease gets a :class:`~worker.runner.TaskRunner`.
+One acquirer long-polls the Gateway while fewer than ``max_concurrency`` tasks run; each lease
+gets a :class:`~worker.runner.TaskRunner`.
+
+* **Several tasks per request** (``acquire_many``, on by default). An acquire asks for every
+  slot free at that moment (``max_tasks``), and each task's ending write (complete or fail)
+  carries the next acquire, for its own slot and every other free one: a busy worker makes
+  about one request per task beyond the task's own writes. Off, every acquire asks for one
+  task, as the Gateway's first protocol version did.
 
 * **Acquire retries.** Every acquire has a fresh ``request_id``; after a network error or a
   5xx the *same* acquire is retried with the *same* ``request_id``, so an answer lost on the way
@@ -27,13 +33,14 @@ import time
 import uuid
 from uuid import UUID
 
-from leasehold.protocol.wire import AcquireResponse, CancelNotice
+from leasehold.protocol.wire import MAX_TASKS_PER_ACQUIRE, AcquireMore, AcquireResponse, CancelNotice, Lease
 from leasehold.worker.backoff import Backoff, sleep_unless
 from leasehold.worker.client import (
     GatewayClient,
     InvalidAnswer,
     Rejected,
     Stopped,
+    leases_of,
 )
 from leasehold.worker.plugin import PluginResolver
 from leasehold.worker.runner import AcquireTiming, TaskRunner
@@ -65,6 +72,9 @@ class Agent:
         self._stopping: asyncio.Event | None = None
         self._signals = 0
         self._unknown_cancels: set[UUID] = set()
+        self._slots = Slots(settings.max_concurrency)
+        #: Several tasks per request: the setting, until a Gateway refuses the fields (an older one).
+        self._many = settings.acquire_many
 
     # --- control ------------------------------------------------------------------------------
 
@@ -159,46 +169,61 @@ class Agent:
 
     async def _acquire_loop(self, client: GatewayClient) -> None:
         assert self._stopping is not None
-        slots = asyncio.Semaphore(self.settings.max_concurrency)
+        slots = self._slots = Slots(self.settings.max_concurrency)
         idle = Backoff(0.5, 5.0)  # answers that carry nothing new: wait, do not spin
         while not self._stopping.is_set():
-            await slots.acquire()
+            await slots.take()
+            # One slot waited for, and every other one free now: one request asks for them all.
+            asked = 1 + slots.take_free(self._batch_limit() - 1) if self._many else 1
             try:
-                answer, timing, asked = await self._acquire(client)
+                answer, timing, waited = await self._acquire(client, asked if self._many else None)
             except BaseException:
-                slots.release()
+                slots.give(asked)
                 raise
             news = self._on_cancel_notices(answer.cancel_requested)
-            lease = answer.lease
-            if lease is None:
-                slots.release()
+            leases = leases_of(answer)[:asked]
+            slots.give(asked - len(leases))
+            if not leases:
                 elapsed = timing.received - timing.first_sent
                 if answer.cancel_requested and not news:
                     # The Gateway repeats a cancellation until it is acknowledged; we act on it already.
                     await sleep_unless(self._stopping, idle.next_delay())
-                elif not answer.cancel_requested and elapsed < asked * _FAST_EMPTY_FRACTION:
+                elif not answer.cancel_requested and elapsed < waited * _FAST_EMPTY_FRACTION:
                     await sleep_unless(self._stopping, idle.next_delay())
                 else:
                     idle.reset()
                 continue
             idle.reset()
-            runner = TaskRunner(lease, timing, client=client, settings=self.settings, resolver=self.resolver,
-                                status=self.status)
-            log.info("task acquired", extra={**runner.log_fields, "lease_seconds": lease.task.lease_seconds,
-                                             "execution_timeout_seconds": lease.task.execution_timeout_seconds,
-                                             "request_id": timing.request_id, "acquire_retried": timing.retried})
-            self.runners[lease.attempt_id] = runner
-            task = asyncio.create_task(runner.run(), name=f"task-{lease.task.id}")
-            self._tasks.add(task)
+            for lease in leases:
+                self._start(client, lease, timing)
 
-            def finished(done: asyncio.Task[str], attempt_id: UUID = lease.attempt_id) -> None:
-                self._tasks.discard(done)
-                self.runners.pop(attempt_id, None)
-                slots.release()
+    def _batch_limit(self) -> int:
+        """The most tasks one acquire asks for."""
+        return min(self.settings.max_concurrency, MAX_TASKS_PER_ACQUIRE)
 
-            task.add_done_callback(finished)
+    def _start(self, client: GatewayClient, lease: Lease, timing: AcquireTiming) -> None:
+        """Run ``lease`` in a slot already taken for it; the slot is given back when it ends
+        (unless a lease its ending write carried took it over)."""
+        carry = _Carry(self, client, lease.attempt_id) if self._many else None
+        runner = TaskRunner(lease, timing, client=client, settings=self.settings, resolver=self.resolver,
+                            status=self.status, carry=carry)
+        log.info("task acquired", extra={**runner.log_fields, "lease_seconds": lease.task.lease_seconds,
+                                         "execution_timeout_seconds": lease.task.execution_timeout_seconds,
+                                         "request_id": timing.request_id, "acquire_retried": timing.retried})
+        self.runners[lease.attempt_id] = runner
+        task = asyncio.create_task(runner.run(), name=f"task-{lease.task.id}")
+        self._tasks.add(task)
 
-    async def _acquire(self, client: GatewayClient) -> tuple[AcquireResponse, AcquireTiming, int]:
+        def finished(done: asyncio.Task[str], attempt_id: UUID = lease.attempt_id) -> None:
+            self._tasks.discard(done)
+            self.runners.pop(attempt_id, None)
+            if carry is None or not carry.passed:
+                self._slots.give()
+
+        task.add_done_callback(finished)
+
+    async def _acquire(self, client: GatewayClient,
+                       max_tasks: int | None = None) -> tuple[AcquireResponse, AcquireTiming, int]:
         """One acquire (long-poll), retried with one request id until answered."""
         assert self._stopping is not None
         wait = self.settings.wait_seconds
@@ -218,7 +243,7 @@ class Agent:
             try:
                 answer = await client.acquire(request_id, wait_seconds=wait, stop=self._stopping,
                                               known_cancels=self._known_cancels(),
-                                              on_retry=on_retry)
+                                              on_retry=on_retry, max_tasks=max_tasks)
             except Stopped:
                 raise asyncio.CancelledError from None
             except InvalidAnswer as exc:
@@ -229,6 +254,12 @@ class Agent:
                     raise asyncio.CancelledError from None
                 continue
             except Rejected as exc:
+                if exc.status == 422 and max_tasks is not None:
+                    # A Gateway older than max_tasks refuses the field: one task per request from now on.
+                    log.warning("the Gateway does not take several tasks per request; acquiring one at a time",
+                                extra={"error": exc.detail})
+                    self._many = False
+                    return await self._acquire(client, None)
                 if exc.status == 409:
                     # The lease this request id created has ended already: ask anew.
                     log.info("acquire request id expired; using a new one", extra={"request_id": request_id})
@@ -260,3 +291,68 @@ class Agent:
                             "worker?); the Gateway ends it after its grace period",
                             extra={"task_id": str(notice.task_id), "attempt_id": str(notice.attempt_id)})
         return new
+
+
+class Slots:
+    """The agent's free task slots: one acquire loop waits for one, a runner's ending takes every
+    free one at once for the acquire it carries."""
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self._changed = asyncio.Event()
+
+    async def take(self) -> None:
+        """Take one slot, waiting for it."""
+        while self.free == 0:
+            self._changed.clear()
+            await self._changed.wait()
+        self.free -= 1
+
+    def take_free(self, most: int) -> int:
+        """Take up to ``most`` slots that are free now (never waits); how many."""
+        taken = max(0, min(most, self.free))
+        self.free -= taken
+        return taken
+
+    def give(self, count: int = 1) -> None:
+        if count > 0:
+            self.free += count
+            self._changed.set()
+
+
+class _Carry:
+    """The acquire one runner's ending write carries (see :class:`worker.runner.Carry`): the
+    runner's own slot, which its ending frees, and every slot free at that moment; the leases
+    granted start in them (the first takes the runner's slot over), and the slots left unused
+    are given back."""
+
+    def __init__(self, agent: Agent, client: GatewayClient, attempt_id: UUID) -> None:
+        self.agent, self.client, self.attempt_id = agent, client, attempt_id
+        self.extra = 0
+        #: A carried lease took the runner's slot: its ending must not give it back.
+        self.passed = False
+
+    def ask(self) -> AcquireMore | None:
+        stopping = self.agent._stopping
+        if stopping is None or stopping.is_set() or not self.agent._many:
+            return None
+        self.extra = self.agent._slots.take_free(self.agent._batch_limit() - 1)
+        return AcquireMore(max_tasks=1 + self.extra, request_id=uuid.uuid4().hex)
+
+    def granted(self, leases: list[Lease], timing: AcquireTiming) -> None:
+        leases = leases[:1 + self.extra]
+        stopping = self.agent._stopping
+        if leases and (stopping is None or stopping.is_set()):
+            # Granted while the agent began to stop: not started (their leases lapse and the
+            # Gateway retries the tasks).
+            log.warning("leases granted while stopping are left to expire", extra={"leases": len(leases)})
+            leases = []
+        self.agent._slots.give(self.extra - max(0, len(leases) - 1))
+        self.extra = 0
+        if not leases:
+            return
+        self.passed = True
+        # The runner's attempt has ended (its write was answered): it no longer counts as running.
+        self.agent.runners.pop(self.attempt_id, None)
+        for lease in leases:
+            self.agent._start(self.client, lease, timing)

@@ -29,7 +29,7 @@ EXIT_CONFIG = 2
 _FLAG_NAMES = {"capabilities": "--capability"}
 #: Placeholders in ``--help`` (default: the field name's last word).
 _METAVARS = {"gateway": "URL", "cert": "FILE", "key": "FILE", "ca": "FILE", "max_concurrency": "N",
-             "batch_records": "N", "log_level": "LEVEL"}
+             "batch_records": "N", "log_level": "LEVEL", "acquire_many": "true|false"}
 
 
 def register(subparsers: Any) -> None:

@@ -33,13 +33,16 @@ import orjson
 from pydantic import SecretStr, ValidationError
 
 from leasehold.protocol.wire import (
+    AcquireMore,
     AcquireRequest,
     AcquireResponse,
     Answer,
     BatchAck,
     CompleteRequest,
+    CompleteResponse,
     FailRequest,
     FinalBatch,
+    Lease,
     RenewResponse,
     Request,
     ResultBatchRequest,
@@ -64,6 +67,7 @@ __all__ = [
     "Stopped",
     "TaskWasCancelled",
     "client_ssl_context",
+    "leases_of",
 ]
 
 
@@ -208,13 +212,17 @@ class GatewayClient:
 
     async def acquire(self, request_id: str, *, wait_seconds: int, stop: asyncio.Event | None = None,
                       on_retry: Callable[[str, float], None] | None = None,
-                      known_cancels: Iterable[UUID] = ()) -> AcquireResponse:
-        """Long-poll for one lease. Retried (same ``request_id``) until it succeeds or ``stop``.
+                      known_cancels: Iterable[UUID] = (), max_tasks: int | None = None) -> AcquireResponse:
+        """Long-poll for one lease (up to ``max_tasks`` with it: see :func:`leases_of`). Retried
+        (same ``request_id``) until it succeeds or ``stop``.
 
         A ``204`` (nothing to do) is an answer with no lease and no cancellations.
         """
-        body = _body(AcquireRequest(wait_seconds=wait_seconds, request_id=request_id,
-                                    known_cancels=list(known_cancels)[:1000]))
+        request = AcquireRequest(wait_seconds=wait_seconds, request_id=request_id,
+                                 known_cancels=list(known_cancels)[:1000], max_tasks=max_tasks)
+        body = _body(request)
+        if max_tasks is None:  # the request is a one-task acquire's, field for field
+            body.pop("max_tasks")
         reply = await self.post("/v1/tasks/acquire", body,
                                 seconds=self.settings.request_timeout_seconds + wait_seconds,
                                 stop=stop, on_retry=on_retry, attempt_write=False)
@@ -249,14 +257,20 @@ class GatewayClient:
         return _parse(BatchAck, reply.body, "results")
 
     async def complete(self, attempt: AttemptRef, *, final_batch: Batch | None = None,
-                       retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:
+                       acquire: AcquireMore | None = None,
+                       retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> list[Lease]:
         """Complete the attempt; with ``final_batch``, its last batch travels in the same request
-        (and the Gateway accepts both in one transaction)."""
+        (and the Gateway accepts both in one transaction). With ``acquire``, the next acquire
+        travels with it: the leases it granted (retried with the same body, so with the same
+        request id: a repeat returns the same leases)."""
         final = None if final_batch is None else _body(FinalBatch.model_construct(
             sequence_number=final_batch.sequence_number, idempotency_key=final_batch.idempotency_key,
             payload_sha256=final_batch.payload_sha256, payload=final_batch.payload), payload=final_batch.payload)
         body = _body(CompleteRequest.model_construct(lease_token=_token(attempt), final_batch=None), final_batch=final)
-        await self._write(attempt, "complete", body, retry_while, stop)
+        if acquire is not None:
+            body["acquire"] = acquire.model_dump(mode="json")
+        reply = await self._write(attempt, "complete", body, retry_while, stop)
+        return _carried(reply, acquire, "complete")
 
     async def scope_page(self, attempt: AttemptRef, page: int, *, retry_while: Callable[[], bool] = _always,
                          stop: asyncio.Event | None = None) -> ScopePageView:
@@ -266,10 +280,15 @@ class GatewayClient:
                                   retry_while, stop)
         return _parse(ScopePageView, reply.body, "scope")
 
-    async def fail(self, attempt: AttemptRef, *, error: str, retryable: bool,
-                   retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> None:
-        await self._write(attempt, "fail", _body(FailRequest(lease_token=_token(attempt), error=error[:20_000],
-                                                             retryable=retryable)), retry_while, stop)
+    async def fail(self, attempt: AttemptRef, *, error: str, retryable: bool, acquire: AcquireMore | None = None,
+                   retry_while: Callable[[], bool] = _always, stop: asyncio.Event | None = None) -> list[Lease]:
+        """Report the attempt failed; ``acquire`` as for :meth:`complete`."""
+        body = _body(FailRequest(lease_token=_token(attempt), error=error[:20_000], retryable=retryable))
+        body.pop("acquire")
+        if acquire is not None:
+            body["acquire"] = acquire.model_dump(mode="json")
+        reply = await self._write(attempt, "fail", body, retry_while, stop)
+        return _carried(reply, acquire, "fail")
 
     async def cancel_ack(self, attempt: AttemptRef, *, retry_while: Callable[[], bool] = _always,
                          stop: asyncio.Event | None = None) -> None:
@@ -352,6 +371,24 @@ def _body(request: Request, **raw: Any) -> dict[str, Any]:
     """A request model as the JSON object it travels as; the fields in ``raw`` go as they are
     given (JSON already), not converted by pydantic."""
     return {**request.model_dump(mode="json", exclude=set(raw)), **raw}
+
+
+def leases_of(answer: AcquireResponse) -> list[Lease]:
+    """Every lease of an acquire answer (``leases``, or ``lease`` from a Gateway that does not list them)."""
+    if answer.leases is not None:
+        return list(answer.leases)
+    return [answer.lease] if answer.lease is not None else []
+
+
+def _carried(reply: Reply, acquire: AcquireMore | None, route: str) -> list[Lease]:
+    """The leases a carried acquire granted (none when there was none, or the answer lists none)."""
+    if acquire is None:
+        return []
+    try:
+        return list(_parse(CompleteResponse, reply.body, route).leases or [])
+    except InvalidAnswer as exc:  # the write itself was done: its answer's leases are lost (they expire)
+        log.warning("unexpected leases in a write's answer", extra={"error": str(exc)})
+        return []
 
 
 def _parse(model: type[_A], body: Any, route: str) -> _A:

@@ -34,23 +34,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
 from leasehold.domain.scopes import ScopeAssembler, ScopeMismatch, ScopeRef
 from leasehold.protocol.targets import refused_target
-from leasehold.protocol.wire import Lease, ScopeRefView
-from leasehold.worker.batcher import Batcher
+from leasehold.protocol.wire import AcquireMore, Lease, ScopeRefView
+from leasehold.worker.batcher import Batch, Batcher
 from leasehold.worker.client import (
     AttemptRef,
     GatewayClient,
@@ -71,7 +72,7 @@ from leasehold.worker.plugin import (
 from leasehold.worker.settings import WorkerSettings
 from leasehold.worker.status import RunningTask, Status
 
-__all__ = ["AcquireTiming", "Ending", "TaskRunner"]
+__all__ = ["AcquireTiming", "Carry", "Ending", "TaskRunner"]
 
 log = logging.getLogger("leasehold.worker.task")
 
@@ -88,6 +89,17 @@ class Ending:
     kind: EndingKind
     detail: str = ""
     exit_code: int | None = None
+
+
+class Carry(Protocol):
+    """How a runner carries the agent's next acquire on its ending write (complete or fail)."""
+
+    def ask(self) -> AcquireMore | None:
+        """The acquire to carry (None: carry none); called just before the write is sent."""
+
+    def granted(self, leases: list[Lease], timing: AcquireTiming) -> None:
+        """What the carried acquire granted; called once after every :meth:`ask` that carried one
+        (with no leases when the write failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +121,10 @@ class TaskRunner:
     """Runs one lease to its end; :meth:`run` returns the outcome (completed, failed, timeout, cancelled, lost)."""
 
     def __init__(self, lease: Lease, timing: AcquireTiming, *, client: GatewayClient,
-                 settings: WorkerSettings, resolver: PluginResolver, status: Status) -> None:
+                 settings: WorkerSettings, resolver: PluginResolver, status: Status,
+                 carry: Carry | None = None) -> None:
         self.lease, self.client, self.settings, self.resolver, self.status = lease, client, settings, resolver, status
+        self.carry = carry
         self.task = lease.task
         self.attempt = AttemptRef(lease.task.id, lease.attempt_id, lease.lease_token)
         self.plugin: PluginProcess | None = None
@@ -299,7 +313,8 @@ class TaskRunner:
         try:
             if not self._completed:  # (the final batch normally carried the completion)
                 await self._before_completion()
-                await self.client.complete(self.attempt, retry_while=self.lease_alive)
+                await self._carrying(lambda acquire: self.client.complete(
+                    self.attempt, acquire=acquire, retry_while=self.lease_alive))
         except TaskWasCancelled:
             return await self._acknowledge_cancel("cancelled before completion")
         except GatewayError as exc:
@@ -368,7 +383,8 @@ class TaskRunner:
                 batch = await batcher.outbox.get()
                 if batch.final:  # the last batch travels with complete: one request, one transaction
                     await self._before_completion()
-                    await self.client.complete(self.attempt, final_batch=batch, retry_while=self.lease_alive)
+                    await self._carrying(functools.partial(
+                        self._complete_with, batch))
                     self._completed = True
                     log.info("final result batch accepted with the completion", extra={
                         **self.log_fields, "sequence_number": batch.sequence_number,
@@ -456,10 +472,30 @@ class TaskRunner:
         finally:
             job.cancel()
 
+    async def _complete_with(self, batch: Batch, acquire: AcquireMore | None) -> list[Lease]:
+        return await self.client.complete(self.attempt, final_batch=batch, acquire=acquire,
+                                          retry_while=self.lease_alive)
+
+    async def _carrying(self, write: Callable[[AcquireMore | None], Awaitable[list[Lease]]]) -> None:
+        """Send the attempt's ending ``write``, carrying the agent's next acquire when it has one
+        to carry; the leases it granted go to the agent (none when the write failed)."""
+        acquire = self.carry.ask() if self.carry is not None else None
+        if acquire is None:
+            await write(None)
+            return
+        sent, leases = time.monotonic(), []
+        try:
+            leases = await write(acquire)
+        finally:
+            assert self.carry is not None
+            # retried=True: the leases' durations count from when the write was first sent (safe).
+            self.carry.granted(leases, AcquireTiming(sent, time.monotonic(), True, acquire.request_id or ""))
+
     async def _fail(self, error: str, *, retryable: bool) -> str:
         self.status.task_phase(self.attempt.attempt_id, "failing")
         try:
-            await self.client.fail(self.attempt, error=error, retryable=retryable, retry_while=self.lease_alive)
+            await self._carrying(lambda acquire: self.client.fail(
+                self.attempt, error=error, retryable=retryable, acquire=acquire, retry_while=self.lease_alive))
         except TaskWasCancelled:
             return await self._acknowledge_cancel("cancelled while failing")
         except GatewayError as exc:

@@ -51,6 +51,9 @@ class WorkerSettings(BaseSettings):
         description="task types this worker runs (repeat the flag); default: every built-in plugin and "
                     "every executable in --plugins-dir. A lease for another type is failed (retryable)")
     wait_seconds: int = Field(20, ge=1, le=30, description="long-poll time of one acquire request")
+    acquire_many: bool = Field(
+        True, description="ask for as many tasks as there are free slots in one acquire, and carry the next "
+                          "acquire on each completion or failure (false: one task per acquire request)")
     batch_records: int = Field(200, ge=1, le=100_000, description="send a result batch every N records")
     batch_seconds: float = Field(2.0, gt=0, le=300, description="...or when its oldest record is T seconds old")
     batch_bytes: int = Field(1024 * 1024, ge=1024, le=3 * 1024 * 1024,

@@ -1,4 +1,4 @@
-"""The operator commands: ``leasehold organizations|keys|workers|scans|tasks|bulk|profiles|schedules|counts``.
+"""The operator commands: ``leasehold organizations|keys|workers|scans|tasks|bulk|webhooks|profiles|schedules|counts``.
 
 Every command talks to a running Gateway's operator API with the Python client
 (:mod:`leasehold.client`), so it needs neither the database nor the ``server`` extra:
@@ -18,7 +18,7 @@ detail on stderr, with a 422's field errors) or an unreachable Gateway, 2 a usag
 
 from __future__ import annotations
 
-from leasehold.cli.operator import bulk, keys, organizations, profiles, scans, tasks, workers
+from leasehold.cli.operator import bulk, keys, organizations, profiles, scans, tasks, webhooks, workers
 from leasehold.cli.operator.base import Subparsers
 
 __all__ = ["register"]
@@ -32,5 +32,6 @@ def register(subparsers: Subparsers) -> None:
     scans.register(subparsers)
     tasks.register(subparsers)
     bulk.register(subparsers)
+    webhooks.register(subparsers)
     profiles.register(subparsers)  # profiles, schedules
     organizations.register_counts(subparsers)

@@ -9,6 +9,7 @@ attempt id travel in the body/path, never in logs. Stale or foreign writes answe
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Generic, TypedDict, TypeVar
@@ -17,6 +18,8 @@ from uuid import UUID
 import orjson
 from aiohttp import web
 
+from leasehold.domain.errors import LeaseholdError
+from leasehold.domain.task import TaskState
 from leasehold.gateway.api.http import RouteTable, ok, read_json
 from leasehold.gateway.api.worker_models import (
     AcquireRequest,
@@ -24,6 +27,7 @@ from leasehold.gateway.api.worker_models import (
     BatchAck,
     CancelNotice,
     CompleteRequest,
+    CompleteResponse,
     FailRequest,
     RenewResponse,
     ResultBatchRequest,
@@ -36,11 +40,12 @@ from leasehold.gateway.api.worker_models import (
 )
 from leasehold.gateway.auth import worker_identity
 from leasehold.gateway.background.waitroom import Waiter
-from leasehold.gateway.commands.lifecycle import Poll, ResultBatch, no_such_attempt
+from leasehold.gateway.commands.lifecycle import Acquired, Poll, ResultBatch, no_such_attempt
 from leasehold.gateway.identity import WorkerIdentity
 from leasehold.gateway.keys import HINTS, NOTIFIER, PRESENCE, SERVICES, SETTINGS
 from leasehold.gateway.presence import Seen
 
+log = logging.getLogger("leasehold.gateway")
 routes = RouteTable()
 B = TypeVar("B", bound=WorkerWriteRequest)
 ATTEMPT_PATH = "/v1/tasks/{task_id}/attempts/{attempt_id}"
@@ -63,15 +68,21 @@ LEASE_LINKS = {
     for action in ("renew", "progress", "results", "complete", "fail", "cancel_ack")}
 
 
-def encode_acquire_answer(polled: Poll, known: set[UUID]) -> bytes | None:
+def encode_acquire_answer(polled: Poll, known: set[UUID], *, many: bool = False) -> bytes | None:
     """The acquire answer to ``polled`` (None: nothing to tell the worker yet), encoded after the
-    poll's transaction committed; cancellations in ``known`` are not repeated."""
+    poll's transaction committed; cancellations in ``known`` are not repeated. ``many``: the
+    request set ``max_tasks``, and the answer lists every lease in ``leases`` (without it, the
+    answer is a one-task acquire's, field for field)."""
     news = [(t, a) for t, a in polled.cancel_requested if a not in known]
     if polled.acquired is None and not news:
         return None
     cancels = [CancelNotice(task_id=t, attempt_id=a) for t, a in news]
-    answer = AcquireResponse(lease=lease(polled.acquired) if polled.acquired else None, cancel_requested=cancels)
-    return orjson.dumps(answer.model_dump(mode="json"))
+    leases = [lease(a) for a in polled.leases] if polled.leases else []
+    if polled.acquired is not None and not leases:
+        leases = [lease(polled.acquired)]
+    answer = AcquireResponse(lease=next(iter(leases), None), cancel_requested=cancels,
+                             leases=leases if many else None)
+    return orjson.dumps(answer.model_dump(mode="json", exclude=None if many else {"leases"}))
 
 
 #: Set on an acquire answer when the worker can get no work at all (e.g. no task types); the
@@ -79,7 +90,8 @@ def encode_acquire_answer(polled: Poll, known: set[UUID]) -> bytes | None:
 WARNING_HEADER = "Leasehold-Warning"
 
 
-@routes.route("POST", "/v1/tasks/acquire", summary="Lease one task (long-poll up to wait_seconds)",
+@routes.route("POST", "/v1/tasks/acquire",
+              summary="Lease one task, or up to max_tasks (long-poll up to wait_seconds)",
               auth="worker", request=AcquireRequest, response=AcquireResponse, statuses=(200, 204),
               tags=("worker",), links=LEASE_LINKS)
 async def acquire(request: web.Request) -> web.StreamResponse:
@@ -110,14 +122,15 @@ async def _acquire(request: web.Request, worker: WorkerIdentity) -> web.StreamRe
         if profile is None:
             seq = room.seq
             polled = await lifecycle.poll(worker.id, request_id=body.request_id, actor=worker.actor,
-                                          fingerprint=worker.fingerprint)
+                                          fingerprint=worker.fingerprint, max_tasks=body.max_tasks or 1)
             warning = {WARNING_HEADER: polled.warning} if polled.warning else None
             # Encoded here, after the poll's transaction committed: no row lock is held meanwhile.
-            answer = encode_acquire_answer(polled, known)
+            # The long-poll answers as soon as one lease (or more) is granted.
+            answer = encode_acquire_answer(polled, known, many=body.max_tasks is not None)
             if answer is not None:
                 room.forget(worker.id)  # what it cached no longer holds (the answer may be lost: it asks again)
-                if polled.acquired is not None:
-                    room.leased(waiter, polled.acquired.task.organization_id)
+                for organization_id in dict.fromkeys(a.task.organization_id for a in polled.leases):
+                    room.leased(waiter, organization_id)
                 # On the record before the answer leaves: the first time each cancel is handed over.
                 await lifecycle.cancels_delivered(
                     worker.id, [(t, a) for t, a in polled.cancel_requested
@@ -212,9 +225,34 @@ async def results(request: web.Request) -> web.StreamResponse:
                        accepted_at=b.accepted_at, duplicate=ack.duplicate))
 
 
+async def _ended(request: web.Request, w: AttemptWrite[CompleteRequest] | AttemptWrite[FailRequest],
+                 task: TaskState) -> web.Response:
+    """The answer to a completion or a failure that committed: the task's state and, when the
+    request carried the next acquire, the leases it granted, in a transaction of its own made
+    after the write's (no long-poll). The write is done whatever that acquire does: should it
+    fail, the answer still reports the write, with no leases."""
+    status = task_status(task)
+    carried = w.body.acquire
+    if carried is None:
+        return ok(status)
+    granted: tuple[Acquired, ...] = ()
+    try:
+        polled = await request.app[SERVICES].lifecycle.poll(
+            w.worker.id, request_id=carried.request_id, actor=w.worker.actor, notices=False,
+            fingerprint=w.worker.fingerprint, max_tasks=carried.max_tasks)
+        granted = polled.leases
+    except LeaseholdError as exc:  # refused (a repeated request id whose leases ended, …) or unavailable
+        log.info("the acquire carried by a worker's write was refused",
+                 extra={"worker_id": str(w.worker.id), "error": type(exc).__name__})
+    except Exception:
+        log.exception("the acquire carried by a worker's write failed", extra={"worker_id": str(w.worker.id)})
+    return ok(CompleteResponse(task=status.task, attempt=status.attempt, leases=[lease(a) for a in granted]))
+
+
 @routes.route("POST", ATTEMPT_PATH + "/complete",
-              summary="Complete the task (needs an accepted final batch, or carries it as final_batch)",
-              auth="worker", request=CompleteRequest, response=TaskStatus, tags=("worker",))
+              summary="Complete the task (needs an accepted final batch, or carries it as final_batch); "
+                      "may carry the next acquire",
+              auth="worker", request=CompleteRequest, response=CompleteResponse, tags=("worker",))
 async def complete(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, CompleteRequest)
     # An attempt ending frees a slot: the worker's next acquire polls (gateway.background.waitroom).
@@ -222,8 +260,8 @@ async def complete(request: web.Request) -> web.StreamResponse:
     batch = w.body.final_batch
     final = None if batch is None else ResultBatch(batch.sequence_number, batch.idempotency_key,
                                                    batch.payload_sha256, batch.payload)
-    return ok(task_status(await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
-                                                                           **w.caller())))
+    return await _ended(request, w, await request.app[SERVICES].lifecycle.complete(*w.args(), final_batch=final,
+                                                                                     **w.caller()))
 
 
 @routes.route("POST", ATTEMPT_PATH + "/scope",
@@ -238,14 +276,15 @@ async def scope(request: web.Request) -> web.StreamResponse:
         str(page.task_id).encode(), page.page, page.pages, page.body), content_type="application/json")
 
 
-@routes.route("POST", ATTEMPT_PATH + "/fail", summary="Report a failed attempt (retried if retryable)",
-              auth="worker", request=FailRequest, response=TaskStatus, tags=("worker",))
+@routes.route("POST", ATTEMPT_PATH + "/fail",
+              summary="Report a failed attempt (retried if retryable); may carry the next acquire",
+              auth="worker", request=FailRequest, response=CompleteResponse, tags=("worker",))
 async def fail(request: web.Request) -> web.StreamResponse:
     w = await _attempt_write(request, FailRequest)
     request.app[NOTIFIER].room.forget(w.worker.id)
     task = await request.app[SERVICES].lifecycle.fail(*w.args(), error=w.body.error, retryable=w.body.retryable,
                                              **w.caller())
-    return ok(task_status(task))
+    return await _ended(request, w, task)
 
 
 @routes.route("POST", ATTEMPT_PATH + "/cancel-ack", summary="Acknowledge a cancellation (cancelling -> cancelled)",

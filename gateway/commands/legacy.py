@@ -32,6 +32,7 @@ from leasehold.domain.events import ScanStatus
 from leasehold.domain.legacy import LegacyMessage
 from leasehold.domain.profiles import LegacyExecuted
 from leasehold.gateway.commands.scans import open_scan
+from leasehold.gateway.commands.webhooks import notify_scan_finished
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.transaction import Clock, Database, one, system_clock
 
@@ -73,6 +74,8 @@ class LegacyScans:
             events = scan_rules.record_legacy_status(scan_id, row.version, row.execution_mode, row.status, status,
                                                      now=clock.now, actor=actor)
             tx.append(StreamHead(scan_id, row.version, bytes(row.head_hash)), events)
+            if events and status in scan_rules.TERMINAL_SCAN_STATUSES:
+                notify_scan_finished(tx, row.organization_id, scan_id, status, clock.now)
             await tx.commit()
 
     async def convert(self, message: LegacyMessage, *, recovering: bool = False, dry_run: bool = False,

@@ -39,6 +39,7 @@ from leasehold.domain.task import CreateTask, TaskState, decide
 from leasehold.gateway.commands import wakeups
 from leasehold.gateway.commands.idempotency import IdempotencyKey, claim, created
 from leasehold.gateway.commands.scopes import next_step_scope, paged
+from leasehold.gateway.commands.webhooks import notify_scan_finished
 from leasehold.persistence.event_log import StreamHead
 from leasehold.persistence.transaction import Clock, Database, Transaction, one, system_clock
 from leasehold.protocol.targets import resolve_names
@@ -189,6 +190,7 @@ async def settle_scan(tx: Transaction, scan_id: UUID, now: datetime, *,
         return []
     finished = scan_rules.finish_scan(scan_id, version, outcome, now=now, actor="system")
     tx.append(head, [finished])
+    notify_scan_finished(tx, org_id, scan_id, outcome, now)
     return [finished]
 
 
@@ -256,6 +258,7 @@ class Scans:
                 # Nothing left to end (no job yet, or every job ended): the scan ends now.
                 finished = scan_rules.finish_scan(scan_id, head.version, "cancelled", now=now, actor=actor)
                 tx.append(head, [finished])
+                notify_scan_finished(tx, row.organization_id, scan_id, "cancelled", now)
                 events = [*events, finished]
             await tx.commit()
         self.observe(events)

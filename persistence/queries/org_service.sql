@@ -46,7 +46,15 @@ WHERE w.id = %(worker_id)s AND w.enabled AND w.revoked_at IS NULL
 -- chose it from the same snapshot and the first of them already moved it ahead, the others go
 -- on to the next organisation instead of all serving the same one. No task, the organisation
 -- at its cap or past the ceiling: the counters are untouched (the caller tries the next one).
-WITH task AS (
+-- more: a lease after the first of one acquire (max_tasks above 1), whose transaction already
+-- holds the row lock of an organisation it leased from: it never waits for a second one (two
+-- such acquires, or a sweeper releasing several organisations, would deadlock), so it takes
+-- the organisation's row only if no one holds it (SKIP LOCKED), and otherwise finds no task.
+WITH org AS (
+    SELECT s.organization_id FROM org_service s
+    WHERE %(more)s::boolean AND s.organization_id = %(organization_id)s
+    FOR UPDATE SKIP LOCKED
+), task AS (
     SELECT t.id, t.version, t.head_hash, t.scan_id, t.scan_job_id, t.organization_id, t.task_type,
            t.required_capabilities, t.priority, t.scope, t.parameters, t.state, t.available_at,
            t.attempt_count, t.max_attempts, t.lease_seconds, t.execution_timeout_seconds,
@@ -59,6 +67,7 @@ WITH task AS (
       AND t.attempt_count < t.max_attempts
       AND t.task_type = ANY(%(task_types)s::text[])
       AND t.required_capabilities <@ %(capabilities)s::text[]
+      AND (NOT %(more)s::boolean OR EXISTS (SELECT 1 FROM org))
     ORDER BY t.priority DESC, t.created_at ASC
     FOR UPDATE OF t SKIP LOCKED
     LIMIT 1

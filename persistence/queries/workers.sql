@@ -35,9 +35,10 @@ WHERE w.id = %(worker_id)s
 FOR UPDATE
 
 -- name: attempt_by_acquire_request
--- After worker_lock_for_acquire: the attempt an earlier acquire with this request id created.
-SELECT a.task_id, a.id FROM worker_task_attempts a
-WHERE a.worker_id = %(worker_id)s AND a.acquire_request_id = %(request_id)s
+-- After worker_lock_for_acquire: the attempts an earlier acquire with this request id created
+-- (request_ids: the request id, and the names its leases after the first are stored under).
+SELECT a.task_id, a.id, a.acquire_request_id FROM worker_task_attempts a
+WHERE a.worker_id = %(worker_id)s AND a.acquire_request_id = ANY(%(request_ids)s::text[])
 
 -- name: worker_by_fingerprint
 -- Identity check on every worker request (revocation must bite on an open connection).

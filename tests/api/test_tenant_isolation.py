@@ -34,6 +34,7 @@ from leasehold.gateway.api.operator import (
     WORKER_PATH,
 )
 from leasehold.gateway.api.operator.bulk import OPERATION_PATH as BULK_PATH
+from leasehold.gateway.api.operator.webhooks import DELIVERY_PATH, WEBHOOK_PATH
 from leasehold.gateway.api.service import routes as service_routes
 from leasehold.gateway.api.worker import ATTEMPT_PATH
 from support.gateway import RunningGateway, WorkerClient, service_get
@@ -216,6 +217,13 @@ CASES: dict[tuple[str, str], tuple[int, dict[str, Any] | None]] = {
     ("GET", BULK_PATH): (NOT_FOUND, None),
     ("GET", BULK_PATH + "/tasks"): (NOT_FOUND, None),
     ("POST", BULK_PATH + "/stop"): (NOT_FOUND, None),
+    ("POST", "/v1/webhooks"): (NOT_FOUND, {"organization_id": "{organization_id}", "url": "http://127.0.0.1:9/x"}),
+    ("GET", "/v1/webhooks"): (OWN_ONLY, None),
+    ("GET", WEBHOOK_PATH): (NOT_FOUND, None),
+    ("DELETE", WEBHOOK_PATH): (NOT_FOUND, None),
+    ("GET", WEBHOOK_PATH + "/deliveries"): (NOT_FOUND, None),
+    ("POST", DELIVERY_PATH + "/redeliver"): (NOT_FOUND, None),
+    ("POST", WEBHOOK_PATH + "/test"): (NOT_FOUND, None),
     ("GET", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, None),
     ("PUT", "/v1/organizations/{organization_id}/target-policy"): (NOT_FOUND, {"deny": ["10.0.0.0/8"]}),
 }
@@ -251,6 +259,7 @@ async def test_service_routes_show_no_organisation(gateway: RunningGateway, meth
 SCHEDULES: dict[UUID, UUID] = {}
 PROFILES: dict[UUID, UUID] = {}
 BULKS: dict[UUID, UUID] = {}
+WEBHOOKS: dict[UUID, tuple[UUID, UUID]] = {}
 
 
 async def add_schedule(gateway: RunningGateway, t: Tenant) -> None:
@@ -275,10 +284,21 @@ async def add_bulk(gateway: RunningGateway, t: Tenant) -> None:
     BULKS[t.org] = UUID(r.body["id"])
 
 
+async def add_webhook(gateway: RunningGateway, t: Tenant) -> None:
+    """A subscription of the tenant's own, and a delivery of it (a test ping)."""
+    r = await gateway.operator("POST", "/v1/webhooks", {"url": "http://127.0.0.1:9/hook"}, key=t.key)
+    assert r.status == 201, r.body
+    ping = await gateway.operator("POST", f"/v1/webhooks/{r.body['id']}/test", None, key=t.key)
+    assert ping.status == 202, ping.body
+    WEBHOOKS[t.org] = (UUID(r.body["id"]), UUID(ping.body["id"]))
+
+
 def ids_of(t: Tenant) -> dict[str, str]:
     return {"organization_id": str(t.org), "worker_id": str(t.worker_id), "scan_id": str(t.scan),
             "task_id": str(t.task), "schedule_id": str(SCHEDULES.get(t.org, uuid4())),
             "profile_id": str(PROFILES.get(t.org, uuid4())), "operation_id": str(BULKS.get(t.org, uuid4())),
+            "webhook_id": str(WEBHOOKS.get(t.org, (uuid4(), uuid4()))[0]),
+            "delivery_id": str(WEBHOOKS.get(t.org, (uuid4(), uuid4()))[1]),
             "key_id": str(uuid4())}  # (key routes are for administrators: refused before the id is read)
 
 
@@ -319,6 +339,9 @@ async def test_organisation_keys_never_cross_organisations(gateway: RunningGatew
     if "bulk" in path:
         for t in (a, b):
             await add_bulk(gateway, t)
+    if "webhook" in path:
+        for t in (a, b):
+            await add_webhook(gateway, t)
     for caller, victim in ((a, b), (b, a)):
         before = await changes(gateway)
         foreign = await gateway.operator(method, fill(path, ids_of(victim)), fill_body(body, ids_of(victim)),

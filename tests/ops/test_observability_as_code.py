@@ -39,7 +39,7 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count"
             "unknown": ("",)}
 
 #: The background loops a Gateway with sealing runs (each with a pass timestamp).
-LOOPS = ("sweeper", "sampler", "seals", "partitions", "scheduler")
+LOOPS = ("sweeper", "sampler", "seals", "partitions", "scheduler", "webhooks")
 
 Catalogue = dict[str, set[str]]  # selectable series name -> label names it may carry
 

@@ -119,6 +119,7 @@ from leasehold.gateway.api.operator.schedules import (
 from leasehold.gateway.api.operator.schedules import routes as _schedules
 from leasehold.gateway.api.operator.seals import routes as _seals
 from leasehold.gateway.api.operator.seals import seal_now
+from leasehold.gateway.api.operator.webhooks import routes as _webhooks
 from leasehold.gateway.api.operator.workers import (
     disable_worker,
     enable_worker,
@@ -144,6 +145,7 @@ routes = RouteTable([
     *_profiles,
     *_finding_work,
     *_bulk,
+    *_webhooks,
     *_seals,
 ])
 

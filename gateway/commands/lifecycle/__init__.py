@@ -44,6 +44,7 @@ from leasehold.gateway.commands.lifecycle.revocation import Revocation
 from leasehold.gateway.commands.lifecycle.sweeps import Sweeps
 from leasehold.gateway.commands.lifecycle.undeliverable import Undeliverable
 from leasehold.gateway.commands.lifecycle.writes import WorkerWrites
+from leasehold.protocol.wire import MAX_MULTI_REQUEST_ID, MAX_TASKS_PER_ACQUIRE
 
 
 class Lifecycle(Acquisition, WorkerWrites, TaskCommands, Sweeps, Revocation, Undeliverable):
@@ -55,7 +56,9 @@ __all__ = [
     'BatchReceipt',
     'CancelLegObserver',
     'Lifecycle',
+    'MAX_MULTI_REQUEST_ID',
     'MAX_RECORDED_REJECTIONS',
+    'MAX_TASKS_PER_ACQUIRE',
     'NO_TASK_TYPES',
     'Poll',
     'Renewed',

@@ -23,6 +23,7 @@ from leasehold.domain.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from leasehold.domain.targets import check_scope, policy_from_json, targets_of
 from leasehold.domain.task import (
     ACKNOWLEDGED_BY_WORKER,
+    NOT_ACKNOWLEDGED,
     AttemptState,
     BatchRecord,
     CreateTask,
@@ -31,7 +32,7 @@ from leasehold.domain.task import (
     decide,
     project_task,
 )
-from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands import wakeups, webhooks
 from leasehold.gateway.commands.idempotency import IdempotencyKey, claim
 from leasehold.gateway.commands.idempotency import created as created_by
 from leasehold.gateway.commands.scans import settle_scan
@@ -69,6 +70,11 @@ class Acquired:
 #: What an acquire answer tells a worker registered without task types (it is never offered a task).
 NO_TASK_TYPES = "this worker is registered without task types: it is never offered a task"
 
+def lease_request_ids(request_id: str, count: int) -> list[str]:
+    """The request ids the leases of one acquire are stored under: the first lease under
+    ``request_id`` itself (as a one-task acquire), the n-th under ``request_id#n``."""
+    return [request_id, *(f"{request_id}#{n}" for n in range(2, count + 1))]
+
 
 @dataclass(frozen=True, slots=True)
 class Poll:
@@ -84,6 +90,8 @@ class Poll:
     #: notifications concern its long-poll while it waits, :mod:`gateway.background.waitroom`).
     organizations: frozenset[UUID] = frozenset()
     task_types: frozenset[str] = frozenset()
+    #: Every lease this round granted (``acquired`` is the first), in the order granted.
+    leases: tuple[Acquired, ...] = ()
 
 
 #: Why a task stored before the input limits, whose scope or parameters break them, was cancelled
@@ -275,11 +283,26 @@ class LifecycleBase:
             tx.notify(wakeups.cancel(after.current_attempt.worker_id))
         if after.state == "retry_wait" and task.state != "retry_wait" and after.available_at <= now:
             tx.notify(wakeups.available(after.organization_id))  # free again right now (a revoked attempt)
+        notify_webhooks(tx, task, after, events, now)
         settled: list[DomainEvent] = []
         if after.state in TERMINAL and task.state not in TERMINAL:
             settled = await settle_scan(tx, after.scan_id, now, new_id=self.new_id)
         return after, settled
 
+
+def notify_webhooks(tx: Transaction, task: TaskState, after: TaskState, events: Sequence[DomainEvent],
+                    now: datetime) -> None:
+    """The webhook notifications a task's change causes, queued in its transaction: the task
+    failed terminally, or its cancellation was never acknowledged and the Gateway ended it."""
+    if after.state == "failed_terminal" and task.state != "failed_terminal":
+        webhooks.notify(tx, after.organization_id, "task.failed", {
+            "task_id": str(after.id), "scan_id": str(after.scan_id), "task_type": after.task_type,
+            "attempts": after.attempt_count, "error": after.last_error}, now)
+    elif any(isinstance(e, TaskCancelled) and e.reason == NOT_ACKNOWLEDGED for e in events):
+        webhooks.notify(tx, after.organization_id, "task.cancellation_stuck", {
+            "task_id": str(after.id), "scan_id": str(after.scan_id), "task_type": after.task_type,
+            "cancel_requested_at": after.cancel_requested_at, "cancel_delivered_at": after.cancel_delivered_at},
+            now)
 
 
 def no_such_attempt(task_id: object, attempt_id: object) -> NotFound:
