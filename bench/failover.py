@@ -1,11 +1,14 @@
-"""Failover soak: workers and a feeder under load while the primary PostgreSQL fails over, again and again.
+"""Failover soak: workers and operators under load while the database fails: the primary, etcd, connections, cleanup.
 
 Everything is real and local: a Patroni cluster of this run's own (``tests/support/patroni.py``:
-etcd, two PostgreSQL 15 nodes, ``synchronous_mode: true``, ``synchronous_commit = on``), a
-``leasehold gateway serve`` process whose ``--database-url`` is the cluster's multi-host URL
-(``target_session_attrs=read-write``), K ``leasehold worker run`` processes running the chaos
-plugin (``bench/chaos_plugin.py``, which records every execution), and a feeder creating M
-tasks over the fault window — the machinery of ``bench/chaos.py``, with failovers as its faults:
+etcd with ``--etcd-members`` members (3 by default), two PostgreSQL 15 nodes,
+``synchronous_mode: true``, ``synchronous_commit = on``), a ``leasehold gateway serve`` process
+whose ``--database-url`` is the cluster's multi-host URL (``target_session_attrs=read-write``), K
+``leasehold worker run`` processes running the chaos plugin (``bench/chaos_plugin.py``, which
+records every execution), a feeder creating M tasks over ``--feed-seconds`` as the operator does
+(a scan each), and the operator's reads all along (list tasks, show one, list scans, every
+0.25 s, with an organisation's API key; each answer counted per fault) — the machinery of
+``bench/chaos.py``, with failovers as its faults:
 
 ======================  =======================================================================
 node_kill               SIGKILL the leader's patroni and postgres (the machine dies): its leader
@@ -16,26 +19,42 @@ postgres_kill_failover  SIGKILL the leader's postmaster, then ``patronictl failo
                         standby (retried while Patroni is still restarting the killed server)
 ======================  =======================================================================
 
-Optionally (``--storm-seconds``) a ``pg_terminate_backend`` storm follows: every backend of the
-run's database (the Gateway's pool, its LISTEN connection, the plugins' writes) terminated every
-0.3 s for that long, on the primary that stays primary; and (``--exhaust-seconds``) the
-primary's connection slots exhausted: the run database's backends terminated, then every free
-slot of ``max_connections`` taken and held for that long, so the Gateway cannot reconnect until
-they are released.
+One at a time, in that order, round after round, until ``--failovers`` primary changes have
+happened; after each, the cluster must be whole again (a leader and its synchronous standby)
+before the next. Then, each optional:
 
-One fault at a time, in that order, round after round, until ``--failovers`` primary changes
-have happened; after each, the cluster must be whole again (a leader and its synchronous
-standby) before the next. Per fault it measures: seconds until the multi-host URL reaches a
-writable server, until the first task completes after the fault (the whole path: Gateway,
-workers, database), and until the cluster is whole again. Then it drains, and checks per task
-(``bench/chaos.py``'s checker: lost, completed twice, a write from a fenced attempt accepted,
-ingested twice, stuck, an attempt run twice), ``leasehold replay verify`` (a rebuild equals the
-live projections) and ``verify-chain`` (the hash chain unbroken); it exits 0 only when all hold.
+* ``--etcd-member-loss-seconds``: SIGKILL etcd's raft leader (one member of three) and start it
+  again after that long: a leader elected among the other two, the primary kept (same node,
+  same timeline: a failure otherwise), tasks completing meanwhile, the member rejoining;
+* ``--quorum-loss-seconds``: SIGKILL two members of three for that long: Patroni demotes its
+  primary (no server accepts writes; the Gateway answers 503, never another 5xx), then quorum,
+  a writable leader and the whole cluster again after their restart;
+* ``--storm-seconds``: every backend of the run's database (the Gateway's pool, its LISTEN
+  connection, the plugins' writes) terminated every 0.3 s for that long;
+* ``--exhaust-seconds``: the run database's backends terminated, then every free slot of the
+  primary's ``max_connections`` taken and held for that long;
+* ``--idle-in-tx-seconds`` and ``--long-reader-seconds``: a session on the primary idle in a
+  transaction that wrote, then one holding a ``REPEATABLE READ`` snapshot, for that long each,
+  with ``--window-seconds`` measured before and after: per window the hot tables' dead row
+  versions, the age of the oldest transaction or snapshot, tasks completed, and the acquire
+  latency of a probe (create -> acquire -> complete in this process, on tasks of its own type,
+  which the checker leaves out).
+
+Per fault it measures: seconds until the multi-host URL reaches a writable server, until the
+first task completes after the fault (the whole path: Gateway, workers, database), and until the
+cluster is whole again. Then it drains, and checks per task (``bench/chaos.py``'s checker: lost,
+completed twice, a write from a fenced attempt accepted, ingested twice, stuck, an attempt run
+twice), ``leasehold replay verify`` (a rebuild equals the live projections) and ``verify-chain``
+(the hash chain unbroken); it exits 0 only when all hold, every operator read was answered 200
+or 503, and the Gateway answered no 5xx but 503.
 
 Usage::
 
     .venv/bin/python bench/failover.py                    # 5 failovers, 4 workers, 600 tasks
     .venv/bin/python bench/failover.py --failovers 2 --tasks 120 --workers 2
+    .venv/bin/python bench/failover.py --failovers 6 --tasks 1200 --feed-seconds 600 \
+        --etcd-member-loss-seconds 15 --quorum-loss-seconds 45 --storm-seconds 10 --exhaust-seconds 15 \
+        --idle-in-tx-seconds 120 --long-reader-seconds 120 --window-seconds 20    # every fault, ~11 min
 """
 
 from __future__ import annotations
