@@ -109,13 +109,22 @@ class Sender:
         return Outcome(delivery, status, error, self.backoff.delay(delivery.attempts, self.rng.random()))
 
 
+#: How often a sender with no enabled subscription to serve looks again (seconds): until one
+#: exists, a pass runs no statement, so webhooks cost an idle Gateway's database nothing.
+SUBSCRIBED_RECHECK_SECONDS = 30.0
+
+
 async def run(sender: Sender, interval: float, *, idle: timedelta, gone_every: float,
-              on_pass: Callable[[int], None] | None = None) -> None:
-    """Forever: notice gone workers (every ``gone_every`` seconds), send what is due, wait ``interval``."""
+              on_pass: Callable[[int], None] | None = None,
+              recheck: float = SUBSCRIBED_RECHECK_SECONDS) -> None:
+    """Forever: notice gone workers (every ``gone_every`` seconds), send what is due, wait
+    ``interval`` — while some subscription is enabled (read every ``recheck`` seconds)."""
     noticed_at = float("-inf")
 
     async def step() -> int:
         nonlocal noticed_at
+        if not await sender.webhooks.subscribed(recheck=recheck):
+            return 0
         if time.monotonic() - noticed_at >= gone_every:
             await sender.webhooks.notice_gone_workers(idle)
             noticed_at = time.monotonic()

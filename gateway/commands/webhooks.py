@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -99,6 +100,26 @@ class Webhooks:
     def __init__(self, db: Database, *, clock: Clock = system_clock,
                  new_id: Callable[[], UUID] = uuid4) -> None:
         self.db, self.clock, self.new_id = db, clock, new_id
+        #: Whether some subscription is enabled, as last read (None: not read yet), and when
+        #: (monotonic seconds): see :meth:`subscribed`.
+        self._subscribed: bool | None = None
+        self._subscribed_read_at = float("-inf")
+
+    async def subscribed(self, *, recheck: float) -> bool:
+        """Whether any subscription is enabled, read at most every ``recheck`` seconds: a sender
+        with none to serve runs no statement (an idle Gateway's database stays idle). A
+        subscription created, tested or redelivered through this process counts at once; one
+        created through another process within ``recheck`` seconds."""
+        now = time.monotonic()
+        if self._subscribed is None or now - self._subscribed_read_at >= recheck:
+            async with self.db.transaction() as tx:
+                found = await tx.value("webhook_subscriptions_enabled", {})
+                await tx.commit()
+            self._subscribed, self._subscribed_read_at = bool(found.enabled), now
+        return self._subscribed
+
+    def _now_subscribed(self) -> None:
+        self._subscribed, self._subscribed_read_at = True, time.monotonic()
 
     # --- subscriptions ---------------------------------------------------------------------
 
@@ -118,6 +139,7 @@ class Webhooks:
                 "id": subscription_id, "organization_id": organization_id, "url": url, "secret": secret,
                 "event_types": wanted, "description": description, "created_by": actor, "now": self.clock()})
             await tx.commit()
+        self._now_subscribed()
         return subscription_id, secret
 
     async def disable(self, subscription_id: UUID) -> None:
@@ -137,6 +159,7 @@ class Webhooks:
             tx.write("webhook_deliveries", "webhook_delivery_redeliver",
                      {"id": delivery_id, "subscription_id": subscription_id, "now": self.clock()})
             await tx.commit()
+        self._now_subscribed()
 
     async def test(self, subscription_id: UUID, organization_id: UUID, actor: str) -> UUID:
         """Queue a test ping to the subscription; the delivery's id."""
@@ -150,6 +173,7 @@ class Webhooks:
                 "event_type": TEST_EVENT, "payload": orjson.dumps({"requested_by": actor}).decode(),
                 "now": self.clock()})
             await tx.commit()
+        self._now_subscribed()
         return delivery_id
 
     # --- the outbox --------------------------------------------------------------------------

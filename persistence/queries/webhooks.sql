@@ -21,6 +21,10 @@ WHERE (%(organization_id)s::uuid IS NULL OR organization_id = %(organization_id)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
+-- name: webhook_subscriptions_enabled
+-- Whether any subscription is enabled: without one, a sender has nothing to do (and runs nothing else).
+SELECT EXISTS (SELECT 1 FROM webhook_subscriptions WHERE enabled) AS enabled
+
 -- name: webhook_subscription_disable
 UPDATE webhook_subscriptions SET enabled = false, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(subscription_id)s AND enabled

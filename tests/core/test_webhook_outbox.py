@@ -161,3 +161,21 @@ async def test_a_disabled_subscription_is_sent_nothing_more(world: World) -> Non
                                "WHERE subscription_id = %s ORDER BY created_at, dead_lettered_at NULLS LAST",
                         subscription)
     assert sorted(states, key=str) == sorted([(True, "the subscription was disabled"), (False, None)], key=str)
+
+
+async def test_a_sender_without_an_enabled_subscription_reads_only_whether_one_exists(world: World) -> None:
+    """An idle Gateway's webhook sender runs no statement but a look, every ``recheck`` seconds, for
+    an enabled subscription; one created through another process is seen at the next look, one
+    created through this process at once."""
+    from leasehold.gateway.commands.webhooks import Webhooks
+
+    here = Webhooks(world.services.db)
+    elsewhere = Webhooks(world.services.db)  # another Gateway process
+    assert await here.subscribed(recheck=3600) is False
+    subscription, _ = await elsewhere.create(world.org, "http://127.0.0.1:9/hook", event_types=None,
+                                             description=None, actor="test")
+    assert await here.subscribed(recheck=3600) is False  # not looked again yet
+    assert await here.subscribed(recheck=0) is True  # the next look sees it
+    assert await elsewhere.subscribed(recheck=3600) is True  # created here: known at once
+    await elsewhere.disable(subscription)
+    assert await here.subscribed(recheck=0) is False
