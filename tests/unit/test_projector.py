@@ -17,8 +17,8 @@ from uuid import UUID
 
 import pytest
 
-from leasehold.domain import events as ev
 from leasehold.domain import admission, fairness, profiles, registry, scan, schedule, targets
+from leasehold.domain import events as ev
 from leasehold.domain.task import (
     AcknowledgeCancel,
     AttemptState,
