@@ -70,6 +70,7 @@ from leasehold.persistence.chain import GENESIS, chain_hash  # noqa: E402
 from leasehold.persistence.checkpoints import write_checkpoint  # noqa: E402
 from leasehold.persistence.connection import connect, create_pool  # noqa: E402
 from leasehold.persistence.event_log import event_batches  # noqa: E402
+from leasehold.persistence.tables import GENERATED_COLUMNS  # noqa: E402
 from leasehold.persistence.transaction import Database  # noqa: E402
 from leasehold.projections.rows import TABLE_ORDER  # noqa: E402
 from leasehold.replay.integrity import verify_log  # noqa: E402
@@ -213,8 +214,11 @@ class Sample:
             for table in TABLE_ORDER:
                 cur = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
                 assert cur.description is not None
-                self.tables[table] = ([c.name for c in cur.description],
-                                      [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r)
+                names = [c.name for c in cur.description]
+                # Generated columns are computed by PostgreSQL when the copies are loaded.
+                keep = [i for i, name in enumerate(names) if name not in GENERATED_COLUMNS.get(table, ())]
+                self.tables[table] = ([names[i] for i in keep],
+                                      [tuple(bytes(r[i]) if isinstance(r[i], memoryview) else r[i] for i in keep)
                                        for r in cur.fetchall()])
             self.payloads = [(r[0], bytes(r[1])) for r in conn.execute("SELECT sha256, body FROM result_payloads")]
         self.uuids = sorted({m for _, _, _, state, _ in self.events for m in UUID_RE.findall(state)}

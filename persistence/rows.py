@@ -362,6 +362,7 @@ ROW_TYPES: dict[str, type] = {
     "task_read_for_write": TaskWriteRow,
     "task_lock_for_organization": TaskGrantRow,
     "tasks_page": TaskSummaryRow,
+    "tasks_page_live": TaskSummaryRow,
     "attempts_of_task": AttemptRow,
     "workers_live_leases": LiveLeaseRow,
     "console_live_leases": LiveLeaseRow,

@@ -24,6 +24,14 @@ from leasehold.persistence.rows import execute_named
 from leasehold.projections.memory import PRIMARY_KEY_OF, Tables
 from leasehold.projections.rows import PRIMARY_KEYS, TABLE_ORDER, Row
 
+#: Columns PostgreSQL computes from others of the row (stored generated columns, migration 0026):
+#: index keys, not projected state, so never compared with a rebuild.
+GENERATED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "worker_tasks": ("listed_state",),
+    "worker_task_attempts": ("live", "ended_seen_at"),
+    "scans": ("listed_status",),
+}
+
 
 async def load_tables(conn: AsyncConnection[Any], schema: str = "public") -> Tables:
     """The projection tables of ``schema`` as ``{table: {primary key: row}}``.
@@ -40,6 +48,9 @@ async def load_tables(conn: AsyncConnection[Any], schema: str = "public") -> Tab
         assert cur.description is not None
         names = [c.name for c in cur.description]
         rows = [dict(zip(names, values, strict=True)) for values in await cur.fetchall()]
+        for generated in GENERATED_COLUMNS.get(table, ()):
+            for row in rows:
+                row.pop(generated, None)
         for row in rows:
             for name, value in row.items():
                 if isinstance(value, memoryview):  # not produced by psycopg 3.2+, kept for older ones
@@ -60,7 +71,8 @@ async def schema_comment(conn: AsyncConnection[Any], schema: str) -> str | None:
 async def create_projection_schema(conn: AsyncConnection[Any], schema: str, *, drop_existing: bool) -> None:
     """Create ``schema`` (after dropping it, with everything in it, if ``drop_existing``) holding
     an empty table for every projection, ``LIKE public.<table> INCLUDING DEFAULTS INCLUDING
-    CONSTRAINTS``: its checks and NOT NULLs, no foreign keys and no primary key yet
+    CONSTRAINTS INCLUDING GENERATED``: its checks, NOT NULLs and generated columns, no foreign
+    keys and no primary key yet
     (:func:`add_primary_keys` adds them after the load)."""
     ident = sql.Identifier(schema)
     if drop_existing:
@@ -68,7 +80,7 @@ async def create_projection_schema(conn: AsyncConnection[Any], schema: str, *, d
     await conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
     for table in TABLE_ORDER:
         await conn.execute(sql.SQL(
-            "CREATE TABLE {}.{} (LIKE public.{} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(
+            "CREATE TABLE {}.{} (LIKE public.{} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)").format(
             ident, sql.Identifier(table), sql.Identifier(table)))
 
 
@@ -175,8 +187,11 @@ class GroupRows:
                     at += 1
             else:
                 at = end
+            generated = GENERATED_COLUMNS.get(self._table, ())
             for row in buffer[self._at:at]:  # rows handed out: the buffer needs no _group of theirs
                 del row["_group"]
+                for name in generated:
+                    row.pop(name, None)
                 out[key(row)] = row
             self._at = at
             if at < end:

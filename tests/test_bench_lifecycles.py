@@ -95,3 +95,16 @@ def test_wakeup_measures_the_notify_path(pg_server_url: str, scratch: str) -> No
     lines = _run("wakeup.py", "--database-url", pg_server_url, "--scratch-name", scratch, "--tries", "3",
                  "--no-redis")
     _line(lines, r"wakeup path=notify tries=3 ")
+
+
+def test_ledger_counts_each_command(pg_server_url: str, scratch: str) -> None:
+    # On the test server (no pg_stat_statements there, most likely: statements then print None).
+    lines = _run("ledger.py", "--database-url", pg_server_url, "--scratch-prefix", scratch,
+                 "--lifecycles", "3", "--warmup", "1")
+    for command in ("create_task", "acquire", "renew", "submit_batch", "complete", "lifecycle"):
+        _line(lines, rf"ledger_command command={command} statements=(None|{NUMBER}) commits={NUMBER} "
+                     rf"rows_inserted={NUMBER} rows_updated={NUMBER} hot_updated={NUMBER} "
+                     rf"index_entries={NUMBER} wal_bytes={NUMBER}$")
+    # A task row exists after create_task, and a renewal updates it (the counts are live).
+    _line(lines, r"ledger_table command=create_task table=worker_tasks indexes=\d+ inserted=1.0 ")
+    _line(lines, r"ledger_table command=renew table=worker_tasks indexes=\d+ inserted=0.0 updated=1.0 ")

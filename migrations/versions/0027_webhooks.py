@@ -16,7 +16,7 @@ the sends against the subscription's budget (a redelivery starts it again).
 sent for, so each absence is reported once, whichever Gateway process notices it first.
 
 Revision ID: 0027
-Revises: 0025
+Revises: 0026
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0027"
-down_revision = "0025"
+down_revision = "0026"
 branch_labels = None
 depends_on = None
 

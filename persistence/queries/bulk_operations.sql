@@ -8,7 +8,12 @@ SELECT count(*) AS matched
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
-  AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+  -- A listed state (every state but leased, running and completed) is filtered on listed_state,
+  -- the key of worker_tasks_listed_created_idx; the others on state (those pages walk the
+  -- (created_at, id) indexes). Planned for the actual value, the CASE folds to one of the two.
+  AND (%(state)s::text IS NULL
+       OR CASE WHEN %(state)s::text IN ('leased', 'running', 'completed') THEN t.state = %(state)s::text
+               ELSE t.listed_state = %(state)s::text END)
   AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
   AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
   AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
@@ -23,7 +28,12 @@ SELECT t.id AS task_id, t.created_at
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
-  AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+  -- A listed state (every state but leased, running and completed) is filtered on listed_state,
+  -- the key of worker_tasks_listed_created_idx; the others on state (those pages walk the
+  -- (created_at, id) indexes). Planned for the actual value, the CASE folds to one of the two.
+  AND (%(state)s::text IS NULL
+       OR CASE WHEN %(state)s::text IN ('leased', 'running', 'completed') THEN t.state = %(state)s::text
+               ELSE t.listed_state = %(state)s::text END)
   AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
   AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
   AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)

@@ -2,10 +2,11 @@
 -- The console's overview: attempts that ended in the window [since, since + 1 hour) — succeeded,
 -- failed (as their worker reported) or timed out, at their finished_at; expired, at the moment
 -- their lease ran out — by 5-minute bucket (0..11) and status, of one organisation's tasks or
--- of all (organization_id NULL). Index-bound: worker by worker, the (worker_id, last_seen_at)
--- index from an hour before the window (a lease runs out at most lease_seconds, at most an
--- hour, after the worker's last request; a worker's report is its last request), so the rows
--- read are the attempts active in the last two hours, never the history.
+-- of all (organization_id NULL). Index-bound: worker by worker, the (worker_id, ended_seen_at)
+-- index (ended_seen_at: last_seen_at of an ended attempt) from an hour before the window (a
+-- lease runs out at most lease_seconds, at most an hour, after the worker's last request; a
+-- worker's report is its last request), so the rows read are the attempts active in the last
+-- two hours, never the history.
 SELECT a.status,
        least(floor(extract(epoch FROM a.ended - %(since)s::timestamptz) / 300), 11)::int AS bucket,
        count(*)
@@ -15,7 +16,7 @@ CROSS JOIN LATERAL (
            CASE WHEN x.status = 'expired' THEN x.lease_expires_at ELSE x.finished_at END AS ended
     FROM worker_task_attempts x
     WHERE x.worker_id = w.id
-      AND x.last_seen_at >= %(since)s::timestamptz - interval '1 hour'
+      AND x.ended_seen_at >= %(since)s::timestamptz - interval '1 hour'
       AND x.status IN ('succeeded', 'failed', 'timeout', 'expired')
     OFFSET 0  -- kept a subquery per worker (never flattened into a join), so it probes the index
 ) a
@@ -84,7 +85,7 @@ ORDER BY e.originator_version
 SELECT a.worker_id, count(*) AS live
 FROM worker_task_attempts a
 WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND (%(organization_id)s::uuid IS NULL OR EXISTS (
         SELECT 1 FROM worker_tasks t WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))
 GROUP BY a.worker_id
@@ -97,7 +98,7 @@ SELECT a.worker_id, a.task_id, a.id, t.organization_id, a.status, a.leased_at, a
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id
 WHERE a.worker_id = %(worker_id)s
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
 ORDER BY a.leased_at, a.id
 LIMIT %(limit)s

@@ -25,7 +25,7 @@ CROSS JOIN LATERAL (
     SELECT t.priority, t.created_at
     FROM worker_tasks t
     WHERE t.organization_id = ow.organization_id
-      AND t.state IN ('pending', 'retry_wait')
+      AND t.listed_state IN ('pending', 'retry_wait')
       AND t.available_at <= coalesce(%(now)s::timestamptz, clock_timestamp())
       AND t.attempt_count < t.max_attempts
       AND t.task_type = ANY(w.task_types)
@@ -62,7 +62,7 @@ WITH org AS (
            t.cancel_delivered_at, t.cancel_delivery_channel, t.scope_ref
     FROM worker_tasks t
     WHERE t.organization_id = %(organization_id)s
-      AND t.state IN ('pending', 'retry_wait')
+      AND t.listed_state IN ('pending', 'retry_wait')
       AND t.available_at <= %(now)s
       AND t.attempt_count < t.max_attempts
       AND t.task_type = ANY(%(task_types)s::text[])
@@ -148,7 +148,7 @@ FROM unnest(%(organization_ids)s::uuid[], %(task_types)s::text[]) AS k (organiza
 WHERE q.organization_id = k.organization_id AND q.task_type = k.task_type
   AND NOT EXISTS (SELECT FROM worker_tasks t
                   WHERE t.organization_id = q.organization_id AND t.task_type = q.task_type
-                    AND t.state IN ('pending', 'retry_wait'))
+                    AND t.listed_state IN ('pending', 'retry_wait'))
 RETURNING q.organization_id
 
 -- name: org_queued_work_take_raises

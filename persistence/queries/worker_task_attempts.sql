@@ -8,7 +8,7 @@ ORDER BY a.attempt_number
 
 -- name: attempts_live_count
 -- The live leases of the whole fleet (a sampled gauge, not a hot path).
-SELECT count(*) FROM worker_task_attempts WHERE status IN ('leased', 'running')
+SELECT count(*) FROM worker_task_attempts WHERE live
 
 -- name: rejected_writes_of_attempt
 -- After task_lock (the attempt's task): how many refused writes of the attempt were recorded as

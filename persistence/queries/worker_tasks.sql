@@ -60,7 +60,7 @@ WHERE t.id = %(task_id)s
 SELECT t.id, t.scan_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
-WHERE a.status IN ('leased', 'running')
+WHERE a.live
   AND a.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
 ORDER BY a.lease_expires_at
 LIMIT %(limit)s
@@ -70,16 +70,17 @@ FOR UPDATE OF t SKIP LOCKED
 SELECT t.id, t.scan_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
-WHERE a.status IN ('leased', 'running')
+WHERE a.live
   AND a.deadline_at <= coalesce(%(now)s::timestamptz, now())
 ORDER BY a.deadline_at
 LIMIT %(limit)s
 FOR UPDATE OF t SKIP LOCKED
 
 -- name: tasks_lock_cancelling_overdue
+-- The cancelling tasks are the few 'cancelling' rows of worker_tasks_listed_created_idx.
 SELECT t.id, t.scan_id
 FROM worker_tasks t
-WHERE t.state = 'cancelling'
+WHERE t.listed_state = 'cancelling'
   AND t.cancel_requested_at <= coalesce(%(now)s::timestamptz, now()) - %(grace)s::interval
 ORDER BY t.cancel_requested_at
 LIMIT %(limit)s
@@ -129,7 +130,40 @@ SELECT t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, 
 FROM worker_tasks t
 LEFT JOIN worker_task_attempts cur ON cur.id = t.current_attempt_id
 WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
-  AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+  -- A listed state (every state but leased, running and completed) is filtered on listed_state,
+  -- the key of worker_tasks_listed_created_idx; completed on state (nearly every row: the page
+  -- walks the (created_at, id) indexes); leased and running are listed by tasks_page_live.
+  -- Planned for the actual value, the CASE folds to one of the two.
+  AND (%(state)s::text IS NULL
+       OR CASE WHEN %(state)s::text IN ('leased', 'running', 'completed') THEN t.state = %(state)s::text
+               ELSE t.listed_state = %(state)s::text END)
+  AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+  AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
+  AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
+  AND (%(created_from)s::timestamptz IS NULL OR t.created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR t.created_at < %(created_to)s::timestamptz)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (t.created_at, t.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY t.created_at DESC, t.id DESC
+LIMIT %(limit)s
+
+-- name: tasks_page_live
+-- tasks_page for a state a task is in only while its current attempt is live (leased, running),
+-- which no worker_tasks index names (migration 0026): the tasks are reached from the live
+-- attempts (worker_task_attempts_worker_live_idx or _one_live_idx: as many as the fleet runs at
+-- once), each probed by its key (behind OFFSET 0, so never a hash of the whole table), then
+-- filtered, sorted and cut to the page. The same columns, filters and order as tasks_page.
+SELECT t.id, t.organization_id, t.scan_id, t.scan_job_id, t.task_type, t.state, t.priority, t.attempt_count,
+       t.max_attempts, t.available_at, t.created_at, t.updated_at, t.finished_at, t.last_error,
+       t.current_attempt_id, cur.worker_id
+FROM worker_task_attempts cur
+CROSS JOIN LATERAL (SELECT x.id, x.organization_id, x.scan_id, x.scan_job_id, x.task_type, x.state, x.priority,
+                           x.attempt_count, x.max_attempts, x.available_at, x.created_at, x.updated_at,
+                           x.finished_at, x.last_error, x.current_attempt_id
+                    FROM worker_tasks x WHERE x.id = cur.task_id AND x.current_attempt_id = cur.id OFFSET 0) t
+WHERE cur.live
+  AND t.state = %(state)s::text
+  AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
   AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
   AND (%(scan_id)s::uuid IS NULL OR t.scan_id = %(scan_id)s::uuid)
   AND (%(worker_id)s::uuid IS NULL OR cur.worker_id = %(worker_id)s::uuid)
@@ -143,19 +177,28 @@ LIMIT %(limit)s
 -- name: task_counts
 -- Operator API: tasks by organisation and state (organization_id NULL: every organisation).
 -- Never a pass over the table's rows: the tasks of each organisation are counted in the
--- (organization_id, created_at, id) index alone, those of every state but completed through the
--- (state, created_at, id) index, and completed is the difference. Completed tasks are the
--- history, nearly all of the rows (bench/console.py, 100,000 tasks: ~45-90 ms against ~70-220 ms
--- for a GROUP BY over the rows, on a loaded 2-core machine).
+-- (organization_id, created_at, id) index alone; those in a listed state (pending, retry_wait,
+-- failed_terminal, cancelling, cancelled) in worker_tasks_listed_created_idx; leased and running
+-- tasks through their live attempts (worker_task_attempts_one_live_idx: as many as the fleet
+-- runs at once; each task probed by its key behind OFFSET 0, never a hash of the whole table);
+-- completed is the difference. Completed tasks are the history, nearly all of
+-- the rows (bench/console.py, 100,000 tasks).
 WITH every AS (
     SELECT t.organization_id, count(*) AS n
     FROM worker_tasks t
     WHERE (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
     GROUP BY 1
 ), others AS (
-    SELECT t.organization_id, t.state, count(*) AS n
+    SELECT t.organization_id, t.listed_state AS state, count(*) AS n
     FROM worker_tasks t
-    WHERE t.state IN ('pending', 'leased', 'running', 'retry_wait', 'failed_terminal', 'cancelling', 'cancelled')
+    WHERE t.listed_state IS NOT NULL
+      AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
+    GROUP BY 1, 2
+  UNION ALL
+    SELECT t.organization_id, t.state::text, count(*) AS n
+    FROM worker_task_attempts a
+    CROSS JOIN LATERAL (SELECT x.organization_id, x.state FROM worker_tasks x WHERE x.id = a.task_id OFFSET 0) t
+    WHERE a.live AND t.state IN ('leased', 'running')
       AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
     GROUP BY 1, 2
 )
@@ -177,7 +220,7 @@ SELECT t.organization_id, count(*) AS queued,
        q.now
 FROM worker_tasks t
 CROSS JOIN (SELECT coalesce(%(now)s::timestamptz, now()) AS now) q
-WHERE t.state IN ('pending', 'retry_wait')
+WHERE t.listed_state IN ('pending', 'retry_wait')
   AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
 GROUP BY t.organization_id, q.now
 
@@ -188,11 +231,19 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now
 -- name: queue_depth_sample
 -- Unfinished tasks by organisation and state, with the age of the oldest pending one (a sampled
 -- gauge, not a hot path; finished tasks are left out, so its cost follows the backlog).
-SELECT organization_id, state, count(*) AS tasks,
-       extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')) AS oldest_pending_seconds
-FROM worker_tasks
-WHERE state IN ('pending', 'leased', 'running', 'retry_wait', 'cancelling')
-GROUP BY organization_id, state
+-- Queued and cancelling tasks from worker_tasks_listed_created_idx, leased and running ones
+-- through their live attempts.
+SELECT t.organization_id, t.listed_state AS state, count(*) AS tasks,
+       extract(epoch FROM now() - min(t.created_at) FILTER (WHERE t.listed_state = 'pending')) AS oldest_pending_seconds
+FROM worker_tasks t
+WHERE t.listed_state IN ('pending', 'retry_wait', 'cancelling')
+GROUP BY 1, 2
+UNION ALL
+SELECT t.organization_id, t.state::text, count(*), NULL::numeric
+FROM worker_task_attempts a
+CROSS JOIN LATERAL (SELECT x.organization_id, x.state FROM worker_tasks x WHERE x.id = a.task_id OFFSET 0) t
+WHERE a.live AND t.state IN ('leased', 'running')
+GROUP BY 1, 2
 
 -- name: waiting_organizations_with_work
 -- The Gateway's wait-room sweep (gateway.background.waitroom), once per process every
@@ -202,7 +253,7 @@ GROUP BY organization_id, state
 SELECT t.organization_id, array_agg(DISTINCT t.task_type) AS task_types
 FROM worker_tasks t
 WHERE t.organization_id = ANY(%(organization_ids)s::uuid[])
-  AND t.state IN ('pending', 'retry_wait')
+  AND t.listed_state IN ('pending', 'retry_wait')
   AND t.available_at <= coalesce(%(now)s::timestamptz, clock_timestamp())
   AND t.attempt_count < t.max_attempts
 GROUP BY t.organization_id
@@ -214,5 +265,5 @@ SELECT a.worker_id, a.id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND t.state = 'cancelling'

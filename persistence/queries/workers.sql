@@ -25,7 +25,7 @@ SELECT count(*) AS live, coalesce(%(now)s::timestamptz, clock_timestamp()) AS no
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan
 FROM worker_task_attempts a
 WHERE a.worker_id = %(worker_id)s
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND a.lease_expires_at > coalesce(%(now)s::timestamptz, clock_timestamp())
 
 -- name: worker_lock
@@ -53,7 +53,7 @@ SELECT t.id AS task_id, a.id AS attempt_id, t.cancel_delivered_at IS NOT NULL AS
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = %(worker_id)s
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND t.state = 'cancelling'
 
 -- name: worker_organizations
@@ -134,21 +134,34 @@ SELECT t.id AS task_id, a.id AS attempt_id
 FROM worker_task_attempts a
 JOIN worker_tasks t ON t.id = a.task_id AND t.current_attempt_id = a.id
 WHERE a.worker_id = %(worker_id)s
-  AND a.status IN ('leased', 'running')
+  AND a.live
   AND (t.state IN ('leased', 'running') OR (%(include_cancelling)s::boolean AND t.state = 'cancelling'))
   AND (%(organization_id)s::uuid IS NULL OR t.organization_id = %(organization_id)s::uuid)
 ORDER BY t.id
 
 -- name: workers_last_seen
 -- Operator API: when each worker was last seen (its attempts' last_seen_at: the latest event a
--- request of the worker caused), one index probe each. An organisation key (organization_id
--- set) sees only what the worker did on that organisation's tasks.
+-- request of the worker caused): the later of its ended attempts' (one probe each of the
+-- (worker_id, ended_seen_at) index) and its live attempts' (read once for all the workers, as
+-- many as they run at once). An organisation key (organization_id set) sees only what the
+-- worker did on that organisation's tasks.
+WITH live AS MATERIALIZED (  -- once, not once per worker
+    SELECT a.worker_id, max(a.last_seen_at) AS last_seen_at
+    FROM worker_task_attempts a
+    WHERE a.worker_id = ANY(%(worker_ids)s::uuid[]) AND a.live
+      AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+            SELECT 1 FROM worker_tasks t
+            WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))
+    GROUP BY 1
+)
 SELECT w.id,
-       (SELECT max(a.last_seen_at) FROM worker_task_attempts a
-        WHERE a.worker_id = w.id
-          AND (%(organization_id)s::uuid IS NULL OR EXISTS (
-                SELECT 1 FROM worker_tasks t
-                WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))) AS last_seen_at
+       greatest(
+           (SELECT max(a.ended_seen_at) FROM worker_task_attempts a
+            WHERE a.worker_id = w.id AND a.ended_seen_at IS NOT NULL
+              AND (%(organization_id)s::uuid IS NULL OR EXISTS (
+                    SELECT 1 FROM worker_tasks t
+                    WHERE t.id = a.task_id AND t.organization_id = %(organization_id)s::uuid))),
+           (SELECT l.last_seen_at FROM live l WHERE l.worker_id = w.id)) AS last_seen_at
 FROM unnest(%(worker_ids)s::uuid[]) AS w(id)
 
 -- name: workers_live_leases
@@ -162,7 +175,7 @@ FROM (SELECT a.worker_id, a.task_id, a.id, a.status, a.leased_at, a.lease_expire
              (SELECT t.organization_id FROM worker_tasks t WHERE t.id = a.task_id) AS organization_id
       FROM worker_task_attempts a
       WHERE a.worker_id = ANY(%(worker_ids)s::uuid[])
-        AND a.status IN ('leased', 'running')
+        AND a.live
       OFFSET 0) a
 WHERE (%(organization_id)s::uuid IS NULL OR a.organization_id = %(organization_id)s::uuid)
 ORDER BY a.leased_at, a.id

@@ -89,6 +89,17 @@ def test_every_list_filter_walks_an_index_in_list_order(grown: tuple[str, list[U
             # few, sorted).
             assert plan["Actual Rows"] <= params["limit"]
             assert sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in walks) <= 10 * params["limit"], where
+        # Leased and running tasks (no worker_tasks index names state): reached from the live
+        # attempts, each task probed by its key; the tasks read are at most the live attempts.
+        live = conn.execute("SELECT count(*) FROM worker_task_attempts WHERE live").fetchone()
+        assert live is not None and live[0] > 0
+        for params in (page(**{**task_filters, "state": "running"}),
+                       page(orgs[0], **{**task_filters, "state": "running"})):
+            plan = _explain(conn, "tasks_page_live", params)
+            walks = [n for n in _nodes(plan) if n.get("Relation Name") == "worker_tasks"]
+            assert walks and all(n["Node Type"] == "Index Scan" for n in walks), list(_nodes(plan))
+            assert sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in walks) <= live[0]
+            assert 0 < plan["Actual Rows"] <= params["limit"]
 
 
 def test_the_queue_reads_only_waiting_tasks(grown: tuple[str, list[UUID], UUID]) -> None:

@@ -50,6 +50,7 @@ async def test_the_database_refuses_a_second_task_on_one_job(world: World, datab
         conn.execute(f"SET ROLE {APP_ROLE}")  # the Gateway's own privileges: it may insert tasks
         conn.execute("CREATE TEMP TABLE twin AS SELECT * FROM worker_tasks WHERE id = %s", (task_id,))
         conn.execute("UPDATE twin SET id = gen_random_uuid()")  # another task, the same job
+        conn.execute("ALTER TABLE twin DROP COLUMN listed_state")  # generated: PostgreSQL computes it
         with pytest.raises(psycopg.errors.UniqueViolation) as refused:
             conn.execute("INSERT INTO worker_tasks SELECT * FROM twin")
         conn.rollback()

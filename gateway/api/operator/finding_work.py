@@ -140,10 +140,14 @@ async def list_tasks(request: web.Request) -> web.StreamResponse:
               "scan_id": query.scan_id, "worker_id": query.worker_id}
     async with reads(request).snapshot() as reader:
         await reader.one("custom_plans", {})
-        items = [task_summary(r) for r in await reader.all("tasks_page", params)]
+        # Leased and running tasks are found through their live attempts (no task index names state).
+        statement = "tasks_page_live" if query.state in LIVE_TASK_STATES else "tasks_page"
+        items = [task_summary(r) for r in await reader.all(statement, params)]
     return ok(TaskPage(items=items[:query.limit], next_cursor=_next_cursor(items, query.limit)))
 
 
+#: The states a task is in only while its current attempt is live.
+LIVE_TASK_STATES = ("leased", "running")
 TASK_STATES = ("pending", "leased", "running", "retry_wait", "completed", "failed_terminal", "cancelling",
                "cancelled")
 SCAN_STATUSES = ("pending", "running", "success", "failed", "cancelled")
