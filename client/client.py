@@ -240,7 +240,7 @@ class OperatorClient:
 
     async def set_admission(self, organization_id: Ids, *, max_queued_tasks: int | None,
                             max_queued_scans: int | None, reason: str) -> Admission:
-        """Set the caps of queued tasks and open scans (``None``: no cap) with a reason (administrator).
+        """Set the caps of queued tasks and queued scans (``None``: no cap) with a reason (administrator).
         Creations past a cap then fail with an :class:`ApiError` of status 429 and a ``retry_after``."""
         return await self._send("PUT", Admission, f"/v1/organizations/{organization_id}/admission",
                                 {"max_queued_tasks": max_queued_tasks, "max_queued_scans": max_queued_scans,

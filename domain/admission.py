@@ -6,11 +6,13 @@ An organisation may have two caps (None: no cap, the default), set by an operato
 * ``max_queued_tasks``: tasks *queued*, that is waiting to be leased: state ``pending`` or
   ``retry_wait``. A task leased or running is no longer queued; a task back to ``retry_wait`` is
   queued again (a retry is never refused: it is not a creation).
-* ``max_queued_scans``: scans not yet ended: status ``pending`` or ``running``.
+* ``max_queued_scans``: Gateway-executed scans *queued*, that is not started yet: status
+  ``pending`` (a scan starts with the first lease of one of its tasks, or ends first). A scan
+  running is no longer queued: the fleet's capacity and the fair-share caps bound those.
 
 Creating a task (``POST /v1/scans/{id}/tasks``) is refused when the organisation already has
 ``max_queued_tasks`` tasks queued; creating a scan (the API, a stored profile's run, a
-schedule's run, a legacy conversion) when it already has ``max_queued_scans`` scans open. A refusal
+schedule's run, a legacy conversion) when it already has ``max_queued_scans`` scans queued. A refusal
 changes nothing. The first task a new scan's profile queues belongs to the scan's admission, and
 the later steps of a scan already admitted are never refused: they may take the queued tasks
 past the cap, never a creation request. Lowering a cap below what is queued ends nothing; it
@@ -76,7 +78,7 @@ def admit(kind: Kind, organization_id: UUID, queued: int, cap: int | None) -> No
     """Admit one more ``kind`` of the organisation, which has ``queued`` of them queued, or raise
     :class:`AdmissionRefused` (429, with a Retry-After) when that would pass ``cap``."""
     if cap is not None and queued + 1 > cap:
-        noun = "tasks queued" if kind == "task" else "scans open"
+        noun = "tasks queued" if kind == "task" else "scans queued (not started)"
         raise AdmissionRefused(f"the organisation has {queued} {noun}, its admission cap is {cap}; "
                                f"retry later", organization_id=str(organization_id), kind=kind, queued=queued,
                                cap=cap, retry_after=RETRY_AFTER_SECONDS)

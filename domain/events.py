@@ -78,7 +78,7 @@ class OrganizationFairShareSet(DomainEvent):
 
 class OrganizationAdmissionSet(DomainEvent):
     """The organisation's admission caps (:mod:`domain.admission`), as absolute values: at most
-    ``max_queued_tasks`` tasks waiting to be leased and ``max_queued_scans`` scans not yet ended
+    ``max_queued_tasks`` tasks waiting to be leased and ``max_queued_scans`` scans not started yet
     (None: no cap, the default); ``reason`` is the operator's, as given."""
 
     max_queued_tasks: int | None = None

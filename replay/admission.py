@@ -3,7 +3,8 @@
 A refused creation leaves nothing in the log, so what the log can show is that every creation
 it holds was admitted rightly: for each, the caps in force (the organisation's last
 ``OrganizationAdmissionSet`` before it) and what was queued just before it (tasks ``pending`` or
-``retry_wait``, folded with :func:`domain.task.project_task`; Gateway-executed scans not ended),
+``retry_wait``, folded with :func:`domain.task.project_task`; Gateway-executed scans ``pending``:
+created, neither finished nor started by a first lease of one of their tasks),
 as the log says in its order. :func:`admission_violations` lists the creations admitted past a
 cap; empty when the Gateway kept them.
 
@@ -30,7 +31,7 @@ from leasehold.persistence.snapshot import snapshot
 
 _QUEUED = frozenset({"pending", "retry_wait"})
 _ORGANIZATION_AND_SCAN = frozenset(topic_of(cls) for cls in (
-    ev.OrganizationAdmissionSet, ev.ScanCreated, ev.ScanProfileSet, ev.ScanFinished, ev.ScanReopened))
+    ev.OrganizationAdmissionSet, ev.ScanCreated, ev.ScanProfileSet, ev.ScanFinished))
 _TASK_CREATED = topic_of(ev.TaskCreated)
 
 
@@ -60,7 +61,7 @@ async def _decisions(conn: AsyncConnection[Any]) -> list[Decision]:
     tasks: dict[UUID, TaskState] = {}
     queued: dict[UUID, int] = {}
     scans: dict[UUID, UUID] = {}  # Gateway-executed scan -> its organisation
-    open_scans: dict[UUID, set[UUID]] = {}
+    pending_scans: dict[UUID, set[UUID]] = {}
     profiled: set[UUID] = set()
     decisions: list[Decision] = []
     async for batch in event_batches(conn):
@@ -71,16 +72,14 @@ async def _decisions(conn: AsyncConnection[Any]) -> list[Decision]:
                     caps[oid] = (event.max_queued_tasks, event.max_queued_scans)
                 elif isinstance(event, ev.ScanCreated) and event.execution_mode == "gateway":
                     org = event.organization_id
-                    opened = open_scans.setdefault(org, set())
-                    decisions.append(Decision("scan", org, oid, len(opened), caps.get(org, (None, None))[1]))
+                    pending = pending_scans.setdefault(org, set())
+                    decisions.append(Decision("scan", org, oid, len(pending), caps.get(org, (None, None))[1]))
                     scans[oid] = org
-                    opened.add(oid)
+                    pending.add(oid)
                 elif isinstance(event, ev.ScanProfileSet):
                     profiled.add(oid)
                 elif isinstance(event, ev.ScanFinished) and oid in scans:
-                    open_scans[scans[oid]].discard(oid)
-                elif isinstance(event, ev.ScanReopened) and oid in scans:
-                    open_scans[scans[oid]].add(oid)
+                    pending_scans[scans[oid]].discard(oid)
                 continue
             if topic == _TASK_CREATED:
                 event = decode_event(oid, version, topic, raw)
@@ -92,6 +91,8 @@ async def _decisions(conn: AsyncConnection[Any]) -> list[Decision]:
                 continue
             else:
                 event = decode_event(oid, version, topic, raw)
+                if isinstance(event, ev.TaskLeased) and event.scan_id in scans:  # its scan starts
+                    pending_scans[scans[event.scan_id]].discard(event.scan_id)
             before = tasks.get(oid)
             after = project_task([event], before)
             assert after is not None

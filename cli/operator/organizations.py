@@ -53,7 +53,7 @@ def register(subparsers: Subparsers) -> None:
 
     admission = command(
         commands, "admission", "show or set an organisation's admission caps",
-        "Show the organisation's caps of queued tasks and open scans and what they count now; with "
+        "Show the organisation's caps of queued tasks and queued scans and what they count now; with "
         "--max-queued-tasks N or --no-task-cap, --max-queued-scans M or --no-scan-cap, and --reason, set "
         "them (administrator). Creations past a cap answer 429.", _admission)
     admission.add_argument("organization_id", metavar="ORG_ID")
@@ -61,8 +61,8 @@ def register(subparsers: Subparsers) -> None:
     tasks.add_argument("--max-queued-tasks", type=int, metavar="N", help="cap of its tasks queued (pending, retry_wait)")
     tasks.add_argument("--no-task-cap", action="store_true", help="no cap of queued tasks")
     scans = admission.add_mutually_exclusive_group()
-    scans.add_argument("--max-queued-scans", type=int, metavar="M", help="cap of its scans not yet ended")
-    scans.add_argument("--no-scan-cap", action="store_true", help="no cap of open scans")
+    scans.add_argument("--max-queued-scans", type=int, metavar="M", help="cap of its scans queued (pending, not started)")
+    scans.add_argument("--no-scan-cap", action="store_true", help="no cap of queued scans")
     admission.add_argument("--reason", metavar="TEXT", help="why (recorded on the event; required to set)")
     connection(admission)
 
@@ -151,7 +151,7 @@ def _admission(args: argparse.Namespace) -> int:
         return "none" if value is None else str(value)
 
     show(args, state, f"organisation {state.organization_id}  queued tasks {state.queued_tasks}"
-         f" (cap {cap(state.max_queued_tasks)})  open scans {state.queued_scans} (cap {cap(state.max_queued_scans)})")
+         f" (cap {cap(state.max_queued_tasks)})  queued scans {state.queued_scans} (cap {cap(state.max_queued_scans)})")
     return EXIT_OK
 
 

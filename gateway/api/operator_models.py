@@ -746,7 +746,7 @@ class SetAdmission(Body):
         "most tasks of the organisation queued (pending or retry_wait) at once: task creation past it "
         "answers 429; null: no cap")), INTEGRAL] | None
     max_queued_scans: Annotated[StrictInt, Field(ge=0, le=1_000_000, description=(
-        "most Gateway-executed scans of the organisation not yet ended (pending or running): scan "
+        "most Gateway-executed scans of the organisation queued (pending: not started yet): scan "
         "creation past it answers 429, a schedule's due slot is skipped; null: no cap")), INTEGRAL] | None
     reason: str = Field(min_length=1, max_length=500, description="why, recorded on the event")
 
@@ -756,7 +756,7 @@ class Admission(Body):
     max_queued_tasks: int | None = Field(description="null: no cap")
     max_queued_scans: int | None = Field(description="null: no cap")
     queued_tasks: int = Field(description="tasks of the organisation queued now (pending or retry_wait)")
-    queued_scans: int = Field(description="Gateway-executed scans of the organisation not yet ended now")
+    queued_scans: int = Field(description="Gateway-executed scans of the organisation queued now (pending)")
 
     @classmethod
     def of(cls, state: Any) -> Admission:

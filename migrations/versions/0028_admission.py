@@ -2,9 +2,11 @@
 
 * ``organizations.max_queued_tasks`` and ``organizations.max_queued_scans`` are projections of the
   organisation's ``OrganizationAdmissionSet`` events (NULL: no cap, the default).
-* ``scans_org_open_idx``: creating a scan of a capped organisation counts its scans not yet ended
-  (``pending`` or ``running``) with it. Queued tasks are counted with
-  ``worker_tasks_org_acquirable_idx`` (migration 0014), which holds exactly those.
+* ``scans_org_queued_idx``: creating a scan of a capped organisation counts its queued scans (
+  Gateway-executed, ``pending``: not started yet) with it. Its predicate names ``listed_status``
+  and ``execution_mode`` only, which a scan's success does not change, so that stays a HOT update
+  (migration 0026). Queued tasks are counted with ``worker_tasks_org_acquirable_idx``, which holds
+  exactly those.
 
 Revision ID: 0028
 Revises: 0027
@@ -24,11 +26,12 @@ ALTER TABLE organizations
     ADD COLUMN max_queued_tasks integer CHECK (max_queued_tasks BETWEEN 0 AND 1000000),
     ADD COLUMN max_queued_scans integer CHECK (max_queued_scans BETWEEN 0 AND 1000000);
 
-CREATE INDEX scans_org_open_idx ON scans (organization_id) WHERE status IN ('pending', 'running');
+CREATE INDEX scans_org_queued_idx ON scans (organization_id)
+    WHERE listed_status = 'pending' AND execution_mode = 'gateway';
 """
 
 DOWNGRADE = r"""
-DROP INDEX scans_org_open_idx;
+DROP INDEX scans_org_queued_idx;
 ALTER TABLE organizations DROP COLUMN max_queued_scans, DROP COLUMN max_queued_tasks;
 """
 

@@ -56,9 +56,9 @@ FOR UPDATE
 -- Operator API: an organisation's admission caps and what they count now.
 SELECT o.id, o.max_queued_tasks, o.max_queued_scans,
        (SELECT count(*) FROM worker_tasks t
-        WHERE t.organization_id = o.id AND t.state IN ('pending', 'retry_wait')) AS queued_tasks,
+        WHERE t.organization_id = o.id AND t.listed_state IN ('pending', 'retry_wait')) AS queued_tasks,
        (SELECT count(*) FROM scans s
-        WHERE s.organization_id = o.id AND s.status IN ('pending', 'running')
+        WHERE s.organization_id = o.id AND s.listed_status = 'pending'
           AND s.execution_mode = 'gateway') AS queued_scans
 FROM organizations o
 WHERE o.id = %(organization_id)s
@@ -79,10 +79,10 @@ SELECT pg_advisory_xact_lock(hashtextextended('admission:' || %(kind)s::text || 
 -- name: admission_queued_tasks
 -- Tasks queued (waiting to be leased): worker_tasks_org_acquirable_idx holds exactly those.
 SELECT count(*) AS queued FROM worker_tasks t
-WHERE t.organization_id = %(organization_id)s AND t.state IN ('pending', 'retry_wait')
+WHERE t.organization_id = %(organization_id)s AND t.listed_state IN ('pending', 'retry_wait')
 
 -- name: admission_queued_scans
--- Gateway-executed scans not yet ended (scans_org_open_idx).
+-- Gateway-executed scans queued: pending, not started yet (scans_org_queued_idx).
 SELECT count(*) AS queued FROM scans s
-WHERE s.organization_id = %(organization_id)s AND s.status IN ('pending', 'running')
+WHERE s.organization_id = %(organization_id)s AND s.listed_status = 'pending'
   AND s.execution_mode = 'gateway'

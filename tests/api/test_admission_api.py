@@ -116,7 +116,7 @@ async def test_the_command_line_sets_and_shows_the_caps(gateway: RunningGateway,
     code, out, err = await leasehold(gateway, base_env, "organizations", "admission", org, "--max-queued-tasks", "4",
                                      "--no-scan-cap", "--reason", "noisy tenant")
     assert code == 0, err
-    assert "queued tasks 0 (cap 4)" in out and "open scans 0 (cap none)" in out, out
+    assert "queued tasks 0 (cap 4)" in out and "queued scans 0 (cap none)" in out, out
     before = await events_logged(gateway)
     code, _, err = await leasehold(gateway, base_env, "organizations", "admission", org, "--max-queued-tasks", "4")
     assert code == 2 and "--reason" in err, err

@@ -222,7 +222,7 @@ async def get_admission(request: web.Request) -> web.StreamResponse:
 
 
 @routes.route("PUT", "/v1/organizations/{organization_id}/admission",
-              summary="Set the organisation's caps of queued tasks and open scans, with a reason (administrator)",
+              summary="Set the organisation's caps of queued tasks and queued scans, with a reason (administrator)",
               auth="operator", request=SetAdmission, response=Admission, tags=TAGS)
 async def set_admission(request: web.Request) -> web.StreamResponse:
     operator, org_id = await _seen_organization(request)
