@@ -86,3 +86,19 @@ WHERE t.organization_id = %(organization_id)s AND t.listed_state IN ('pending', 
 SELECT count(*) AS queued FROM scans s
 WHERE s.organization_id = %(organization_id)s AND s.listed_status = 'pending'
   AND s.execution_mode = 'gateway'
+
+-- name: console_admission_caps
+-- The console's overview: the organisations with an admission cap (of those the key sees; NULL:
+-- every one), with the queued work each cap counts (a capped organisation's queue is at most
+-- about its cap, read through the same partial indexes as admission itself).
+SELECT o.id, o.max_queued_tasks, o.max_queued_scans,
+       (SELECT count(*) FROM worker_tasks t
+        WHERE t.organization_id = o.id AND t.listed_state IN ('pending', 'retry_wait')) AS queued_tasks,
+       (SELECT count(*) FROM scans s
+        WHERE s.organization_id = o.id AND s.listed_status = 'pending'
+          AND s.execution_mode = 'gateway') AS queued_scans
+FROM organizations o
+WHERE (o.max_queued_tasks IS NOT NULL OR o.max_queued_scans IS NOT NULL)
+  AND (%(organization_id)s::uuid IS NULL OR o.id = %(organization_id)s::uuid)
+ORDER BY o.id
+LIMIT 200

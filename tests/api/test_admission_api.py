@@ -123,3 +123,17 @@ async def test_the_command_line_sets_and_shows_the_caps(gateway: RunningGateway,
     assert await events_logged(gateway) == before
     code, out, err = await leasehold(gateway, base_env, "organizations", "admission", org, "--json")
     assert code == 0 and '"max_queued_tasks":4' in out.replace(" ", ""), (out, err)
+
+
+async def test_the_console_overview_shows_the_caps_to_whom_may_see_them(gateway: RunningGateway) -> None:
+    from support.console import signed_in
+
+    org, key = await tenant(gateway, "adm-console")
+    other, _ = await tenant(gateway, "adm-console-other")
+    for capped in (org, other):
+        assert (await gateway.operator("PUT", f"/v1/organizations/{capped}/admission", {
+            "max_queued_tasks": 7, "max_queued_scans": None, "reason": "console"})).status == 200
+    admin_rows = (await (await signed_in(gateway)).get("/console")).rows("Admission caps")
+    assert [org, "0", "7", "0", "none"] in admin_rows and other in {r[0] for r in admin_rows}
+    own_rows = (await (await signed_in(gateway, key)).get("/console")).rows("Admission caps")
+    assert own_rows == [[org, "0", "7", "0", "none"]]
