@@ -71,6 +71,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from leasehold.cli.dev_ca import init_pki, issue_worker_certificate
 from leasehold.cli.embedded import EmbeddedPostgres, _bin_dir
+from leasehold.domain.errors import Unavailable
 from leasehold.domain.events import ProfileStep
 from leasehold.gateway.services import Services, build_services
 from leasehold.migrations import runner as migrate
@@ -295,7 +296,8 @@ async def feed(run: Run, seconds: float) -> None:
                 break
             except Exception as exc:  # the server may be restarting; did the commit happen?
                 run.notes["feeder_retries"] += 1
-                if not isinstance(exc, psycopg.Error | OSError | TimeoutError) and "connection" not in str(exc):
+                if (not isinstance(exc, psycopg.Error | OSError | TimeoutError | Unavailable)
+                        and "connection" not in str(exc)):
                     log(f"feeder: unexpected error creating task {n}: {type(exc).__name__}: {exc}")
                 await asyncio.sleep(0.5)
                 found = await patiently("feeder", lambda t=targets: run.rows(
@@ -464,13 +466,15 @@ async def progress(run: Run, started: float) -> None:
                 + " faults=" + ",".join(f"{k}:{v}" for k, v in sorted(run.faults.items())))
 
 
-async def drain(run: Run, within: float) -> float:
-    """Wait until every task is terminal; seconds it took (``inf`` when it did not)."""
+async def drain(run: Run, within: float, task_type: str | None = None) -> float:
+    """Wait until every task (of ``task_type``, when given) is terminal; seconds it took (``inf``
+    when it did not)."""
     started = time.monotonic()
     while time.monotonic() - started < within:
         with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
             [(open_tasks, total)] = await run.rows(
-                "SELECT count(*) FILTER (WHERE state = ANY(%s)), count(*) FROM worker_tasks", list(NON_TERMINAL))
+                "SELECT count(*) FILTER (WHERE state = ANY(%s)), count(*) FROM worker_tasks "
+                "WHERE %s::text IS NULL OR task_type = %s", list(NON_TERMINAL), task_type, task_type)
             if open_tasks == 0 and total >= run.settings.tasks:
                 return time.monotonic() - started
         await asyncio.sleep(1.0)
@@ -480,26 +484,34 @@ async def drain(run: Run, within: float) -> float:
 # --- the checker --------------------------------------------------------------------------------
 
 
-async def check(conn: psycopg.AsyncConnection[Any], expected_tasks: int) -> dict[str, Any]:
-    """Per task id: the counts that must all be 0, and what the faults did (effects)."""
+async def check(conn: psycopg.AsyncConnection[Any], expected_tasks: int,
+                task_type: str | None = None) -> dict[str, Any]:
+    """Per task id: the counts that must all be 0, and what the faults did (effects). With
+    ``task_type``, only the tasks of that type (a run that also drives other tasks of its own)."""
+    only = {"t": task_type}  # %(t)s NULL: every task
 
-    async def fetch(query: str) -> list[tuple[Any, ...]]:
-        cur = await conn.execute(query)
+    async def fetch(query: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        cur = await conn.execute(query, params)
         return list(await cur.fetchall())
 
     tasks = {r[0]: r[1:] for r in await fetch(
         "SELECT id, state, attempt_count, max_attempts, current_attempt_id, scope -> 'targets' ->> 0 "
-        "FROM worker_tasks")}
+        "FROM worker_tasks WHERE %(t)s::text IS NULL OR task_type = %(t)s", only)}
     attempts = {r[0]: r[1:] for r in await fetch(
-        "SELECT id, task_id, status, lease_expires_at, finished_at FROM worker_task_attempts")}
+        "SELECT a.id, a.task_id, a.status, a.lease_expires_at, a.finished_at FROM worker_task_attempts a "
+        "JOIN worker_tasks t ON t.id = a.task_id WHERE %(t)s::text IS NULL OR t.task_type = %(t)s", only)}
     events: dict[UUID, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for task_id, kind, data in await fetch(
-            "SELECT originator_id, event_type, data FROM analyst_events "
-            "WHERE originator_id IN (SELECT id FROM worker_tasks) ORDER BY originator_id, originator_version"):
+            "SELECT originator_id, event_type, data FROM analyst_events WHERE originator_id IN "
+            "(SELECT id FROM worker_tasks WHERE %(t)s::text IS NULL OR task_type = %(t)s) "
+            "ORDER BY originator_id, originator_version", only):
         events[task_id].append((kind, data))
-    batches = await fetch("SELECT id, task_id, attempt_id, sequence_number, record_count, accepted_at "
-                          "FROM worker_result_batches")
-    ingested = await fetch("SELECT o.batch_id, o.data ->> 'attempt', o.data ->> 'i' FROM raw_outputs o")
+    batches = await fetch("SELECT b.id, b.task_id, b.attempt_id, b.sequence_number, b.record_count, b.accepted_at "
+                          "FROM worker_result_batches b JOIN worker_tasks t ON t.id = b.task_id "
+                          "WHERE %(t)s::text IS NULL OR t.task_type = %(t)s", only)
+    ingested = await fetch("SELECT o.batch_id, o.data ->> 'attempt', o.data ->> 'i' FROM raw_outputs o "
+                           "JOIN worker_result_batches b ON b.id = o.batch_id JOIN worker_tasks t ON t.id = b.task_id "
+                           "WHERE %(t)s::text IS NULL OR t.task_type = %(t)s", only)
     runs = await fetch("SELECT attempt_id, count(*), count(finished_at) FROM chaos_executions GROUP BY attempt_id")
 
     bad: dict[str, set[Any]] = defaultdict(set)

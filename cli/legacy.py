@@ -49,6 +49,7 @@ from psycopg_pool import PoolTimeout
 from leasehold.cli.dburl import add_database_options, resolve_database_url
 from leasehold.cli.embedded import redact_url
 from leasehold.cli.main import EXIT_OK, EXIT_USAGE, CommandError
+from leasehold.domain.admission import AdmissionRefused
 from leasehold.domain.errors import Conflict, LeaseholdError, Unavailable
 from leasehold.domain.legacy import InvalidMessage, parse_message
 from leasehold.gateway.commands.legacy import Conversion, LegacyScans
@@ -202,7 +203,7 @@ async def drain(client: Any, legacy: LegacyScans, queue: str, *, dry_run: bool =
                     if dry_run and conversion.outcome == "converted":
                         converting[key] = message.sha256
                 outcome, text = conversion.outcome, f"legacy scan {message.legacy_scan_id}: {conversion.reason}"
-            except (Unavailable, Conflict) as exc:  # the database is gone, or a race to try again
+            except (Unavailable, Conflict, AdmissionRefused) as exc:  # gone, a race, a full queue: try again
                 raise CommandError(f"{exc.message} (legacy scan {message.legacy_scan_id} stays in "
                                    f"{lists.processing}; run the drain again)") from exc
             except LeaseholdError as exc:  # an unknown organisation or profile, steps a rule refuses…

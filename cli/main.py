@@ -59,7 +59,7 @@ SUBCOMMAND_MODULES: tuple[CommandModule, ...] = (
     CommandModule("leasehold.cli.gateway", (("gateway", "run the Gateway"),)),
     CommandModule("leasehold.cli.admin", (("admin", "operator administration (API keys, target policies, fair shares)"),)),
     CommandModule("leasehold.cli.operator", (
-        ("organizations", "create, list and show organisations; target policy, fair share (operator API)"),
+        ("organizations", "create, list and show organisations; target policy, fair share, admission (operator API)"),
         ("keys", "create, list, revoke and rotate API keys (operator API, administrator)"),
         ("workers", "register, assign, change, disable and list workers (operator API)"),
         ("scans", "create, list, show and cancel scans (operator API)"),

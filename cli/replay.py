@@ -45,6 +45,7 @@ from leasehold.persistence.tables import fair_share_rows
 from leasehold.persistence.urls import database_label
 from leasehold.projections.memory import ProjectionError
 from leasehold.replay import render
+from leasehold.replay.admission import admission_decisions
 from leasehold.replay.archive import ArchiveSet, verify_bundle_or_archive
 from leasehold.replay.asof import scan_as_of, task_as_of
 from leasehold.replay.bundle import export_bundle
@@ -128,6 +129,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                            help="re-derive every organisation's fair-share state from the log and compare it with"
                                 " org_service (exit 1 on any difference)")
     p.set_defaults(func=_run(_verify_fair_shares))
+
+    p = actions.add_parser("verify-admission", parents=[common],
+                           help="re-derive every admission decision from the log: each task and scan created"
+                                " within its organisation's caps then (exit 1 on any created past one)")
+    p.set_defaults(func=_run(_verify_admission))
 
     p = actions.add_parser("checkpoint", parents=[common], help="seal the current heads of all streams")
     p.set_defaults(func=_run(_checkpoint))
@@ -361,6 +367,26 @@ async def _verify_fair_shares(args: argparse.Namespace) -> int:
         verdict = "OK" if ok else "EMPTY" if not differences else _n(len(differences), "difference").upper()
         _out(f"{verdict}: the fair-share state of {_n(organizations, 'organisation')} compared with the log")
     return EXIT_OK if ok else EXIT_FAILURE
+
+
+async def _verify_admission(args: argparse.Namespace) -> int:
+    """Every creation the admission caps govern, re-derived from the log (one snapshot): the caps
+    in force and what was queued just before it (:mod:`replay.admission`)."""
+    async with await _connect(args) as conn:
+        await _note_archived(conn, "verify-admission")
+        decisions = await admission_decisions(conn)
+        await conn.rollback()
+    past = [d for d in decisions if not d.within_cap]
+    capped = sum(d.cap is not None for d in decisions)
+    lines = [f"{d.kind} {d.created_id} of organisation {d.organization_id} created with {d.queued_before} queued,"
+             f" past its cap of {d.cap}" for d in past]
+    if args.json:
+        render.print_json({"ok": not past, "creations": len(decisions), "capped": capped, "past_cap": lines})
+    else:
+        _out(*lines)
+        verdict = "OK" if not past else _n(len(past), "creation").upper() + " PAST A CAP"
+        _out(f"{verdict}: {_n(len(decisions), 'creation')} re-derived, {capped} under a cap")
+    return EXIT_OK if not past else EXIT_FAILURE
 
 
 async def _checkpoint_of(conn: Any, since: int | bytes | datetime) -> Checkpoint:

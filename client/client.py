@@ -14,6 +14,7 @@ import aiohttp
 from pydantic import BaseModel
 
 from leasehold.client.models import (
+    Admission,
     ApiKey,
     ApiKeyCreated,
     ApiKeyPage,
@@ -63,10 +64,13 @@ class ApiError(Exception):
     """An answer of 400 or more: its problem document's ``status``, ``title`` and ``detail``
     (``body`` holds the whole document, e.g. the validation ``errors`` of a 422)."""
 
-    def __init__(self, status: int, title: str, detail: str, body: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, status: int, title: str, detail: str, body: Mapping[str, Any] | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(f"{status} {title}: {detail}")
         self.status, self.title, self.detail = status, title, detail
         self.body: Mapping[str, Any] = body or {}
+        #: The answer's Retry-After in seconds (a 429 or 503 has one), else None.
+        self.retry_after = retry_after
 
 
 def _query(**values: Any) -> dict[str, str]:
@@ -194,8 +198,10 @@ class OperatorClient:
                     data = None
             if r.status >= 400:
                 problem = data if isinstance(data, dict) else {}
+                retry_after = r.headers.get("Retry-After", "")
                 raise ApiError(r.status, str(problem.get("title", r.reason or "Error")),
-                               str(problem.get("detail", text[:500])), problem)
+                               str(problem.get("detail", text[:500])), problem,
+                               int(retry_after) if retry_after.isdigit() else None)
             return data
 
     async def _get(self, model: type[M], path: str, **params: Any) -> M:
@@ -239,6 +245,17 @@ class OperatorClient:
         """Set the fair-share weight and the cap of live attempts (``None``: no cap; administrator)."""
         return await self._send("PUT", FairShare, f"/v1/organizations/{organization_id}/fair-share",
                                 {"weight": weight, "max_live_attempts": max_live_attempts})
+
+    async def get_admission(self, organization_id: Ids) -> Admission:
+        return await self._get(Admission, f"/v1/organizations/{organization_id}/admission")
+
+    async def set_admission(self, organization_id: Ids, *, max_queued_tasks: int | None,
+                            max_queued_scans: int | None, reason: str) -> Admission:
+        """Set the caps of queued tasks and queued scans (``None``: no cap) with a reason (administrator).
+        Creations past a cap then fail with an :class:`ApiError` of status 429 and a ``retry_after``."""
+        return await self._send("PUT", Admission, f"/v1/organizations/{organization_id}/admission",
+                                {"max_queued_tasks": max_queued_tasks, "max_queued_scans": max_queued_scans,
+                                 "reason": reason})
 
     async def create_api_key(self, organization_id: Ids | None, name: str, *,
                              expires_at: datetime | None = None) -> ApiKeyCreated:

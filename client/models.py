@@ -268,6 +268,14 @@ class FairShare(Answer):
     updated_at: datetime | None
 
 
+class Admission(Answer):
+    organization_id: UUID
+    max_queued_tasks: int | None
+    max_queued_scans: int | None
+    queued_tasks: int
+    queued_scans: int
+
+
 class Revocation(Answer):
     worker: Worker
     cancelled_task_ids: list[UUID]

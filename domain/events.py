@@ -80,6 +80,16 @@ class OrganizationFairShareSet(DomainEvent):
     max_live_attempts: int | None = None
 
 
+class OrganizationAdmissionSet(DomainEvent):
+    """The organisation's admission caps (:mod:`domain.admission`), as absolute values: at most
+    ``max_queued_tasks`` tasks waiting to be leased and ``max_queued_scans`` scans not started yet
+    (None: no cap, the default); ``reason`` is the operator's, as given."""
+
+    max_queued_tasks: int | None = None
+    max_queued_scans: int | None = None
+    reason: str = ""
+
+
 # --- worker stream --------------------------------------------------------------------------
 
 
@@ -485,11 +495,15 @@ class ScheduleFired(DomainEvent):
 
 
 class ScheduleSkipped(DomainEvent):
-    """``slots`` missed slots dropped without a scan (misfire policy ``skip``)."""
+    """``slots`` missed slots dropped without a scan (misfire policy ``skip``), or the due slot
+    dropped because the organisation's admission cap refused its scan (``reason`` says so)."""
+
+    sparse_fields: ClassVar[tuple[str, ...]] = ("reason",)
 
     slots: int
     first_slot: datetime
     next_run_at: datetime
+    reason: str | None = None
 
 
 # --- stored profile stream (named, reusable scan profiles) ----------------------------------

@@ -168,6 +168,14 @@ def on_due(s: ScheduleState, *, scan_id: UUID, now: datetime, actor: str) -> Dom
                          scan_id=scan_id, slot=s.next_run_at, next_run_at=next_run_at)
 
 
+def refused(fired: ScheduleFired, reason: str) -> ScheduleSkipped:
+    """The due slot of ``fired`` dropped without a scan: the organisation's admission cap refused
+    it (:mod:`domain.admission`); the schedule moves on as if it had fired."""
+    return ScheduleSkipped(originator_id=fired.originator_id, originator_version=fired.originator_version,
+                           timestamp=fired.timestamp, actor=fired.actor, slots=1, first_slot=fired.slot,
+                           next_run_at=fired.next_run_at, reason=reason)
+
+
 def run_now(s: ScheduleState, *, scan_id: UUID, now: datetime, actor: str) -> ScheduleFired:
     """A scan now, outside the schedule; ``next_run_at`` is unchanged."""
     return ScheduleFired(originator_id=s.id, originator_version=s.version + 1, timestamp=now, actor=actor,

@@ -106,6 +106,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                               observe=metrics.count_events, on_schedule_failure=lambda _: failures.inc(),
                               fair_shares=settings.fair_shares)
     services.lifecycle.observe_cancel = metrics.observe_cancel
+    services.schedules.on_admission_refused = lambda: metrics.refused_admission("scan")
     app[SERVICES] = services
     app[READ_DATABASE] = Database(read_pool) if read_pool is not None else db
     # A lost LISTEN connection means the database went away: once it is back, drop the pool's

@@ -96,6 +96,13 @@ class Metrics:
             "Operator authentications refused (429) because the failure budget of the source address or of "
             "the key prefix was spent, by door and budget (source, prefix)", ["door", "budget"],
             registry=self.registry)
+        self.admission_refused = Counter(
+            "leasehold_admission_refused_total",
+            "Creations refused because the organisation was at its admission cap of queued work, by kind "
+            "(task, scan: a scan of the API, a profile run or a schedule's due slot)", ["kind"],
+            registry=self.registry)
+        for kind in ("task", "scan"):
+            self.admission_refused.labels(kind)
         self.swept = Counter("leasehold_sweeper_changes_total", "Tasks changed by the lease sweeper",
                              registry=self.registry)
         # Per process (each runs its own loops): a loop that stops passing shows as a timestamp
@@ -165,6 +172,9 @@ class Metrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def refused_admission(self, kind: str) -> None:
+        self.admission_refused.labels(kind).inc()
 
     def presence_published(self, workers: int) -> None:
         self.presence_publishes.inc()

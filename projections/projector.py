@@ -45,7 +45,7 @@ def _(e: ev.OrganizationCreated, hash: bytes) -> list[RowOp]:
     return [Insert("organizations", {
         "id": e.originator_id, "name": e.name, "created_at": e.timestamp, "updated_at": e.timestamp,
         "version": e.originator_version, "head_hash": hash, "gateway_execution": True, "target_policy": None,
-        "fair_weight": 1, "max_live_attempts": None,
+        "fair_weight": 1, "max_live_attempts": None, "max_queued_tasks": None, "max_queued_scans": None,
     })]
 
 
@@ -62,6 +62,11 @@ def _(e: ev.OrganizationTargetPolicySet, hash: bytes) -> list[RowOp]:
 @project.register
 def _(e: ev.OrganizationFairShareSet, hash: bytes) -> list[RowOp]:
     return [_head("organizations", e, hash, fair_weight=e.weight, max_live_attempts=e.max_live_attempts)]
+
+
+@project.register
+def _(e: ev.OrganizationAdmissionSet, hash: bytes) -> list[RowOp]:
+    return [_head("organizations", e, hash, max_queued_tasks=e.max_queued_tasks, max_queued_scans=e.max_queued_scans)]
 
 
 @project.register

@@ -288,3 +288,19 @@ async def test_two_organisations_may_use_the_same_legacy_id(world: World, databa
     assert "2 converted, 0 already converted, 0 refused" in out, out
     assert await _rows(world, "SELECT count(DISTINCT organization_id) FROM scans WHERE legacy_scan_id = 'L-shared'"
                               " AND execution_mode = 'gateway'") == [(2,)]
+
+
+async def test_a_full_admission_cap_stops_the_drain_and_leaves_the_message_to_convert_later(
+        world: World, database_url: str, queue: Any) -> None:
+    client, name = queue
+    await world.registry.set_admission(world.org, max_queued_tasks=None, max_queued_scans=0, reason="full")
+    client.lpush(name, _message(world.org, "L-full"))
+    code, _out, err = await drain(database_url, name)
+    assert code != 0 and "run the drain again" in err, err
+    assert await _gateway_scans(world) == {}
+    assert client.llen(f"{name}:invalid") == client.llen(f"{name}:refused") == 0
+    assert client.llen(name) + client.llen(f"{name}:processing") == 1  # kept, not parked as invalid
+    await world.registry.set_admission(world.org, max_queued_tasks=None, max_queued_scans=None, reason="room")
+    code, out, err = await drain(database_url, name)
+    assert code == 0 and "1 converted" in out, (out, err)
+    assert set(await _gateway_scans(world)) == {"L-full"}

@@ -1,5 +1,5 @@
-"""``leasehold organizations``: create, list and show organisations; their target policy and fair
-share. ``leasehold counts``: tasks by state, scans by status and each organisation's queue."""
+"""``leasehold organizations``: create, list and show organisations; their target policy, fair
+share and admission caps. ``leasehold counts``: tasks by state, scans by status and each organisation's queue."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from leasehold.cli.operator.base import Subparsers, asset_line, command, connect
 
 def register(subparsers: Subparsers) -> None:
     orgs = subparsers.add_parser(
-        "organizations", help="create, list and show organisations; target policy, fair share "
+        "organizations", help="create, list and show organisations; target policy, fair share, admission "
         "(operator API)", description="Organisations through the operator API of a running Gateway.")
     commands = orgs.add_subparsers(dest="organizations_command", metavar="COMMAND", required=True)
 
@@ -50,6 +50,21 @@ def register(subparsers: Subparsers) -> None:
     cap.add_argument("--max-live-attempts", type=int, metavar="N", help="cap of its live attempts across the fleet")
     cap.add_argument("--no-cap", action="store_true", help="no cap")
     connection(share)
+
+    admission = command(
+        commands, "admission", "show or set an organisation's admission caps",
+        "Show the organisation's caps of queued tasks and queued scans and what they count now; with "
+        "--max-queued-tasks N or --no-task-cap, --max-queued-scans M or --no-scan-cap, and --reason, set "
+        "them (administrator). Creations past a cap answer 429.", _admission)
+    admission.add_argument("organization_id", metavar="ORG_ID")
+    tasks = admission.add_mutually_exclusive_group()
+    tasks.add_argument("--max-queued-tasks", type=int, metavar="N", help="cap of its tasks queued (pending, retry_wait)")
+    tasks.add_argument("--no-task-cap", action="store_true", help="no cap of queued tasks")
+    scans = admission.add_mutually_exclusive_group()
+    scans.add_argument("--max-queued-scans", type=int, metavar="M", help="cap of its scans queued (pending, not started)")
+    scans.add_argument("--no-scan-cap", action="store_true", help="no cap of queued scans")
+    admission.add_argument("--reason", metavar="TEXT", help="why (recorded on the event; required to set)")
+    connection(admission)
 
     for name, help_, description, func in (
             ("assets", "an organisation's assets", "Print the assets the organisation's scans found.", _assets),
@@ -117,6 +132,26 @@ def _fair_share(args: argparse.Namespace) -> int:
     cap = share.max_live_attempts if share.max_live_attempts is not None else "none"
     show(args, share, f"organisation {share.organization_id}  weight {share.weight}  cap {cap}"
          f"  live {share.live_attempts}  leases served {share.leases_served}")
+    return EXIT_OK
+
+
+def _admission(args: argparse.Namespace) -> int:
+    tasks_said = args.max_queued_tasks is not None or args.no_task_cap
+    scans_said = args.max_queued_scans is not None or args.no_scan_cap
+    if tasks_said or scans_said or args.reason is not None:
+        if not (tasks_said and scans_said and args.reason):
+            raise CommandError("to set the admission caps give --max-queued-tasks N or --no-task-cap, "
+                               "--max-queued-scans M or --no-scan-cap, and --reason", EXIT_USAGE)
+        state = run(args, lambda api: api.set_admission(args.organization_id, max_queued_tasks=args.max_queued_tasks,
+                                                        max_queued_scans=args.max_queued_scans, reason=args.reason))
+    else:
+        state = run(args, lambda api: api.get_admission(args.organization_id))
+
+    def cap(value: int | None) -> str:
+        return "none" if value is None else str(value)
+
+    show(args, state, f"organisation {state.organization_id}  queued tasks {state.queued_tasks}"
+         f" (cap {cap(state.max_queued_tasks)})  queued scans {state.queued_scans} (cap {cap(state.max_queued_scans)})")
     return EXIT_OK
 
 

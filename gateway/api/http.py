@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from leasehold.domain.admission import AdmissionRefused
 from leasehold.domain.errors import InvalidRequest, LeaseholdError
 from leasehold.domain.limits import check_body
 from leasehold.gateway.keys import (
@@ -210,6 +211,12 @@ def _rejected(request: web.Request, reason: str) -> None:
         metrics.rejected(reason)
 
 
+def _refused_admission(request: web.Request, kind: str) -> None:
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.refused_admission(kind)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure becomes problem+json; a 500 is logged with its request id, never leaked."""
@@ -218,6 +225,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except LeaseholdError as exc:
         if 400 <= exc.status < 500:
             _rejected(request, exc.code)
+        if isinstance(exc, AdmissionRefused):
+            _refused_admission(request, str(exc.details.get("kind")))
         retry_after = exc.details.get("retry_after")
         return problem(exc.status, _STATUS_TITLES.get(exc.status, "Error"), exc.message, code=exc.code,
                        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,

@@ -739,6 +739,32 @@ class FairShare(Body):
                    virtual_time=state.virtual_time, updated_at=state.updated_at)
 
 
+class SetAdmission(Body):
+    """Absolute new caps (both are required, so a request says the whole setting) and why."""
+
+    max_queued_tasks: Annotated[StrictInt, Field(ge=0, le=1_000_000, description=(
+        "most tasks of the organisation queued (pending or retry_wait) at once: task creation past it "
+        "answers 429; null: no cap")), INTEGRAL] | None
+    max_queued_scans: Annotated[StrictInt, Field(ge=0, le=1_000_000, description=(
+        "most Gateway-executed scans of the organisation queued (pending: not started yet): scan "
+        "creation past it answers 429, a schedule's due slot is skipped; null: no cap")), INTEGRAL] | None
+    reason: str = Field(min_length=1, max_length=500, description="why, recorded on the event")
+
+
+class Admission(Body):
+    organization_id: UUID
+    max_queued_tasks: int | None = Field(description="null: no cap")
+    max_queued_scans: int | None = Field(description="null: no cap")
+    queued_tasks: int = Field(description="tasks of the organisation queued now (pending or retry_wait)")
+    queued_scans: int = Field(description="Gateway-executed scans of the organisation queued now (pending)")
+
+    @classmethod
+    def of(cls, state: Any) -> Admission:
+        return cls(organization_id=state.organization_id, max_queued_tasks=state.max_queued_tasks,
+                   max_queued_scans=state.max_queued_scans, queued_tasks=state.queued_tasks,
+                   queued_scans=state.queued_scans)
+
+
 class StoredProfile(ShowsStoredJson):
     STORED_JSON = ("steps",)
 

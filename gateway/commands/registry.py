@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID, uuid4
 
+from leasehold.domain import admission as admission_rules
 from leasehold.domain import fairness
 from leasehold.domain import profiles as profile_rules
 from leasehold.domain import registry as rules
@@ -318,6 +319,49 @@ class Registry:
         return FairShareState(organization_id=row.id, weight=row.fair_weight, max_live_attempts=row.max_live_attempts,
                               virtual_time=row.virtual_time, served=row.served, live=row.live,
                               waited_seconds=row.waited_seconds, updated_at=row.updated_at)
+
+
+    # --- admission ------------------------------------------------------------------------
+
+    async def set_admission(self, organization_id: UUID, *, max_queued_tasks: int | None,
+                            max_queued_scans: int | None, reason: str, actor: str = "system") -> AdmissionState:
+        """The organisation's admission caps (None: no cap); see :mod:`domain.admission`. Creations
+        that start after the commit are admitted against them; a lower cap ends nothing already
+        queued. Setting the current values again records nothing."""
+        async with self.db.transaction() as tx:
+            row = await tx.one("organization_lock_admission", {"organization_id": organization_id, "now": self.clock()})
+            if row is None:
+                raise NotFound("no such organisation", organization_id=str(organization_id))
+            events = admission_rules.set_admission(organization_id, row.version,
+                                                   (row.max_queued_tasks, row.max_queued_scans),
+                                                   max_queued_tasks, max_queued_scans, reason=reason, now=row.now,
+                                                   actor=actor)
+            tx.append(StreamHead(organization_id, row.version, bytes(row.head_hash)), events)
+            await tx.commit()
+        state = await self.admission(organization_id)
+        assert state is not None
+        return state
+
+    async def admission(self, organization_id: UUID) -> AdmissionState | None:
+        """The organisation's admission caps and what they count now, or None when there is no such organisation."""
+        async with self.db.read() as reader:
+            row = await reader.one("admission_get", {"organization_id": organization_id})
+        if row is None:
+            return None
+        return AdmissionState(organization_id=row.id, max_queued_tasks=row.max_queued_tasks,
+                              max_queued_scans=row.max_queued_scans, queued_tasks=row.queued_tasks,
+                              queued_scans=row.queued_scans)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """An organisation's admission caps (None: no cap) and the queued work they count now."""
+
+    organization_id: UUID
+    max_queued_tasks: int | None
+    max_queued_scans: int | None
+    queued_tasks: int
+    queued_scans: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from leasehold.domain.schedule import ScheduleState
 from leasehold.domain.scopes import PagedScope
 from leasehold.domain.targets import check_scope, policy_from_json
 from leasehold.domain.task import CreateTask, TaskState, decide
-from leasehold.gateway.commands import wakeups
+from leasehold.gateway.commands import admission, wakeups
 from leasehold.gateway.commands.idempotency import IdempotencyKey, claim, created
 from leasehold.gateway.commands.scopes import next_step_scope, paged
 from leasehold.gateway.commands.webhooks import notify_scan_finished
@@ -123,6 +123,7 @@ async def open_scan(tx: Transaction, scan_id: UUID, organization_id: UUID, targe
                              "on the Gateway", organization_id=str(organization_id))
     if mode == "gateway":
         check_scope(policy_from_json(target_policy), targets, resolved)
+        await admission.admit(tx, "scan", organization_id, row.max_queued_scans)
     if mode == "legacy" and legacy_scan_id is None:
         legacy_scan_id = str(scan_id)
     events: list[DomainEvent] = [scan_rules.create_scan(scan_id, organization_id, targets, mode, now=now,

@@ -28,6 +28,7 @@ import psycopg
 
 from leasehold.domain import scan as scan_rules
 from leasehold.domain import schedule as rules
+from leasehold.domain.admission import AdmissionRefused
 from leasehold.domain.errors import LeaseholdError, NotFound
 from leasehold.domain.events import DomainEvent, MisfirePolicy, ProfileStep, ScheduleFired
 from leasehold.domain.profiles import LegacyExecuted
@@ -83,6 +84,8 @@ class Schedules:
         self.db, self.clock, self.new_id = db, clock, new_id
         self.backoff = backoff if backoff is not None else FailureBackoff()
         self.on_failure = on_failure
+        #: Called for each due slot the organisation's admission cap refused (metrics hook).
+        self.on_admission_refused: Callable[[], None] = lambda: None
 
     async def create(self, organization_id: UUID, *, name: str, targets: dict[str, Any],
                      profile: Sequence[ProfileStep], cron: str | None = None, interval_seconds: int | None = None,
@@ -180,7 +183,11 @@ class Schedules:
         if event is None:
             return 0
         if isinstance(event, ScheduleFired):
-            await open_scheduled_scan(tx, scan_id, s, now=now, actor=SCHEDULER_ACTOR, new_id=self.new_id)
+            try:
+                await open_scheduled_scan(tx, scan_id, s, now=now, actor=SCHEDULER_ACTOR, new_id=self.new_id)
+            except AdmissionRefused as refused:  # over the cap: the slot is skipped, not retried
+                event = rules.refused(event, refused.message)
+                self.on_admission_refused()
         tx.append(head, [event])
         return 1
 

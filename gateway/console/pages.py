@@ -14,6 +14,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
@@ -132,7 +133,8 @@ def _age(seconds: float | None) -> str:
 @signed_in
 async def overview(request: web.Request, operator: Operator, csrf: str) -> web.StreamResponse:
     # Two snapshots on two connections, read at the same time: the page waits for the slower.
-    counts, hour = await asyncio.gather(api.counts(request, operator, None), last_hour(request, operator))
+    counts, hour, caps = await asyncio.gather(api.counts(request, operator, None), last_hour(request, operator),
+                                              admission_caps(request, operator))
     rows = [[link(f"{ROOT}/scans?organization_id={o.organization_id}", o.organization_id),
              *(o.tasks_by_state[s] for s in api.TASK_STATES), o.queue.depth, o.queue.ready,
              _age(o.queue.oldest_ready_age_seconds)] for o in counts.organizations]
@@ -149,8 +151,22 @@ async def overview(request: web.Request, operator: Operator, csrf: str) -> web.S
         table("Tasks by state per organisation, and the queue", ["Organisation", *api.TASK_STATES,
               "Queue depth", "Ready now", "Oldest pending"], rows),
         recent,
+        table("Admission caps (creations past a cap answer 429)",
+              ["Organisation", "Queued tasks", "Task cap", "Queued scans", "Scan cap"],
+              [[c.id, c.queued_tasks, _cap(c.max_queued_tasks), c.queued_scans, _cap(c.max_queued_scans)]
+               for c in caps]) if caps else Html(""),
     ])
     return page("Overview", body, nav=nav(operator, csrf))
+
+
+def _cap(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
+async def admission_caps(request: web.Request, operator: Operator) -> list[Any]:
+    """The organisations with an admission cap that the key sees, and what each cap counts now."""
+    async with api.reads(request).read() as reader:
+        return await reader.all("console_admission_caps", {"organization_id": operator.organization_id})
 
 
 #: The newest events of the last hour read for its rejected writes, at most (the page stays fast

@@ -5,8 +5,9 @@ and an in-process Gateway whose database URL lists both nodes with
 ``target_session_attrs=read-write``. A worker's command sent while the primary is gone waits
 for the promoted standby (its connection lost, nothing committed: the Gateway runs it again
 there) and is answered 200; what was acknowledged before the failover is on the new primary.
-Then the failover soak at smoke size (``bench/failover.py``: two failovers under load, the
-per-task checker, ``replay verify`` and ``verify-chain``).
+Then the failover soak at smoke size (``bench/failover.py``: two failovers under load, etcd's
+leader member killed and started again, a session idle in a transaction, the operator's reads
+all along, the per-task checker, ``replay verify`` and ``verify-chain``).
 """
 
 from __future__ import annotations
@@ -93,11 +94,22 @@ def test_failover_soak_at_smoke_size(tmp_path: Path) -> None:
         pytest.skip(reason)
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "failover.py"), "--failovers", "2", "--workers", "2",
-         "--tasks", "40", "--feed-seconds", "30", "--json", "--workdir", str(tmp_path / "run")],
+         "--tasks", "60", "--feed-seconds", "60", "--etcd-member-loss-seconds", "4", "--idle-in-tx-seconds", "2",
+         "--window-seconds", "1", "--json", "--workdir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=900, check=False)
     assert done.stdout.strip(), done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["failovers"] >= 2, result
     assert all(v == 0 for v in result["counts"].values()), result
     assert result["verify"]["ok"] is True and result["verify_chain"]["ok"] is True, result
+    # One etcd member of three lost: the same primary (and timeline) throughout, the member back.
+    loss = result["etcd_member_loss"]
+    assert loss["primary_kept"] is True and loss["primary_before"] is not None, loss
+    # The held session was idle in its transaction, and the soak's tasks went on meanwhile.
+    idle = result["idle_in_tx"]
+    assert idle["held_state"] == "idle in transaction", idle
+    assert idle["windows"]["during"]["oldest_xmin_age"] is not None, idle
+    # The operator read all along: every answer 200 or 503, and the Gateway answered no other 5xx.
+    assert sum(sum(c.values()) for c in result["operator_reads"].values()) > 0, result
+    assert result["operator_reads_not_200_or_503"] == 0 and result["gateway_5xx_not_503"] == 0, result
     assert result["ok"] is True, (result, done.stderr[-4000:])

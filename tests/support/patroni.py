@@ -1,7 +1,8 @@
-"""A private Patroni cluster: one etcd and two PostgreSQL nodes with synchronous replication.
+"""A private Patroni cluster: etcd (one member, or three) and two PostgreSQL nodes with synchronous replication.
 
 Everything runs on 127.0.0.1, from a temporary directory, as processes of the caller's own
-(never the distribution's services): ``etcd`` (the DCS), and per node one ``patroni`` that
+(never the distribution's services): ``etcd`` (the DCS: one member by default, which starts
+fastest; ``etcd_members=3`` for a cluster that survives the loss of one member), and per node one ``patroni`` that
 initialises, starts, promotes, demotes and rewinds its PostgreSQL 15 (``/usr/lib/postgresql/15/bin``).
 The cluster runs ``synchronous_mode: true`` with ``synchronous_commit = on``: a COMMIT returns
 only once the synchronous standby has flushed it, and Patroni fails over only to that standby,
@@ -11,8 +12,9 @@ so no acknowledged commit is lost by a failover.
 * :func:`patroni_cluster` starts the cluster and yields a :class:`PatroniCluster`: its
   multi-host URL (``target_session_attrs=read-write``), the current leader, and the faults
   (:meth:`PatroniCluster.kill_leader_node`, :meth:`PatroniCluster.kill_postgres`,
-  :meth:`PatroniCluster.switchover`, :meth:`PatroniCluster.failover`) with the waits that follow
-  them (:meth:`PatroniCluster.wait_healthy`).
+  :meth:`PatroniCluster.switchover`, :meth:`PatroniCluster.failover`, and for etcd
+  :meth:`PatroniCluster.kill_etcd` / :meth:`PatroniCluster.start_etcd`) with the waits that follow
+  them (:meth:`PatroniCluster.wait_healthy`, :meth:`PatroniCluster.wait_etcd_whole`).
 
 As root, patroni (and so PostgreSQL) runs as the unprivileged account of :mod:`support.servers`.
 """
@@ -96,14 +98,47 @@ class Node:
 
 
 @dataclass
+class EtcdMember:
+    """One etcd member: its client and peer ports, data directory and process."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    directory: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def status(self) -> dict[str, object] | None:
+        """``/v3/maintenance/status`` (its member id, the leader it knows, raft index), or None
+        when it does not answer or has no quorum behind it."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.client_port}/v3/maintenance/status",
+                                         data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=1) as answer:
+                found = json.loads(answer.read())
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def healthy(self) -> bool:
+        """The member answers ``/health`` true: it is part of a quorum with a leader."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.client_port}/health", timeout=1) as answer:
+                return b'"true"' in answer.read()
+        except OSError:
+            return False
+
+
+@dataclass
 class PatroniCluster:
     """A running etcd and two Patroni nodes (see the module docstring)."""
 
     directory: Path
     run_as: RunAs
-    etcd_port: int
+    etcd: list[EtcdMember]
     nodes: list[Node]
-    etcd: subprocess.Popen[bytes] | None = None
     events: list[str] = field(default_factory=list)
 
     # --- addresses ----------------------------------------------------------------------------
@@ -219,6 +254,61 @@ class PatroniCluster:
         self.events.append(f"failover {leader.name} -> {candidate.name}")
         return candidate
 
+    # --- etcd ---------------------------------------------------------------------------------
+
+    def etcd_leader(self) -> EtcdMember | None:
+        """The etcd member that is the raft leader now, as the live members agree, or None."""
+        leaders = set()
+        for member in self.etcd:
+            if member.alive() and member.healthy():
+                status = member.status()
+                if status is not None:
+                    leaders.add(str(status.get("leader")))
+        if len(leaders) != 1:
+            return None
+        leader_id = leaders.pop()
+        for member in self.etcd:
+            status = member.status() if member.alive() else None
+            if status is not None and str(status.get("header", {}).get("member_id")) == leader_id:  # type: ignore[union-attr]
+                return member
+        return None
+
+    def etcd_whole(self) -> bool:
+        """Every member runs, answers healthy, and they agree on one leader and one raft term."""
+        if not all(m.alive() and m.healthy() for m in self.etcd):
+            return False
+        statuses = [m.status() for m in self.etcd]
+        if any(s is None for s in statuses):
+            return False
+        return len({(str(s.get("leader")), str(s.get("raftTerm"))) for s in statuses if s is not None}) == 1
+
+    def wait_etcd_whole(self, within: float = 60.0) -> None:
+        wait_until_sync(self.etcd_whole, within, what="every etcd member to be healthy", interval=0.1)
+
+    def kill_etcd(self, member: EtcdMember) -> None:
+        """SIGKILL one etcd member (its data directory stays: :meth:`start_etcd` brings it back)."""
+        assert member.proc is not None
+        member.proc.send_signal(signal.SIGKILL)
+        member.proc.wait()
+        self.events.append(f"kill -9 etcd {member.name}")
+
+    def start_etcd(self, member: EtcdMember) -> None:
+        """Start (or restart) the member; with its data directory it rejoins the cluster it was in."""
+        if member.alive():
+            return
+        initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.etcd)
+        log = (self.directory / f"{member.name}.log").open("ab")
+        member.proc = subprocess.Popen(
+            ["etcd", "--name", member.name, "--data-dir", str(member.directory),
+             "--listen-client-urls", f"http://127.0.0.1:{member.client_port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{member.client_port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{member.peer_port}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{member.peer_port}",
+             "--initial-cluster", initial, "--initial-cluster-state", "new",
+             "--initial-cluster-token", SCOPE, "--listen-metrics-urls", "", "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), cwd=str(self.directory))
+        log.close()
+
     def start_node(self, node: Node) -> None:
         """Start (or restart) the node's patroni: a node that was the leader rejoins as a
         replica (``pg_rewind`` when its timeline diverged)."""
@@ -267,13 +357,16 @@ class PatroniCluster:
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        if self.etcd is not None and self.etcd.poll() is None:
-            self.etcd.terminate()
-            try:
-                self.etcd.wait(10)
-            except subprocess.TimeoutExpired:
-                self.etcd.kill()
-                self.etcd.wait()
+        for member in self.etcd:
+            if member.proc is not None and member.proc.poll() is None:
+                member.proc.terminate()
+        for member in self.etcd:
+            if member.proc is not None:
+                try:
+                    member.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    member.proc.kill()
+                    member.proc.wait()
 
 
 def _writable(node: Node) -> bool:
@@ -291,7 +384,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _node_config(node: Node, etcd_port: int, *, ttl: int, loop_wait: int, retry_timeout: int) -> str:
+def _node_config(node: Node, etcd_ports: list[int], *, ttl: int, loop_wait: int, retry_timeout: int) -> str:
     """Patroni's YAML for ``node`` (JSON is YAML)."""
     hba = ["local all all trust", "host all all 127.0.0.1/32 trust", "host replication all 127.0.0.1/32 trust"]
     config = {
@@ -299,7 +392,7 @@ def _node_config(node: Node, etcd_port: int, *, ttl: int, loop_wait: int, retry_
         "name": node.name,
         "log": {"level": "INFO"},
         "restapi": {"listen": f"127.0.0.1:{node.api_port}", "connect_address": f"127.0.0.1:{node.api_port}"},
-        "etcd3": {"hosts": [f"127.0.0.1:{etcd_port}"]},
+        "etcd3": {"hosts": [f"127.0.0.1:{port}" for port in etcd_ports]},
         "bootstrap": {
             "dcs": {
                 "ttl": ttl, "loop_wait": loop_wait, "retry_timeout": retry_timeout,
@@ -335,10 +428,11 @@ def _node_config(node: Node, etcd_port: int, *, ttl: int, loop_wait: int, retry_
 
 
 @contextmanager
-def patroni_cluster(*, ttl: int = 10, loop_wait: int = 1, retry_timeout: int = 4,
+def patroni_cluster(*, ttl: int = 10, loop_wait: int = 1, retry_timeout: int = 4, etcd_members: int = 1,
                     within: float = 120.0) -> Iterator[PatroniCluster]:
-    """etcd and two Patroni nodes started, the cluster whole (a leader and its synchronous
-    standby); everything stopped and removed at the end."""
+    """etcd (``etcd_members`` of them: 1, or 3 for a quorum that survives one loss) and two
+    Patroni nodes started, the cluster whole (a leader and its synchronous standby); everything
+    stopped and removed at the end."""
     reason = patroni_available()
     if reason is not None:
         raise RuntimeError(reason)
@@ -351,7 +445,8 @@ def patroni_cluster(*, ttl: int = 10, loop_wait: int = 1, retry_timeout: int = 4
         taken.append(chosen)
         return chosen
 
-    etcd_port, peer_port = port(), port()
+    etcd = [EtcdMember(f"etcd{i}", client_port=port(), peer_port=port(), directory=base / f"etcd{i}")
+            for i in range(etcd_members)]
     nodes = []
     for i in range(2):
         directory = base / f"node{i}"
@@ -359,31 +454,13 @@ def patroni_cluster(*, ttl: int = 10, loop_wait: int = 1, retry_timeout: int = 4
         directory.chmod(0o700)
         run_as.own(directory)
         nodes.append(Node(f"node{i}", pg_port=port(), api_port=port(), directory=directory))
-    cluster = PatroniCluster(base, run_as, etcd_port, nodes)
+    cluster = PatroniCluster(base, run_as, etcd, nodes)
     try:
-        etcd_dir = base / "etcd"
-        etcd_log = (base / "etcd.log").open("ab")
-        cluster.etcd = subprocess.Popen(
-            ["etcd", "--name", "leasehold-ha", "--data-dir", str(etcd_dir),
-             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-             "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-             "--initial-cluster", f"leasehold-ha=http://127.0.0.1:{peer_port}",
-             "--listen-metrics-urls", "", "--log-level", "warn"],
-            stdout=etcd_log, stderr=subprocess.STDOUT, env=_clean_env(), cwd=str(base))
-        etcd_log.close()
-
-        def etcd_answers() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=1) as answer:
-                    return b"true" in answer.read()
-            except OSError:
-                return False
-
-        wait_until_sync(etcd_answers, 30, what="etcd to answer", interval=0.1)
+        for member in etcd:
+            cluster.start_etcd(member)
+        wait_until_sync(lambda: all(m.healthy() for m in etcd), 30, what="etcd to answer", interval=0.1)
         for node in nodes:
-            node.config.write_text(_node_config(node, etcd_port, ttl=ttl, loop_wait=loop_wait,
+            node.config.write_text(_node_config(node, [m.client_port for m in etcd], ttl=ttl, loop_wait=loop_wait,
                                                 retry_timeout=retry_timeout))
             run_as.own(node.config)
         cluster.start_node(nodes[0])

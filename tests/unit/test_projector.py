@@ -17,8 +17,8 @@ from uuid import UUID
 
 import pytest
 
+from leasehold.domain import admission, fairness, profiles, registry, scan, schedule, targets
 from leasehold.domain import events as ev
-from leasehold.domain import fairness, profiles, registry, scan, schedule, targets
 from leasehold.domain.task import (
     AcknowledgeCancel,
     AttemptState,
@@ -318,7 +318,17 @@ def test_an_organisation_starts_gateway_executed_and_its_flag_moves_the_head() -
     assert row(tables, "organizations", ORG_ID) == {
         "id": ORG_ID, "name": "acme", "created_at": START, "updated_at": START + timedelta(seconds=1),
         "version": 2, "head_hash": b"\x01" * 32, "gateway_execution": False, "target_policy": None,
-        "fair_weight": 1, "max_live_attempts": None}
+        "fair_weight": 1, "max_live_attempts": None, "max_queued_tasks": None, "max_queued_scans": None}
+
+
+def test_admission_caps_are_projected_on_the_organisation() -> None:
+    tables = MemoryTables()
+    tables.apply(project(registry.create_organization(ORG_ID, "acme", now=START, actor="op"), HASH))
+    later = START + timedelta(seconds=3)
+    (caps,) = admission.set_admission(ORG_ID, 1, (None, None), 10, 0, reason="flood", now=later, actor="op")
+    tables.apply(project(caps, b"\x03" * 32))
+    org = row(tables, "organizations", ORG_ID)
+    assert (org["max_queued_tasks"], org["max_queued_scans"], org["version"], org["updated_at"]) == (10, 0, 2, later)
 
 
 def test_a_target_policy_replaces_the_organisations_own() -> None:

@@ -21,6 +21,7 @@ from leasehold.gateway.api.operator.common import (
     read_scan,
 )
 from leasehold.gateway.api.operator_models import (
+    Admission,
     CreateProfile,
     FairShare,
     GatewayExecution,
@@ -30,6 +31,7 @@ from leasehold.gateway.api.operator_models import (
     ProfileStepBody,
     ReplaceProfile,
     Scan,
+    SetAdmission,
     SetFairShare,
     SetTargetPolicy,
     StoredProfile,
@@ -203,6 +205,33 @@ async def set_fair_share(request: web.Request) -> web.StreamResponse:
     state = await _services(request).registry.set_fair_share(
         org_id, weight=body.weight, max_live_attempts=body.max_live_attempts, actor=operator.actor)
     return ok(FairShare.of(state))
+
+
+@routes.route("GET", "/v1/organizations/{organization_id}/admission",
+              summary="The organisation's admission caps and the queued work they count (an organisation key: "
+                      "its own)",
+              auth="operator", response=Admission, tags=TAGS)
+async def get_admission(request: web.Request) -> web.StreamResponse:
+    operator = await operator_identity(request)
+    org_id = _path_id(request, "organization_id", "organisation")
+    _see_organization(operator, org_id)
+    state = await _services(request).registry.admission(org_id)
+    if state is None:
+        raise NotFound("no such organisation", organization_id=str(org_id))
+    return ok(Admission.of(state))
+
+
+@routes.route("PUT", "/v1/organizations/{organization_id}/admission",
+              summary="Set the organisation's caps of queued tasks and queued scans, with a reason (administrator)",
+              auth="operator", request=SetAdmission, response=Admission, tags=TAGS)
+async def set_admission(request: web.Request) -> web.StreamResponse:
+    operator, org_id = await _seen_organization(request)
+    operator.require_admin()
+    body = await read_json(request, SetAdmission)
+    state = await _services(request).registry.set_admission(
+        org_id, max_queued_tasks=body.max_queued_tasks, max_queued_scans=body.max_queued_scans,
+        reason=body.reason, actor=operator.actor)
+    return ok(Admission.of(state))
 
 
 @routes.route("POST", "/v1/scans/{scan_id}/legacy-status",

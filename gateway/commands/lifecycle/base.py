@@ -32,7 +32,7 @@ from leasehold.domain.task import (
     decide,
     project_task,
 )
-from leasehold.gateway.commands import wakeups, webhooks
+from leasehold.gateway.commands import admission, wakeups, webhooks
 from leasehold.gateway.commands.idempotency import IdempotencyKey, claim
 from leasehold.gateway.commands.idempotency import created as created_by
 from leasehold.gateway.commands.scans import settle_scan
@@ -201,10 +201,11 @@ class LifecycleBase:
             await claim(tx, idempotency, self.clock())
             created_by(tx, idempotency, task_id)
             params = {"scan_id": scan_id, "now": self.clock()}
-            reads = [one("scan_lock", params), one("scan_next_job_position", params)]
+            reads = [one("scan_lock", params), one("scan_next_job_position", params),
+                     one("scan_organization_admission", params)]
             if targets_of(spec.scope):  # the policy only matters when the scope names targets
                 reads.append(one("scan_organization_target_policy", params))
-            row, position, *policy = await tx.read(*reads)
+            row, position, caps, *policy = await tx.read(*reads)
             if row is None:
                 raise NotFound("no such scan", scan_id=str(scan_id))
             version, head_hash, org_id, status = row.version, row.head_hash, row.organization_id, row.status
@@ -215,6 +216,7 @@ class LifecycleBase:
                 raise InvalidTransition("the Gateway never creates tasks for legacy-executed scans")
             if row.has_profile:
                 raise InvalidTransition("a profile scan's tasks are created by its profile")
+            await admission.admit(tx, "task", org_id, caps.max_queued_tasks)
             queued = scan_rules.queue_job(
                 scan_id, version, status, organization_id=org_id, job_id=job_id, position=next_position,
                 plugin=spec.plugin or spec.task_type, execution_mode="gateway", now=now, actor=actor)
