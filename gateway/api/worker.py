@@ -89,7 +89,13 @@ def encode_acquire_answer(polled: Poll, known: set[UUID], *, many: bool = False,
                   if one.task.id in traceparents else one for one in leases]
     answer = AcquireResponse(lease=next(iter(leases), None), cancel_requested=cancels,
                              leases=leases if many else None)
-    return orjson.dumps(answer.model_dump(mode="json", exclude=None if many else {"leases"}))
+    data = answer.model_dump(mode="json", exclude=None if many else {"leases"})
+    # A lease without a trace context leaves the field out: an untraced answer is field for field
+    # the one-task answer the protocol has always had.
+    for one in ([data["lease"]] if data["lease"] else []) + (data.get("leases") or []):
+        if one.get("traceparent") is None:
+            one.pop("traceparent", None)
+    return orjson.dumps(data)
 
 
 #: Set on an acquire answer when the worker can get no work at all (e.g. no task types); the
