@@ -21,22 +21,8 @@ from leasehold.gateway.services import build_services
 from leasehold.persistence.connection import connect, create_pool
 from leasehold.persistence.transaction import Database
 from leasehold.replay.fairness import fair_share_differences
-from support.core import ManualClock, World, assert_log_rebuilds_live
+from support.core import ManualClock, World, assert_log_rebuilds_live, rows, tenant
 from support.locks import rows_locked, waits_while_running
-
-
-async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(query, params)
-        return list(await cur.fetchall())
-
-
-async def tenant(world: World, name: str, *workers: UUID) -> tuple[UUID, UUID]:
-    org = await world.registry.create_organization(name)
-    scan = await world.scans.create_scan(org, {"targets": ["192.0.2.10"]})
-    for worker in workers:
-        await world.registry.assign_worker(worker, org)
-    return org, scan
 
 
 async def queue(world: World, scan: UUID, n: int, **spec: Any) -> list[UUID]:

@@ -9,14 +9,8 @@ import pytest
 
 from leasehold.domain.errors import IdempotencyConflict, LeaseLost
 from leasehold.domain.results import payload_sha256
-from support.core import World
+from support.core import World, rows
 from support.locks import rows_locked, waits_while_running
-
-
-async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(query, params)
-        return list(await cur.fetchall())
 
 
 async def test_fifty_acquirers_over_twenty_tasks_never_lease_one_twice(world: World, pool: Any) -> None:

@@ -19,22 +19,7 @@ from leasehold.gateway.services import build_services
 from leasehold.persistence.connection import connect, create_pool
 from leasehold.persistence.transaction import Database
 from leasehold.replay.fairness import fair_share_differences
-from support.core import ManualClock, World, assert_log_rebuilds_live
-
-
-async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(query, params)
-        return list(await cur.fetchall())
-
-
-async def tenant(world: World, name: str, *workers: UUID) -> tuple[UUID, UUID]:
-    """Another organisation with a scan, served by ``workers``."""
-    org = await world.registry.create_organization(name)
-    scan = await world.scans.create_scan(org, {"targets": ["192.0.2.10"]})
-    for worker in workers:
-        await world.registry.assign_worker(worker, org)
-    return org, scan
+from support.core import ManualClock, World, assert_log_rebuilds_live, rows, tenant
 
 
 async def queue(world: World, scan: UUID, n: int, **spec: Any) -> None:

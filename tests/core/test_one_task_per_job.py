@@ -21,7 +21,7 @@ from leasehold.domain.errors import InvalidTransition
 from leasehold.domain.events import ProfileStep
 from leasehold.domain.results import payload_sha256
 from leasehold.persistence.roles import APP_ROLE
-from support.core import World, assert_log_rebuilds_live
+from support.core import World, assert_log_rebuilds_live, rows
 
 # The unique constraints of worker_tasks on scan_job_id alone (whatever their names).
 SCAN_JOB_ID_UNIQUE = """
@@ -36,12 +36,6 @@ PROFILE_SCANS = 12
 EXTRA_TASKS = 30
 PLAIN_SCANS = 3
 WORKERS = 8
-
-
-async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(query, params)
-        return list(await cur.fetchall())
 
 
 async def test_the_database_refuses_a_second_task_on_one_job(world: World, database_url: str, pool: Any) -> None:

@@ -19,13 +19,7 @@ from leasehold.gateway.services import build_services
 from leasehold.persistence.connection import create_pool
 from leasehold.persistence.queries import QUERIES
 from leasehold.persistence.transaction import Database
-from support.core import ManualClock, World
-
-
-async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(query, params)
-        return list(await cur.fetchall())
+from support.core import ManualClock, World, rows
 
 
 async def flags(pool: Any) -> tuple[set[tuple[UUID, str]], set[tuple[UUID, str]]]:

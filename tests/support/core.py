@@ -118,3 +118,20 @@ async def event_count(pool: Any) -> int:
         row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def rows(pool: Any, query: str, *params: object) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` (the test's own SQL, read by position: not a row of the code under
+    test) on a connection of ``pool``."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(query, params)
+        return list(await cur.fetchall())
+
+
+async def tenant(world: World, name: str, *workers: UUID) -> tuple[UUID, UUID]:
+    """Another organisation with a scan, served by ``workers``."""
+    org = await world.registry.create_organization(name)
+    scan = await world.scans.create_scan(org, {"targets": ["192.0.2.10"]})
+    for worker in workers:
+        await world.registry.assign_worker(worker, org)
+    return org, scan
