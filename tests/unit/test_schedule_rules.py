@@ -228,3 +228,17 @@ def test_run_now_fires_outside_the_schedule() -> None:
     event = schedule.run_now(state(), scan_id=SCAN, now=later, actor="op")
     assert (event.slot, event.next_run_at, event.manual, event.originator_version, event.scan_id) == (
         later, NOW, True, 5, SCAN)
+
+
+def test_a_due_slot_an_admission_cap_refused_is_recorded_as_skipped_in_the_firings_place() -> None:
+    """The skip takes the firing's place in the stream (same id, version, time, actor), drops
+    exactly its one slot, moves the schedule on as the firing would have, and says why."""
+    fired = schedule.on_due(state(), scan_id=SCAN, now=NOW + timedelta(seconds=5), actor="scheduler")
+    assert isinstance(fired, ev.ScheduleFired)
+    skipped = schedule.refused(fired, "the organisation has 3 scans queued (not started), its admission cap is 3")
+    assert skipped == ev.ScheduleSkipped(
+        originator_id=fired.originator_id, originator_version=fired.originator_version,
+        timestamp=fired.timestamp, actor="scheduler", slots=1, first_slot=fired.slot,
+        next_run_at=fired.next_run_at, reason="the organisation has 3 scans queued (not started), its admission cap is 3")
+    assert (skipped.originator_id, skipped.slots, skipped.first_slot, skipped.next_run_at) == (
+        state().id, 1, fired.slot, fired.next_run_at)
