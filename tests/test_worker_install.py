@@ -192,6 +192,10 @@ def test_base_dependencies_are_exactly_what_the_worker_imports_and_no_server_pac
 
     own, third_party = worker_imports()
     assert own == {"worker", "protocol", "domain"}  # the agent imports none of the server's packages
+    # OpenTelemetry is the optional `tracing` extra: imported (by protocol/tracing.py) only when
+    # tracing is switched on, so a worker host without it runs untraced.
+    assert "opentelemetry-api" in _requirement_names(project["optional-dependencies"]["tracing"])
+    third_party.discard("opentelemetry")
     distributions = packages_distributions()
     missing = sorted(module for module in third_party if module not in distributions)
     assert not missing, f"no installed distribution provides {missing}"

@@ -90,10 +90,16 @@ async def test_renewal_first_batch_and_completion_are_hot_updates(database_url: 
     finally:
         await pool.close()
 
-    # Each command updated the rows it should (the counts are live), and every such update of a
-    # task row was HOT; so was every renewal of an attempt.
-    assert seen["renew"]["worker_tasks"] == (2 * LIFECYCLES, 2 * LIFECYCLES), seen
-    assert seen["renew"]["worker_task_attempts"] == (2 * LIFECYCLES, 2 * LIFECYCLES), seen
-    assert seen["first_batch"]["worker_tasks"] == (LIFECYCLES, LIFECYCLES), seen
-    assert seen["complete"]["worker_tasks"][0] == LIFECYCLES, seen
-    assert seen["complete"]["worker_tasks"][1] == LIFECYCLES, seen
+    # Each command updated the rows it should (the counts are live), and its updates were HOT.
+    # An index naming a column the command writes makes every one of them cold; a page with no
+    # room left makes one cold now and then (its dead versions cannot be pruned while another
+    # session's snapshot may still see them: the suite runs in parallel), so three in four are
+    # asked, not all.
+    def hot(command: str, table: str, updates: int) -> None:
+        updated, in_place = seen[command][table]
+        assert updated == updates and 4 * in_place >= 3 * updates, seen
+
+    hot("renew", "worker_tasks", 2 * LIFECYCLES)
+    hot("renew", "worker_task_attempts", 2 * LIFECYCLES)
+    hot("first_batch", "worker_tasks", LIFECYCLES)
+    hot("complete", "worker_tasks", LIFECYCLES)

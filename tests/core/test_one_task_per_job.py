@@ -17,7 +17,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from leasehold.domain.errors import InvalidTransition
+from leasehold.domain.errors import InvalidTransition, TaskWasCancelled
 from leasehold.domain.events import ProfileStep
 from leasehold.domain.results import payload_sha256
 from leasehold.persistence.roles import APP_ROLE
@@ -59,14 +59,18 @@ async def end_one(world: World, worker: UUID, rng: random.Random) -> bool:
     a = await lc.acquire(worker)
     if a is None:
         return False
-    await lc.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
-    if rng.random() < 0.15:
-        await lc.fail(worker, a.task.id, a.attempt.id, a.lease_token, error="boom", retryable=False)
-        return True
-    records = [{"type": "asset", "kind": "host", "value": f"10.0.{rng.randint(0, 3)}.1"}]
-    await lc.submit_batch(worker, a.task.id, a.attempt.id, a.lease_token, sequence_number=1, idempotency_key="k",
-                          payload_sha256=payload_sha256(records), records=records, final=True)
-    await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token)
+    try:
+        await lc.mark_running(worker, a.task.id, a.attempt.id, a.lease_token)
+        if rng.random() < 0.15:
+            await lc.fail(worker, a.task.id, a.attempt.id, a.lease_token, error="boom", retryable=False)
+            return True
+        records = [{"type": "asset", "kind": "host", "value": f"10.0.{rng.randint(0, 3)}.1"}]
+        await lc.submit_batch(worker, a.task.id, a.attempt.id, a.lease_token, sequence_number=1,
+                              idempotency_key="k", payload_sha256=payload_sha256(records), records=records,
+                              final=True)
+        await lc.complete(worker, a.task.id, a.attempt.id, a.lease_token)
+    except TaskWasCancelled:  # its scan was cancelled meanwhile (the second round races that): stop, as a worker does
+        await lc.acknowledge_cancel(worker, a.task.id, a.attempt.id, a.lease_token)
     return True
 
 
