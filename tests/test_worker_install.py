@@ -226,7 +226,7 @@ def test_the_wheel_installs_one_top_level_package_with_every_part_as_real_files(
     ``domain``: the wheel holds real copies of the folders that ``leasehold/`` links to."""
     source = tmp_path / "source"  # a copy: a build writes build/ and *.egg-info/ into its tree
     shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".leasehold", "tests", "build", "dist", "mutants", "*.egg-info", "__pycache__", ".*_cache"))
+        ".git", ".venv", ".leasehold", "tests", "build", "dist", "mutants", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
                             str(source)], capture_output=True, text=True, check=False, timeout=300)
     assert built.returncode == 0, built.stderr[-3000:]
